@@ -1,0 +1,121 @@
+#include "gpukeeper/device/runtime.hpp"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "gpukeeper/core/errors.hpp"
+
+#ifdef GPUKEEPER_WITH_CUDA
+#include "gpukeeper/core/cuda_check.hpp"
+#endif
+
+#ifndef GPUKEEPER_BUILD_TYPE
+#define GPUKEEPER_BUILD_TYPE "unknown"
+#endif
+
+namespace gpukeeper {
+
+BuildInfo build_info() {
+  BuildInfo info;
+#ifdef GPUKEEPER_WITH_CUDA
+  info.cuda = true;
+  info.cuda_version = std::to_string(CUDART_VERSION / 1000) + "." +
+                      std::to_string((CUDART_VERSION % 1000) / 10);
+#ifdef GPUKEEPER_STATIC_CUDART
+  info.static_cudart = true;
+#endif
+#endif
+#if defined(__clang__)
+  info.compiler = std::string("Clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  info.compiler = "GNU " + std::to_string(__GNUC__) + "." + std::to_string(__GNUC_MINOR__) +
+                  "." + std::to_string(__GNUC_PATCHLEVEL__);
+#elif defined(_MSC_VER)
+  info.compiler = "MSVC " + std::to_string(_MSC_VER);
+#else
+  info.compiler = "unknown";
+#endif
+  info.cxx_standard = __cplusplus;
+  info.build_type = GPUKEEPER_BUILD_TYPE;
+  return info;
+}
+
+CudaStatus cuda_status() {
+  CudaStatus status;
+#ifdef GPUKEEPER_WITH_CUDA
+  (void)cudaRuntimeGetVersion(&status.runtime_version);
+  (void)cudaDriverGetVersion(&status.driver_version);  // 0 when no driver is installed
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    status.reason = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    detail::clear_cuda_error();
+    return status;
+  }
+  if (count == 0) {
+    status.reason = "the driver reports no CUDA device";
+    return status;
+  }
+  status.available = true;
+  status.device_count = count;
+#else
+  status.reason = "gpukeeper was built without CUDA (no CUDA toolkit at build time)";
+#endif
+  return status;
+}
+
+int cuda_device_count() noexcept {
+#ifdef GPUKEEPER_WITH_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    detail::clear_cuda_error();
+    return 0;
+  }
+  return count;
+#else
+  return 0;
+#endif
+}
+
+MemoryInfo device_memory_info(int device) {
+#ifdef GPUKEEPER_WITH_CUDA
+  int count = cuda_device_count();
+  if (device < 0 || device >= count) {
+    throw InvalidInputError("device " + std::to_string(device) + " does not exist (" +
+                            std::to_string(count) + " CUDA device(s) visible)");
+  }
+  detail::DeviceGuard guard(device);
+  MemoryInfo info;
+  GK_CUDA_CHECK(cudaMemGetInfo(&info.free, &info.total));
+  return info;
+#else
+  throw InvalidInputError("device " + std::to_string(device) +
+                          " does not exist: gpukeeper was built without CUDA");
+#endif
+}
+
+MemoryInfo host_memory_info() {
+  MemoryInfo info;
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page_size = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page_size > 0) info.total = static_cast<std::size_t>(pages) * page_size;
+  // MemAvailable counts reclaimable page cache, which is what "free" means to a user.
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line;
+  while (std::getline(meminfo, line)) {
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      std::istringstream fields(line.substr(13));
+      std::size_t kib = 0;
+      fields >> kib;
+      info.free = kib * 1024;
+      return info;
+    }
+  }
+  long avail = sysconf(_SC_AVPHYS_PAGES);
+  if (avail > 0 && page_size > 0) info.free = static_cast<std::size_t>(avail) * page_size;
+  return info;
+}
+
+}  // namespace gpukeeper

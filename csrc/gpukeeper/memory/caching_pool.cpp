@@ -1,0 +1,622 @@
+#include "gpukeeper/memory/caching_pool.hpp"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <sstream>
+
+#include "gpukeeper/core/errors.hpp"
+
+namespace gpukeeper {
+
+using detail::Block;
+using detail::FreeIndex;
+using detail::Segment;
+
+namespace {
+
+constexpr std::size_t round_up(std::size_t value, std::size_t to) noexcept {
+  return (value + to - 1) / to * to;
+}
+
+std::string human_bytes(std::size_t bytes) {
+  char text[64];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 5) {
+    value /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) {
+    std::snprintf(text, sizeof text, "%zu B", bytes);
+  } else {
+    std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
+  }
+  return text;
+}
+
+std::string hex(const void* ptr) {
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%" PRIxPTR, reinterpret_cast<std::uintptr_t>(ptr));
+  return text;
+}
+
+}  // namespace
+
+CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions options)
+    : upstream_(std::move(upstream)),
+      options_(options),
+      events_(upstream_ ? upstream_->device() : 0, upstream_ && upstream_->stream_ordered()) {
+  if (!upstream_) throw InvalidInputError("CachingPool needs an upstream resource");
+  auto pow2 = [](std::size_t v) { return v != 0 && (v & (v - 1)) == 0; };
+  if (options_.small_size == 0 || options_.small_size > options_.small_segment ||
+      options_.small_segment % kAlignment != 0 || options_.large_segment % kAlignment != 0 ||
+      options_.large_cutoff > options_.large_segment || !pow2(options_.segment_granularity) ||
+      options_.segment_granularity < kAlignment) {
+    throw InvalidInputError(
+        "PoolOptions: need 0 < small_size <= small_segment, large_cutoff <= large_segment, "
+        "segment sizes multiples of 256 and a power-of-two segment_granularity >= 256");
+  }
+  limit_.store(options_.max_pool_size, std::memory_order_relaxed);
+}
+
+CachingPool::~CachingPool() {
+  // Memory comes back even if raw blocks were never returned: their owners broke the
+  // contract, and keeping the device memory would only hide that.
+  for (auto& sf : streams_) events_.synchronize(sf->stream);
+  while (segments_ != nullptr) {
+    Segment* seg = segments_;
+    segments_ = seg->next;
+    upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, seg->alloc_stream);
+  }
+}
+
+// ---------------------------------------------------------------- allocation
+
+void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
+  if (bytes == 0) throw InvalidInputError("cannot allocate 0 bytes: ask for at least 1");
+  if (bytes > kMaxRequest) {
+    throw InvalidInputError("request of " + std::to_string(bytes) + " bytes (" +
+                            human_bytes(bytes) + ") is beyond any device; is the size negative "
+                            "or in the wrong unit?");
+  }
+  const std::size_t size = round_up(bytes, kAlignment);
+  const bool small = size <= options_.small_size;
+
+  void* result = nullptr;
+  bool grew = false;
+  bool hopeless = false;
+  {
+    std::lock_guard<SpinMutex> lock(mutex_);
+    Block* block = take_cached(size, small, stream);
+    if (block != nullptr) {
+      count(cache_hits_, 1);
+      return reinterpret_cast<void*>(carve(block, size, bytes, stream)->addr);
+    }
+    count(cache_misses_, 1);
+    block = grow(size, small, stream);
+    if (block == nullptr) {
+      count(oom_events_, 1);
+      // Bigger than the limit or than the whole memory: dropping the cache cannot help.
+      const std::size_t limit = limit_.load(std::memory_order_relaxed);
+      hopeless = (limit != 0 && size > limit) || size > upstream_->memory_info().total;
+      if (!hopeless && release_free_segments(0) > 0) {
+        block = take_cached(size, small, stream);
+        if (block == nullptr) block = grow(size, small, stream);
+      }
+    }
+    if (block != nullptr) {
+      grew = true;
+      result = reinterpret_cast<void*>(carve(block, size, bytes, stream)->addr);
+    }
+  }
+  if (result == nullptr && !hopeless) {
+    // Ask the rest of the process (other frameworks' caches, user callbacks), then retry.
+    run_reclaimers(size);
+    std::lock_guard<SpinMutex> lock(mutex_);
+    Block* block = take_cached(size, small, stream);
+    if (block == nullptr) {
+      release_free_segments(0);
+      block = grow(size, small, stream);
+    }
+    if (block != nullptr) {
+      grew = true;
+      result = reinterpret_cast<void*>(carve(block, size, bytes, stream)->addr);
+    }
+  }
+  if (result == nullptr) throw AllocationError(oom_message(bytes), bytes);
+  if (grew) notify_watermarks();
+  return result;
+}
+
+CachingPool::StreamFree& CachingPool::stream_free(stream_t stream) {
+  if (last_stream_ != nullptr && last_stream_->stream == stream) return *last_stream_;
+  for (auto& sf : streams_) {
+    if (sf->stream == stream) {
+      last_stream_ = sf.get();
+      return *sf;
+    }
+  }
+  streams_.push_back(std::make_unique<StreamFree>());
+  streams_.back()->stream = stream;
+  last_stream_ = streams_.back().get();
+  return *last_stream_;
+}
+
+FreeIndex& CachingPool::index_of(const Block* block) {
+  return stream_free(block->stream).index(block->segment->small);
+}
+
+// Removes and returns a cached free block of at least `size` usable on `stream`.
+Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
+  FreeIndex& own = stream_free(stream).index(small);
+  if (Block* block = own.best_fit(size)) {
+    own.remove(block);
+    return block;
+  }
+  // Another stream's block is usable once that stream's queued work is done.
+  for (auto& sf : streams_) {
+    if (sf->stream == stream) continue;
+    FreeIndex& other = sf->index(small);
+    Block* block = other.best_fit(size);
+    if (block == nullptr || !events_.done(sf->stream)) continue;
+    other.remove(block);
+    block->stream = stream;
+    return block;
+  }
+  return nullptr;
+}
+
+std::size_t CachingPool::segment_size_for(std::size_t size, bool small) const noexcept {
+  if (small) return options_.small_segment;
+  if (size <= options_.large_cutoff) return options_.large_segment;
+  return round_up(size, options_.segment_granularity);
+}
+
+// A new segment holding at least `size`, as one free block (not on any index), or
+// nullptr when the limit or the upstream refuses even the smallest segment that fits.
+Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
+  const std::size_t limit = limit_.load(std::memory_order_relaxed);
+  const std::size_t reserved = reserved_.load(std::memory_order_relaxed);
+  // Preferred segment first, then the least that holds the request.
+  std::size_t candidates[2] = {segment_size_for(size, small), size};
+  for (std::size_t seg_size : candidates) {
+    if (seg_size < size) continue;
+    if (limit != 0 && reserved + seg_size > limit) continue;
+    void* raw = upstream_->allocate(seg_size, stream);
+    if (raw == nullptr) continue;
+    if (reinterpret_cast<std::uintptr_t>(raw) % kAlignment != 0) {
+      upstream_->deallocate(raw, seg_size, stream);
+      throw DeviceError(std::string(to_string(upstream_->kind())) + " upstream allocate", 0,
+                        "misaligned", "returned " + hex(raw) + ", not 256-byte aligned");
+    }
+    Segment* seg = segment_records_.make();
+    seg->base = reinterpret_cast<std::uintptr_t>(raw);
+    seg->size = seg_size;
+    seg->alloc_stream = stream;
+    seg->small = small;
+    seg->next = segments_;
+    if (segments_ != nullptr) segments_->prev = seg;
+    segments_ = seg;
+    Block* block = blocks_.make();
+    block->addr = seg->base;
+    block->size = seg_size;
+    block->segment = seg;
+    block->stream = stream;
+    block->free = true;
+    seg->first = block;
+
+    count(reserved_, static_cast<std::ptrdiff_t>(seg_size));
+    count(segment_count_, 1);
+    count(upstream_allocations_, 1);
+    std::size_t now = reserved_.load(std::memory_order_relaxed);
+    if (now > peak_reserved_.load(std::memory_order_relaxed)) {
+      peak_reserved_.store(now, std::memory_order_relaxed);
+    }
+    return block;
+  }
+  return nullptr;
+}
+
+// Hands out the front of a free block (not on any index), putting the rest back.
+Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
+                          stream_t stream) {
+  const bool was_largest = block->size >= largest_free_.load(std::memory_order_relaxed);
+  if (block->size > size) {
+    Block* rest = blocks_.make();
+    rest->addr = block->addr + size;
+    rest->size = block->size - size;
+    rest->segment = block->segment;
+    rest->prev = block;
+    rest->next = block->next;
+    if (block->next != nullptr) block->next->prev = rest;
+    block->next = rest;
+    rest->stream = stream;
+    rest->free = true;
+    block->size = size;
+    insert_free(rest);
+  }
+  block->free = false;
+  block->stream = stream;
+  block->requested = requested;
+  live_.insert(block->addr, block);
+
+  count(allocated_, static_cast<std::ptrdiff_t>(size));
+  count(allocated_count_, 1);
+  count(requested_, static_cast<std::ptrdiff_t>(requested));
+  std::size_t now = allocated_.load(std::memory_order_relaxed);
+  if (now > peak_allocated_.load(std::memory_order_relaxed)) {
+    peak_allocated_.store(now, std::memory_order_relaxed);
+  }
+  if (was_largest || largest_stale_) refresh_largest();
+  return block;
+}
+
+void CachingPool::insert_free(Block* block) {
+  index_of(block).insert(block);
+  if (block->size > largest_free_.load(std::memory_order_relaxed)) {
+    largest_free_.store(block->size, std::memory_order_relaxed);
+  }
+}
+
+void CachingPool::refresh_largest() noexcept {
+  std::size_t largest = 0;
+  for (auto& sf : streams_) {
+    for (FreeIndex* index : {&sf->small, &sf->large}) {
+      if (Block* b = index->largest()) largest = std::max(largest, b->size);
+    }
+  }
+  largest_free_.store(largest, std::memory_order_relaxed);
+  largest_stale_ = false;
+}
+
+// ---------------------------------------------------------------- deallocation
+
+void CachingPool::deallocate(void* ptr) { free_block(ptr, false, 0, 0); }
+
+void CachingPool::deallocate(void* ptr, stream_t stream) { free_block(ptr, true, stream, 0); }
+
+void CachingPool::deallocate_checked(void* ptr, std::size_t bytes) {
+  if (bytes == 0) throw InvalidInputError("deallocate_checked: size 0 cannot match a block");
+  free_block(ptr, false, 0, bytes);
+}
+
+void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::size_t expected) {
+  std::lock_guard<SpinMutex> lock(mutex_);
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  Block* block = live_.find(addr);
+  if (block == nullptr) {
+    throw InvalidInputError("pointer " + hex(ptr) + " is not a live block of this " +
+                            to_string(upstream_->kind()) + " pool on device " +
+                            std::to_string(upstream_->device()) +
+                            ": it was returned already, or this pool never handed it out");
+  }
+  if (expected != 0 && expected != block->requested) {
+    throw InvalidInputError("pointer " + hex(ptr) + " holds " + std::to_string(block->requested) +
+                            " bytes, but " + std::to_string(expected) +
+                            " were given back; the block was not returned");
+  }
+  live_.erase(addr);
+  count(allocated_, -static_cast<std::ptrdiff_t>(block->size));
+  count(allocated_count_, -1);
+  count(requested_, -static_cast<std::ptrdiff_t>(block->requested));
+  block->free = true;
+  block->requested = 0;
+  if (has_stream) block->stream = stream;
+
+  // Merge with free neighbours whose memory is ordered on the same stream.
+  if (Block* prev = block->prev; prev != nullptr && prev->free && prev->stream == block->stream) {
+    index_of(prev).remove(prev);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (block->next != nullptr) block->next->prev = prev;
+    blocks_.recycle(block);
+    block = prev;
+  }
+  if (Block* next = block->next; next != nullptr && next->free && next->stream == block->stream) {
+    index_of(next).remove(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next != nullptr) next->next->prev = block;
+    blocks_.recycle(next);
+  }
+  insert_free(block);
+}
+
+bool CachingPool::owns(const void* ptr) const {
+  std::lock_guard<SpinMutex> lock(mutex_);
+  return live_.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+}
+
+std::size_t CachingPool::requested_size(const void* ptr) const {
+  std::lock_guard<SpinMutex> lock(mutex_);
+  const Block* block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) {
+    throw InvalidInputError("pointer " + hex(ptr) + " is not a live block of this pool");
+  }
+  return block->requested;
+}
+
+// ---------------------------------------------------------------- releasing memory
+
+// Merges every run of free blocks (all streams synchronized first, so any stream may
+// reuse them) and returns whole free segments until reserved <= keep_reserved.
+std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
+  if (reserved_.load(std::memory_order_relaxed) <= keep_reserved) return 0;
+  for (auto& sf : streams_) {
+    if (!sf->small.empty() || !sf->large.empty()) events_.synchronize(sf->stream);
+  }
+  for (Segment* seg = segments_; seg != nullptr; seg = seg->next) {
+    for (Block* b = seg->first; b != nullptr; b = b->next) {
+      if (!b->free) continue;
+      if (b->stream != seg->alloc_stream) {
+        index_of(b).remove(b);
+        b->stream = seg->alloc_stream;
+        index_of(b).insert(b);
+      }
+      while (b->next != nullptr && b->next->free) {
+        Block* next = b->next;
+        index_of(next).remove(next);
+        index_of(b).remove(b);
+        b->size += next->size;
+        b->next = next->next;
+        if (next->next != nullptr) next->next->prev = b;
+        blocks_.recycle(next);
+        index_of(b).insert(b);
+      }
+    }
+  }
+  std::size_t released = 0;
+  for (Segment* seg = segments_; seg != nullptr;) {
+    Segment* next = seg->next;
+    if (reserved_.load(std::memory_order_relaxed) <= keep_reserved) break;
+    if (seg->whole_free()) {
+      released += seg->size;
+      release_segment(seg);
+    }
+    seg = next;
+  }
+  refresh_largest();
+  return released;
+}
+
+void CachingPool::release_segment(Segment* seg) {
+  Block* block = seg->first;
+  index_of(block).remove(block);
+  blocks_.recycle(block);
+  if (seg->prev != nullptr) seg->prev->next = seg->next;
+  if (seg->next != nullptr) seg->next->prev = seg->prev;
+  if (segments_ == seg) segments_ = seg->next;
+  upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, seg->alloc_stream);
+  count(reserved_, -static_cast<std::ptrdiff_t>(seg->size));
+  count(segment_count_, -1);
+  count(upstream_frees_, 1);
+  segment_records_.recycle(seg);
+}
+
+std::size_t CachingPool::emergency_cleanup() { return trim(0); }
+
+std::size_t CachingPool::trim(std::size_t keep_bytes) {
+  std::size_t released;
+  {
+    std::lock_guard<SpinMutex> lock(mutex_);
+    released = release_free_segments(keep_bytes);
+  }
+  if (released > 0) notify_watermarks();
+  return released;
+}
+
+void CachingPool::set_limit(std::size_t bytes) {
+  {
+    std::lock_guard<SpinMutex> lock(mutex_);
+    std::size_t allocated = allocated_.load(std::memory_order_relaxed);
+    if (bytes != 0 && bytes < allocated) {
+      throw InvalidInputError("limit of " + std::to_string(bytes) + " bytes (" +
+                              human_bytes(bytes) + ") is below the " + std::to_string(allocated) +
+                              " bytes (" + human_bytes(allocated) +
+                              ") now allocated; return buffers first");
+    }
+    limit_.store(bytes, std::memory_order_relaxed);
+    if (bytes != 0) release_free_segments(bytes);
+  }
+  notify_watermarks();
+}
+
+// ---------------------------------------------------------------- statistics
+
+PoolStats CachingPool::stats() const noexcept {
+  PoolStats s;
+  auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
+  s.allocated_bytes = get(allocated_);
+  s.allocated_count = get(allocated_count_);
+  s.requested_bytes = get(requested_);
+  s.reserved_bytes = get(reserved_);
+  s.segment_count = get(segment_count_);
+  s.cached_bytes = s.reserved_bytes >= s.allocated_bytes ? s.reserved_bytes - s.allocated_bytes : 0;
+  s.peak_allocated_bytes = get(peak_allocated_);
+  s.peak_reserved_bytes = get(peak_reserved_);
+  s.largest_free_block = std::min(get(largest_free_), s.cached_bytes);
+  s.limit_bytes = get(limit_);
+  s.cache_hits = get(cache_hits_);
+  s.cache_misses = get(cache_misses_);
+  s.upstream_allocations = get(upstream_allocations_);
+  s.upstream_frees = get(upstream_frees_);
+  s.oom_events = get(oom_events_);
+  s.callback_errors = get(callback_errors_);
+  return s;
+}
+
+void CachingPool::reset_peaks() noexcept {
+  std::lock_guard<SpinMutex> lock(mutex_);
+  peak_allocated_.store(allocated_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  peak_reserved_.store(reserved_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+double CachingPool::memory_pressure() const {
+  const std::size_t limit = limit_.load(std::memory_order_relaxed);
+  if (limit != 0) {
+    double p = static_cast<double>(reserved_.load(std::memory_order_relaxed)) / limit;
+    return std::min(1.0, p);
+  }
+  MemoryInfo info = upstream_->memory_info();
+  if (info.total == 0) return 0.0;
+  double used = static_cast<double>(info.total - std::min(info.free, info.total));
+  return std::min(1.0, used / static_cast<double>(info.total));
+}
+
+std::string CachingPool::oom_message(std::size_t bytes) const {
+  PoolStats s = stats();
+  std::ostringstream out;
+  out << "out of memory: could not allocate " << bytes << " bytes (" << human_bytes(bytes)
+      << ") from the " << to_string(upstream_->kind()) << " pool on device "
+      << upstream_->device() << "; pool allocated " << human_bytes(s.allocated_bytes)
+      << ", reserved " << human_bytes(s.reserved_bytes) << ", limit "
+      << (s.limit_bytes ? human_bytes(s.limit_bytes) : std::string("none"))
+      << ", largest free block " << human_bytes(s.largest_free_block);
+  try {
+    MemoryInfo info = upstream_->memory_info();
+    out << "; " << (upstream_->kind() == ResourceKind::host ? "host" : "device") << " free "
+        << human_bytes(info.free) << " of " << human_bytes(info.total);
+  } catch (const std::exception& e) {
+    out << "; memory info unavailable (" << e.what() << ")";
+  }
+  return out.str();
+}
+
+// ---------------------------------------------------------------- callbacks
+
+int CachingPool::add_watermark(double level, WatermarkCallback callback) {
+  if (!(level > 0.0 && level <= 1.0)) {
+    throw InvalidInputError("watermark level must be in (0, 1], got " + std::to_string(level));
+  }
+  if (!callback) throw InvalidInputError("watermark callback is empty");
+  std::lock_guard<std::mutex> lock(callbacks_mutex_);
+  int id = next_callback_id_++;
+  watermarks_.push_back({id, level, std::move(callback), true});
+  has_watermarks_.store(true, std::memory_order_relaxed);
+  return id;
+}
+
+bool CachingPool::remove_watermark(int id) {
+  std::lock_guard<std::mutex> lock(callbacks_mutex_);
+  auto it = std::find_if(watermarks_.begin(), watermarks_.end(),
+                         [id](const Watermark& w) { return w.id == id; });
+  if (it == watermarks_.end()) return false;
+  watermarks_.erase(it);
+  has_watermarks_.store(!watermarks_.empty(), std::memory_order_relaxed);
+  return true;
+}
+
+int CachingPool::add_reclaim_callback(ReclaimCallback callback) {
+  if (!callback) throw InvalidInputError("reclaim callback is empty");
+  std::lock_guard<std::mutex> lock(callbacks_mutex_);
+  int id = next_callback_id_++;
+  reclaimers_.push_back({id, std::move(callback)});
+  return id;
+}
+
+bool CachingPool::remove_reclaim_callback(int id) {
+  std::lock_guard<std::mutex> lock(callbacks_mutex_);
+  auto it = std::find_if(reclaimers_.begin(), reclaimers_.end(),
+                         [id](const Reclaimer& r) { return r.id == id; });
+  if (it == reclaimers_.end()) return false;
+  reclaimers_.erase(it);
+  return true;
+}
+
+// Called without mutex_ held, so that the callbacks may use the pool.
+void CachingPool::notify_watermarks() {
+  if (!has_watermarks_.load(std::memory_order_relaxed)) return;
+  double pressure = 0.0;
+  try {
+    pressure = memory_pressure();
+  } catch (const std::exception&) {
+    callback_errors_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  std::vector<WatermarkCallback> due;
+  {
+    std::lock_guard<std::mutex> lock(callbacks_mutex_);
+    for (Watermark& w : watermarks_) {
+      if (w.armed && pressure >= w.level) {
+        w.armed = false;
+        due.push_back(w.callback);
+      } else if (!w.armed && pressure < w.level) {
+        w.armed = true;
+      }
+    }
+  }
+  for (auto& cb : due) {
+    try {
+      cb(pressure);
+    } catch (...) {
+      callback_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+std::size_t CachingPool::run_reclaimers(std::size_t needed) {
+  std::vector<ReclaimCallback> all;
+  {
+    std::lock_guard<std::mutex> lock(callbacks_mutex_);
+    for (auto& r : reclaimers_) all.push_back(r.callback);
+  }
+  std::size_t released = 0;
+  for (auto& cb : all) {
+    try {
+      released += cb(needed);
+    } catch (...) {
+      callback_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return released;
+}
+
+// ---------------------------------------------------------------- validation
+
+std::string CachingPool::validate() const {
+  std::lock_guard<SpinMutex> lock(mutex_);
+  std::ostringstream problems;
+  std::size_t reserved = 0, segments = 0, allocated = 0, allocated_count = 0, requested = 0;
+  std::size_t free_blocks = 0;
+  for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) {
+    ++segments;
+    reserved += seg->size;
+    std::uintptr_t expect = seg->base;
+    const Block* prev = nullptr;
+    for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {
+      if (b->addr != expect) problems << "block " << hex((void*)b->addr) << " leaves a gap; ";
+      if (b->prev != prev) problems << "broken prev link at " << hex((void*)b->addr) << "; ";
+      if (b->segment != seg) problems << "block in wrong segment; ";
+      if (b->size == 0 || b->size % kAlignment) problems << "bad block size; ";
+      expect = b->addr + b->size;
+      if (b->free) {
+        ++free_blocks;
+        if (prev && prev->free && prev->stream == b->stream) problems << "unmerged free pair; ";
+        if (live_.find(b->addr) != nullptr) problems << "free block in live map; ";
+      } else {
+        ++allocated_count;
+        allocated += b->size;
+        requested += b->requested;
+        if (live_.find(b->addr) != b) problems << "live block missing from map; ";
+      }
+    }
+    if (expect != seg->base + seg->size) problems << "blocks do not fill their segment; ";
+  }
+  std::size_t indexed = 0;
+  for (const auto& sf : streams_) indexed += sf->small.count() + sf->large.count();
+  if (indexed != free_blocks) {
+    problems << "free blocks " << free_blocks << " but " << indexed << " indexed; ";
+  }
+  if (live_.size() != allocated_count) problems << "live map size disagrees; ";
+  auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
+  if (get(reserved_) != reserved) problems << "reserved counter " << get(reserved_) << " != " << reserved << "; ";
+  if (get(segment_count_) != segments) problems << "segment counter disagrees; ";
+  if (get(allocated_) != allocated) problems << "allocated counter " << get(allocated_) << " != " << allocated << "; ";
+  if (get(allocated_count_) != allocated_count) problems << "allocated count disagrees; ";
+  if (get(requested_) != requested) problems << "requested counter disagrees; ";
+  return problems.str();
+}
+
+}  // namespace gpukeeper

@@ -1,0 +1,174 @@
+// A caching memory pool over any upstream MemoryResource.
+//
+//   auto pool = std::make_shared<CachingPool>(make_resource(ResourceKind::device, 0));
+//   void* p = pool->allocate(1 << 20, stream);   // 256-byte aligned
+//   pool->deallocate(p);                         // cached, reusable on `stream` at once
+//
+// Requests up to PoolOptions::small_size come from small segments and never split a
+// large one. Free blocks are kept per stream: a block freed on stream A is reused on A
+// at once and by another stream only once an event shows A's queued work is done.
+// Neighbouring free blocks of a segment are merged; whole free segments go back to the
+// upstream on emergency_cleanup(), trim(), a limit change, or when the upstream runs out.
+// All members are thread-safe. Prefer ManagedBuffer (managed_buffer.hpp) to raw calls.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpukeeper/core/spin_mutex.hpp"
+#include "gpukeeper/memory/block.hpp"
+#include "gpukeeper/memory/free_index.hpp"
+#include "gpukeeper/memory/pool_stats.hpp"
+#include "gpukeeper/memory/ptr_map.hpp"
+#include "gpukeeper/memory/resource.hpp"
+#include "gpukeeper/memory/stream_events.hpp"
+
+namespace gpukeeper {
+
+struct PoolOptions {
+  std::size_t small_size = std::size_t{1} << 20;      // requests up to this are small
+  std::size_t small_segment = std::size_t{2} << 20;   // segment size for small requests
+  std::size_t large_segment = std::size_t{20} << 20;  // segment for large requests ...
+  std::size_t large_cutoff = std::size_t{10} << 20;   // ... of up to this size
+  std::size_t segment_granularity = std::size_t{2} << 20;  // bigger ones: rounded to this
+  std::size_t max_pool_size = 0;                      // reserved-bytes limit; 0: none
+};
+
+class CachingPool {
+ public:
+  static constexpr std::size_t kAlignment = 256;
+  // Larger requests are refused as input errors: no machine has a petabyte to give.
+  static constexpr std::size_t kMaxRequest = std::size_t{1} << 50;
+
+  // Returns the bytes it released (a guess is fine); `needed` is the failed request.
+  using ReclaimCallback = std::function<std::size_t(std::size_t needed)>;
+  // Receives the pressure that crossed the watermark's level.
+  using WatermarkCallback = std::function<void(double pressure)>;
+
+  explicit CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions options = {});
+  ~CachingPool();
+  CachingPool(const CachingPool&) = delete;
+  CachingPool& operator=(const CachingPool&) = delete;
+
+  // A block of at least `bytes`, 256-byte aligned, ordered on `stream`.
+  // Throws InvalidInputError for 0 or absurd sizes, AllocationError when memory cannot
+  // be had after releasing caches and running reclaim callbacks.
+  void* allocate(std::size_t bytes, stream_t stream = 0);
+
+  // Returns a block; its later users must be ordered after the work queued on the
+  // block's stream (or on `stream`, if given) so far. Throws InvalidInputError, and
+  // changes nothing, for a pointer this pool did not hand out or that was returned.
+  void deallocate(void* ptr);
+  void deallocate(void* ptr, stream_t stream);
+  // As deallocate(ptr), and also checks that `bytes` is the size that was requested.
+  void deallocate_checked(void* ptr, std::size_t bytes);
+
+  bool owns(const void* ptr) const;
+  // The size requested for a live block; InvalidInputError when ptr is not one.
+  std::size_t requested_size(const void* ptr) const;
+
+  PoolStats stats() const noexcept;
+  void reset_peaks() noexcept;
+
+  // Limits reserved bytes (0 removes the limit). Releases cached segments to get under
+  // it. InvalidInputError when below the bytes currently allocated.
+  void set_limit(std::size_t bytes);
+  std::size_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
+
+  // In [0, 1]: reserved / limit with a limit, else the upstream's used fraction.
+  double memory_pressure() const;
+
+  // `callback` runs (outside the pool's lock) when pressure rises to `level` in (0, 1];
+  // it re-arms once pressure falls below. Returns an id for remove_watermark.
+  int add_watermark(double level, WatermarkCallback callback);
+  bool remove_watermark(int id);
+  // Runs when the upstream refuses memory even after the pool released its cache.
+  int add_reclaim_callback(ReclaimCallback callback);
+  bool remove_reclaim_callback(int id);
+
+  // Returns every whole free segment to the upstream after the streams that used them
+  // are done. Returns the bytes released.
+  std::size_t emergency_cleanup();
+  // Like emergency_cleanup(), stopping once reserved bytes are at most `keep_bytes`.
+  std::size_t trim(std::size_t keep_bytes);
+
+  MemoryResource& upstream() noexcept { return *upstream_; }
+  const MemoryResource& upstream() const noexcept { return *upstream_; }
+  ResourceKind kind() const noexcept { return upstream_->kind(); }
+  int device() const noexcept { return upstream_->device(); }
+  const PoolOptions& options() const noexcept { return options_; }
+
+  // Walks the books and returns what is inconsistent ("" when all is well): blocks that
+  // do not tile their segment, unmerged free neighbours, counters that disagree.
+  std::string validate() const;
+
+ private:
+  struct StreamFree {
+    stream_t stream;
+    detail::FreeIndex small;
+    detail::FreeIndex large;
+    detail::FreeIndex& index(bool is_small) noexcept { return is_small ? small : large; }
+  };
+  struct Watermark {
+    int id;
+    double level;
+    WatermarkCallback callback;
+    bool armed;
+  };
+  struct Reclaimer {
+    int id;
+    ReclaimCallback callback;
+  };
+
+  void free_block(void* ptr, bool has_stream, stream_t stream, std::size_t expected);
+  StreamFree& stream_free(stream_t stream);
+  detail::FreeIndex& index_of(const detail::Block* block);
+  detail::Block* take_cached(std::size_t size, bool small, stream_t stream);
+  detail::Block* grow(std::size_t size, bool small, stream_t stream);
+  detail::Block* carve(detail::Block* block, std::size_t size, std::size_t requested,
+                       stream_t stream);
+  void insert_free(detail::Block* block);
+  void refresh_largest() noexcept;
+  std::size_t release_free_segments(std::size_t keep_reserved);
+  void release_segment(detail::Segment* segment);
+  std::size_t segment_size_for(std::size_t size, bool small) const noexcept;
+  std::string oom_message(std::size_t bytes) const;
+  void notify_watermarks();
+  std::size_t run_reclaimers(std::size_t needed);
+  void count(std::atomic<std::size_t>& counter, std::ptrdiff_t delta) noexcept {
+    counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+  }
+
+  std::unique_ptr<MemoryResource> upstream_;
+  PoolOptions options_;
+
+  mutable SpinMutex mutex_;  // guards everything below up to the counters
+  detail::RecordArena<detail::Block> blocks_;
+  detail::RecordArena<detail::Segment> segment_records_;
+  detail::Segment* segments_ = nullptr;
+  detail::PtrMap<detail::Block> live_;
+  std::vector<std::unique_ptr<StreamFree>> streams_;
+  StreamFree* last_stream_ = nullptr;
+  detail::StreamEvents events_;
+  bool largest_stale_ = false;
+
+  // Written under mutex_, read by anyone.
+  std::atomic<std::size_t> allocated_{0}, allocated_count_{0}, requested_{0}, reserved_{0},
+      segment_count_{0}, peak_allocated_{0}, peak_reserved_{0}, largest_free_{0},
+      cache_hits_{0}, cache_misses_{0}, upstream_allocations_{0}, upstream_frees_{0},
+      oom_events_{0}, callback_errors_{0};
+  std::atomic<std::size_t> limit_{0};
+
+  std::mutex callbacks_mutex_;  // guards the callback lists; never held with mutex_
+  std::vector<Watermark> watermarks_;
+  std::vector<Reclaimer> reclaimers_;
+  int next_callback_id_ = 1;
+  std::atomic<bool> has_watermarks_{false};
+};
+
+}  // namespace gpukeeper

@@ -1,0 +1,49 @@
+// One caching pool per device, made on first use, for one kind of memory.
+//
+//   PoolRegistry pools(ResourceKind::device);
+//   ManagedBuffer buf(pools.pool(0), bytes);
+//   auto [allocated, peak] = pools.total_usage();
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "gpukeeper/memory/caching_pool.hpp"
+
+namespace gpukeeper {
+
+class PoolRegistry {
+ public:
+  explicit PoolRegistry(ResourceKind kind, PoolOptions options = {});
+
+  // The pool of `device`, made on first use. InvalidInputError for a device id the kind
+  // does not have; DeviceError when the kind is unavailable on this machine.
+  std::shared_ptr<CachingPool> pool(int device);
+
+  // The pool of `device` if it was made already, else nullptr (never throws).
+  std::shared_ptr<CachingPool> find(int device) const;
+
+  // Pools made so far, in device order.
+  std::vector<std::shared_ptr<CachingPool>> pools() const;
+
+  // Sum over pools of (allocated bytes, peak allocated bytes).
+  std::pair<std::size_t, std::size_t> total_usage() const;
+
+  // emergency_cleanup() on every pool; returns the bytes released.
+  std::size_t emergency_cleanup_all();
+
+  ResourceKind kind() const noexcept { return kind_; }
+  // Device ids this kind accepts: [0, device_count()).
+  int device_count() const noexcept { return resource_device_count(kind_); }
+
+ private:
+  ResourceKind kind_;
+  PoolOptions options_;
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<CachingPool>> pools_;  // index: device id
+};
+
+}  // namespace gpukeeper

@@ -1,0 +1,68 @@
+#include "gpukeeper/memory/stream_events.hpp"
+
+#ifdef GPUKEEPER_WITH_CUDA
+#include "gpukeeper/core/cuda_check.hpp"
+#endif
+
+namespace gpukeeper::detail {
+
+#ifdef GPUKEEPER_WITH_CUDA
+
+namespace {
+cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
+cudaStream_t as_stream(stream_t s) { return reinterpret_cast<cudaStream_t>(s); }
+}  // namespace
+
+StreamEvents::~StreamEvents() {
+  for (auto& entry : events_) (void)cudaEventDestroy(as_event(entry.second));
+}
+
+void* StreamEvents::event_for(stream_t stream) {
+  for (auto& entry : events_) {
+    if (entry.first == stream) return entry.second;
+  }
+  DeviceGuard guard(device_);
+  cudaEvent_t event = nullptr;
+  GK_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  events_.emplace_back(stream, event);
+  return event;
+}
+
+bool StreamEvents::done(stream_t stream) {
+  if (!enabled_) return true;
+  DeviceGuard guard(device_);
+  cudaEvent_t event = as_event(event_for(stream));
+  if (cudaEventRecord(event, as_stream(stream)) != cudaSuccess) {
+    clear_cuda_error();
+    synchronize(stream);
+    return true;
+  }
+  cudaError_t status = cudaEventQuery(event);
+  if (status == cudaSuccess) return true;
+  if (status != cudaErrorNotReady) check_cuda(status, "cudaEventQuery");
+  return false;
+}
+
+void StreamEvents::synchronize(stream_t stream) {
+  if (!enabled_) return;
+  DeviceGuard guard(device_);
+  cudaEvent_t event = as_event(event_for(stream));
+  if (cudaEventRecord(event, as_stream(stream)) != cudaSuccess) {
+    // The stream is gone; its remaining work is still ordered on the device.
+    clear_cuda_error();
+    GK_CUDA_CHECK(cudaDeviceSynchronize());
+    return;
+  }
+  GK_CUDA_CHECK(cudaEventSynchronize(event));
+}
+
+#else
+
+StreamEvents::~StreamEvents() = default;
+void* StreamEvents::event_for(stream_t) { return nullptr; }
+bool StreamEvents::done(stream_t) { return true; }
+void StreamEvents::synchronize(stream_t) {}
+
+#endif
+
+}  // namespace gpukeeper::detail

@@ -1,0 +1,38 @@
+// Asks whether the work queued on a stream so far has finished, with one reusable event
+// per stream. The pool calls it only on its slow paths (taking a block another stream
+// freed, releasing segments), never per allocation: recording at the time of the
+// question covers everything queued before the block was freed, so no event is needed
+// at free time.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "gpukeeper/memory/resource.hpp"
+
+namespace gpukeeper::detail {
+
+class StreamEvents {
+ public:
+  // With `enabled` false (host memory) every stream counts as done at once.
+  StreamEvents(int device, bool enabled) : device_(device), enabled_(enabled) {}
+  ~StreamEvents();
+  StreamEvents(const StreamEvents&) = delete;
+  StreamEvents& operator=(const StreamEvents&) = delete;
+
+  // True when all work queued on `stream` so far has completed. Does not block.
+  bool done(stream_t stream);
+
+  // Blocks until all work queued on `stream` so far has completed. A stream that no
+  // longer exists (destroyed by its owner) falls back to synchronizing the device.
+  void synchronize(stream_t stream);
+
+ private:
+  void* event_for(stream_t stream);  // cudaEvent_t, created on first use
+
+  int device_;
+  bool enabled_;
+  std::vector<std::pair<stream_t, void*>> events_;
+};
+
+}  // namespace gpukeeper::detail
