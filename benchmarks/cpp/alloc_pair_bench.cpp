@@ -1,0 +1,639 @@
+// Alloc+free pair latency, side by side in one run:
+//
+//   gpukeeper CachingPool over the host upstream (runs anywhere)
+//   gpukeeper CachingPool over the device upstream          (CUDA)
+//   gpukeeper ManagedBuffer (RAII) over the same device pool (CUDA; host pool without)
+//   cudaMalloc + cudaFree                                    (CUDA)
+//   cudaMallocAsync + cudaFreeAsync on a created stream, default mempool with
+//     cudaMemPoolAttrReleaseThreshold = UINT64_MAX (so it caches)  (CUDA)
+//   malloc + free (host reference)
+//
+// for 256 B, 64 KiB, 1 MiB and 64 MiB, then a single-threaded "mixed sizes" loop
+// (64 live slots; each step frees a random slot and refills it with a log-uniform size
+// in [256 B, 16 MiB]). Method: warm up (which also estimates the cost of one pair), then
+// B batches of P pairs, each batch timed with std::chrono::steady_clock; reported are
+// the median, p10 and p90 across batches of the mean ns per pair. P is 1000 unless the
+// per-row time budget would be exceeded (slow rows such as cudaMalloc at 64 MiB get
+// fewer pairs per batch, and if need be fewer batches, never below --min-batches).
+//
+// Only the CUDA runtime API is used (host compiler, no kernels). Without a usable CUDA
+// device only the host rows run, and the output says so.
+//
+//   alloc_pair_bench [--json PATH] [--batches N] [--pairs N] [--budget-ms MS] [--quick]
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/device/runtime.hpp"
+#include "gpukeeper/memory/caching_pool.hpp"
+#include "gpukeeper/memory/managed_buffer.hpp"
+#include "gpukeeper/memory/resource.hpp"
+
+#ifdef GPUKEEPER_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+using namespace gkbench;
+
+namespace {
+
+struct Plan {
+  std::size_t batches = 101;        // timed batches per row
+  std::size_t min_batches = 15;     // slow rows may drop to this many
+  std::size_t max_pairs = 1000;     // pairs per batch
+  double budget_ns = 1.5e9;         // rough time per row, warm-up excluded
+  double warmup_ns = 20e6;          // warm-up time per row (at least 3 pairs)
+  std::size_t warmup_max = 20000;   // warm-up pairs at most
+};
+
+struct Row {
+  std::string allocator;  // stable key
+  std::string label;      // for the table
+  std::string workload;   // "256B", ..., "mixed"
+  std::size_t size = 0;   // bytes (0 for mixed)
+  std::vector<double> ns_per_pair;  // one per batch
+  Summary summary;
+  std::size_t pairs_per_batch = 0;
+  std::size_t batches = 0;
+  std::string error;
+};
+
+// Runs `pair()` as planned and fills the timing fields of `row`. `after_batch()` runs
+// untimed after each batch (e.g. to drain a stream).
+template <typename Pair, typename After>
+void measure(Row& row, const Plan& plan, Pair&& pair, After&& after_batch) {
+  // Warm-up in doubling chunks; the last chunk estimates the cost of one pair.
+  double spent = 0, per_pair = 0;
+  std::size_t done = 0;
+  for (std::size_t chunk = 1;; chunk *= 2) {
+    auto t0 = Clock::now();
+    for (std::size_t i = 0; i < chunk; ++i) pair();
+    auto t1 = Clock::now();
+    after_batch();
+    double ns = elapsed_ns(t0, t1);
+    spent += ns;
+    done += chunk;
+    per_pair = ns / static_cast<double>(chunk);
+    if (done >= 3 && (spent >= plan.warmup_ns || done >= plan.warmup_max)) break;
+  }
+  std::size_t batches = plan.batches;
+  double pairs = plan.budget_ns / (static_cast<double>(batches) * std::max(per_pair, 1.0));
+  std::size_t ppb = static_cast<std::size_t>(std::max(1.0, std::min(pairs, double(plan.max_pairs))));
+  if (ppb == 1) {
+    double fit = plan.budget_ns / std::max(per_pair, 1.0);
+    batches = std::max(plan.min_batches, std::min(batches, static_cast<std::size_t>(fit)));
+  }
+  row.pairs_per_batch = ppb;
+  row.batches = batches;
+  row.ns_per_pair.reserve(batches);
+  for (std::size_t b = 0; b < batches; ++b) {
+    auto t0 = Clock::now();
+    for (std::size_t i = 0; i < ppb; ++i) pair();
+    auto t1 = Clock::now();
+    after_batch();
+    row.ns_per_pair.push_back(elapsed_ns(t0, t1) / static_cast<double>(ppb));
+  }
+  row.summary = summarize(row.ns_per_pair);
+}
+
+struct Size {
+  std::size_t bytes;
+  const char* key;
+};
+const Size kSizes[] = {{256, "256B"}, {64 << 10, "64KiB"}, {1 << 20, "1MiB"}, {64 << 20, "64MiB"}};
+
+// The mixed-sizes workload: a fixed random sequence shared by every allocator.
+struct MixedWorkload {
+  static constexpr std::size_t kSlots = 64;
+  static constexpr std::size_t kLength = 1 << 14;
+  std::vector<std::size_t> sizes;     // kLength
+  std::vector<std::uint32_t> slots;   // kLength
+  std::vector<std::size_t> initial;   // kSlots
+
+  explicit MixedWorkload(std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> logsize(std::log(256.0), std::log(16.0 * (1 << 20)));
+    std::uniform_int_distribution<std::uint32_t> slot(0, kSlots - 1);
+    auto draw = [&] {
+      // Element counts of 4-byte types: sizes are multiples of 4, rarely of 256.
+      std::size_t n = static_cast<std::size_t>(std::exp(logsize(rng)));
+      return std::max<std::size_t>(4, n / 4 * 4);
+    };
+    for (std::size_t i = 0; i < kSlots; ++i) initial.push_back(draw());
+    for (std::size_t i = 0; i < kLength; ++i) {
+      sizes.push_back(draw());
+      slots.push_back(slot(rng));
+    }
+  }
+  double mean_size() const {
+    double s = 0;
+    for (auto x : sizes) s += static_cast<double>(x);
+    return s / static_cast<double>(sizes.size());
+  }
+};
+
+// Runs the mixed workload through alloc/free callables.
+template <typename Alloc, typename Free, typename After>
+void measure_mixed(Row& row, const Plan& plan, const MixedWorkload& w, Alloc&& alloc, Free&& free_,
+                   After&& after_batch) {
+  std::vector<void*> live(MixedWorkload::kSlots, nullptr);
+  std::vector<std::size_t> live_size(MixedWorkload::kSlots, 0);
+  for (std::size_t i = 0; i < MixedWorkload::kSlots; ++i) {
+    live[i] = alloc(w.initial[i]);
+    live_size[i] = w.initial[i];
+  }
+  std::size_t step = 0;
+  auto pair = [&] {
+    std::size_t k = step++ & (MixedWorkload::kLength - 1);
+    std::uint32_t s = w.slots[k];
+    free_(live[s], live_size[s]);
+    live[s] = alloc(w.sizes[k]);
+    live_size[s] = w.sizes[k];
+  };
+  try {
+    measure(row, plan, pair, after_batch);
+  } catch (...) {
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      if (live[i]) free_(live[i], live_size[i]);
+    }
+    throw;
+  }
+  for (std::size_t i = 0; i < live.size(); ++i) free_(live[i], live_size[i]);
+  after_batch();
+}
+
+#ifdef GPUKEEPER_WITH_CUDA
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
+                             cudaGetErrorString(err) + ")");
+  }
+}
+#endif
+
+JsonObject stats_json(const gpukeeper::PoolStats& s) {
+  JsonObject o;
+  o.integer("allocated_bytes", s.allocated_bytes);
+  o.integer("reserved_bytes", s.reserved_bytes);
+  o.integer("segment_count", s.segment_count);
+  o.integer("peak_allocated_bytes", s.peak_allocated_bytes);
+  o.integer("peak_reserved_bytes", s.peak_reserved_bytes);
+  o.integer("cache_hits", s.cache_hits);
+  o.integer("cache_misses", s.cache_misses);
+  o.integer("upstream_allocations", s.upstream_allocations);
+  o.integer("upstream_frees", s.upstream_frees);
+  return o;
+}
+
+void usage() {
+  std::puts(
+      "usage: alloc_pair_bench [--json PATH] [--batches N] [--pairs N] [--budget-ms MS]\n"
+      "                        [--quick] [--no-host-reference]\n"
+      "  --json PATH     write the results as JSON\n"
+      "  --batches N     timed batches per row (default 101)\n"
+      "  --pairs N       alloc+free pairs per batch at most (default 1000)\n"
+      "  --budget-ms MS  rough time per row; slow rows get fewer pairs (default 1500)\n"
+      "  --quick         21 batches, 200 ms per row (a smoke test)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Plan plan;
+  std::string json_path;
+  bool host_reference = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string v;
+    std::string arg = argv[i];
+    if (take_arg(argc, argv, &i, "--json", &v)) {
+      json_path = v;
+    } else if (take_arg(argc, argv, &i, "--batches", &v)) {
+      plan.batches = std::max<std::size_t>(1, parse_u64(v, "--batches"));
+      plan.min_batches = std::min(plan.min_batches, plan.batches);
+    } else if (take_arg(argc, argv, &i, "--pairs", &v)) {
+      plan.max_pairs = std::max<std::size_t>(1, parse_u64(v, "--pairs"));
+    } else if (take_arg(argc, argv, &i, "--budget-ms", &v)) {
+      plan.budget_ns = static_cast<double>(parse_u64(v, "--budget-ms")) * 1e6;
+    } else if (arg == "--quick") {
+      plan.batches = 21;
+      plan.min_batches = 7;
+      plan.budget_ns = 0.2e9;
+      plan.warmup_ns = 5e6;
+    } else if (arg == "--no-host-reference") {
+      host_reference = false;
+    } else if (arg == "-h" || arg == "--help") {
+      usage();
+      return 0;
+    } else {
+      std::fprintf(stderr, "unknown argument '%s'\n", argv[i]);
+      usage();
+      return 2;
+    }
+  }
+
+  std::printf("gpukeeper alloc+free pair latency\n%s", environment_line().c_str());
+  const gpukeeper::CudaStatus cuda = gpukeeper::cuda_status();
+  const bool have_cuda = cuda.available;
+  std::string note;
+  if (!have_cuda) {
+    note = "CUDA unavailable (" + cuda.reason +
+           "): only the host rows ran (gpukeeper pool over host memory, malloc/free)";
+    std::printf("NOTE: %s\n", note.c_str());
+  }
+
+  std::vector<Row> rows;
+  std::vector<Row> mixed_rows;
+  JsonObject pool_stats_json;
+  auto fail_row = [](Row& row, const std::exception& e) {
+    row.error = e.what();
+    std::fprintf(stderr, "  %s %s failed: %s\n", row.allocator.c_str(), row.workload.c_str(),
+                 e.what());
+  };
+
+  // ------------------------------------------------------------- upstream set-up
+  std::shared_ptr<gpukeeper::CachingPool> host_pool, device_pool;
+  try {
+    host_pool = std::make_shared<gpukeeper::CachingPool>(
+        gpukeeper::make_resource(gpukeeper::ResourceKind::host, 0));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "host pool: %s\n", e.what());
+    return 1;
+  }
+  gpukeeper::stream_t gk_stream = 0;
+#ifdef GPUKEEPER_WITH_CUDA
+  cudaStream_t stream = nullptr;
+  cudaMemPool_t mempool = nullptr;
+  std::uint64_t old_threshold = 0;
+  if (have_cuda) {
+    try {
+      check(cudaSetDevice(0), "cudaSetDevice");
+      check(cudaFree(nullptr), "cudaFree(0) (context creation)");
+      check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      check(cudaDeviceGetDefaultMemPool(&mempool, 0), "cudaDeviceGetDefaultMemPool");
+      check(cudaMemPoolGetAttribute(mempool, cudaMemPoolAttrReleaseThreshold, &old_threshold),
+            "cudaMemPoolGetAttribute");
+      std::uint64_t threshold = UINT64_MAX;
+      check(cudaMemPoolSetAttribute(mempool, cudaMemPoolAttrReleaseThreshold, &threshold),
+            "cudaMemPoolSetAttribute(ReleaseThreshold)");
+      gk_stream = reinterpret_cast<gpukeeper::stream_t>(stream);
+      device_pool = std::make_shared<gpukeeper::CachingPool>(
+          gpukeeper::make_resource(gpukeeper::ResourceKind::device, 0));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "CUDA set-up failed: %s\n", e.what());
+      return 1;
+    }
+  }
+#endif
+  auto nothing = [] {};
+
+  // ------------------------------------------------------------- fixed sizes
+  for (const Size& size : kSizes) {
+    const std::size_t n = size.bytes;
+    auto new_row = [&](const char* key, const std::string& label) {
+      Row r;
+      r.allocator = key;
+      r.label = label;
+      r.workload = size.key;
+      r.size = n;
+      return r;
+    };
+    {
+      Row r = new_row("gpukeeper_pool_host", "gpukeeper pool, host upstream (C++)");
+      gpukeeper::CachingPool& pool = *host_pool;
+      try {
+        measure(r, plan, [&] {
+          void* p = pool.allocate(n, 0);
+          do_not_optimize(p);
+          pool.deallocate(p);
+        }, nothing);
+      } catch (const std::exception& e) {
+        fail_row(r, e);
+      }
+      rows.push_back(std::move(r));
+    }
+    if (device_pool) {
+      Row r = new_row("gpukeeper_pool_device", "gpukeeper pool, device upstream (C++)");
+      gpukeeper::CachingPool& pool = *device_pool;
+      try {
+        measure(r, plan, [&] {
+          void* p = pool.allocate(n, gk_stream);
+          do_not_optimize(p);
+          pool.deallocate(p);
+        }, nothing);
+      } catch (const std::exception& e) {
+        fail_row(r, e);
+      }
+      rows.push_back(std::move(r));
+    }
+    {
+      const bool dev = static_cast<bool>(device_pool);
+      Row r = new_row(dev ? "gpukeeper_managed_buffer_device" : "gpukeeper_managed_buffer_host",
+                      dev ? "gpukeeper ManagedBuffer, device (C++)"
+                          : "gpukeeper ManagedBuffer, host (C++)");
+      std::shared_ptr<gpukeeper::CachingPool> pool = dev ? device_pool : host_pool;
+      const gpukeeper::stream_t s = dev ? gk_stream : 0;
+      try {
+        measure(r, plan, [&] {
+          gpukeeper::ManagedBuffer buf(pool, n, s);
+          do_not_optimize(buf.data());
+        }, nothing);
+      } catch (const std::exception& e) {
+        fail_row(r, e);
+      }
+      rows.push_back(std::move(r));
+    }
+#ifdef GPUKEEPER_WITH_CUDA
+    if (have_cuda) {
+      Row r = new_row("cudaMalloc", "cudaMalloc + cudaFree");
+      try {
+        measure(r, plan, [&] {
+          void* p = nullptr;
+          check(cudaMalloc(&p, n), "cudaMalloc");
+          do_not_optimize(p);
+          check(cudaFree(p), "cudaFree");
+        }, nothing);
+      } catch (const std::exception& e) {
+        fail_row(r, e);
+      }
+      rows.push_back(std::move(r));
+
+      Row a = new_row("cudaMallocAsync", "cudaMallocAsync + cudaFreeAsync (threshold max)");
+      try {
+        measure(a, plan, [&] {
+          void* p = nullptr;
+          check(cudaMallocAsync(&p, n, stream), "cudaMallocAsync");
+          do_not_optimize(p);
+          check(cudaFreeAsync(p, stream), "cudaFreeAsync");
+        }, [&] { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); });
+      } catch (const std::exception& e) {
+        fail_row(a, e);
+      }
+      rows.push_back(std::move(a));
+    }
+#endif
+    if (host_reference) {
+      Row r = new_row("malloc", "malloc + free (host reference)");
+      try {
+        measure(r, plan, [&] {
+          void* p = std::malloc(n);
+          do_not_optimize(p);
+          std::free(p);
+        }, nothing);
+      } catch (const std::exception& e) {
+        fail_row(r, e);
+      }
+      rows.push_back(std::move(r));
+    }
+  }
+
+  // ------------------------------------------------------------- mixed sizes
+  const MixedWorkload mixed(12345);
+  auto new_mixed = [&](const char* key, const std::string& label) {
+    Row r;
+    r.allocator = key;
+    r.label = label;
+    r.workload = "mixed";
+    return r;
+  };
+  {
+    Row r = new_mixed("gpukeeper_pool_host", "gpukeeper pool, host upstream (C++)");
+    gpukeeper::CachingPool& pool = *host_pool;
+    try {
+      measure_mixed(r, plan, mixed, [&](std::size_t n) { return pool.allocate(n, 0); },
+                    [&](void* p, std::size_t) { pool.deallocate(p); }, nothing);
+    } catch (const std::exception& e) {
+      fail_row(r, e);
+    }
+    mixed_rows.push_back(std::move(r));
+  }
+  if (device_pool) {
+    Row r = new_mixed("gpukeeper_pool_device", "gpukeeper pool, device upstream (C++)");
+    gpukeeper::CachingPool& pool = *device_pool;
+    try {
+      measure_mixed(r, plan, mixed, [&](std::size_t n) { return pool.allocate(n, gk_stream); },
+                    [&](void* p, std::size_t) { pool.deallocate(p); }, nothing);
+    } catch (const std::exception& e) {
+      fail_row(r, e);
+    }
+    mixed_rows.push_back(std::move(r));
+  }
+#ifdef GPUKEEPER_WITH_CUDA
+  if (have_cuda) {
+    Row r = new_mixed("cudaMalloc", "cudaMalloc + cudaFree");
+    try {
+      measure_mixed(r, plan, mixed,
+                    [&](std::size_t n) {
+                      void* p = nullptr;
+                      check(cudaMalloc(&p, n), "cudaMalloc");
+                      return p;
+                    },
+                    [&](void* p, std::size_t) { check(cudaFree(p), "cudaFree"); }, nothing);
+    } catch (const std::exception& e) {
+      fail_row(r, e);
+    }
+    mixed_rows.push_back(std::move(r));
+
+    Row a = new_mixed("cudaMallocAsync", "cudaMallocAsync + cudaFreeAsync (threshold max)");
+    try {
+      measure_mixed(a, plan, mixed,
+                    [&](std::size_t n) {
+                      void* p = nullptr;
+                      check(cudaMallocAsync(&p, n, stream), "cudaMallocAsync");
+                      return p;
+                    },
+                    [&](void* p, std::size_t) { check(cudaFreeAsync(p, stream), "cudaFreeAsync"); },
+                    [&] { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); });
+    } catch (const std::exception& e) {
+      fail_row(a, e);
+    }
+    mixed_rows.push_back(std::move(a));
+  }
+#endif
+  if (host_reference) {
+    Row r = new_mixed("malloc", "malloc + free (host reference)");
+    try {
+      measure_mixed(r, plan, mixed, [&](std::size_t n) { return std::malloc(n); },
+                    [&](void* p, std::size_t) { std::free(p); }, nothing);
+    } catch (const std::exception& e) {
+      fail_row(r, e);
+    }
+    mixed_rows.push_back(std::move(r));
+  }
+
+  // ------------------------------------------------------------- pool books
+  JsonObject pools;
+  {
+    std::string problems = host_pool->validate();
+    if (!problems.empty()) std::fprintf(stderr, "host pool books inconsistent: %s\n", problems.c_str());
+    pools.raw("host", stats_json(host_pool->stats()).boolean("books_consistent", problems.empty()).dump(2));
+  }
+  if (device_pool) {
+    std::string problems = device_pool->validate();
+    if (!problems.empty()) std::fprintf(stderr, "device pool books inconsistent: %s\n", problems.c_str());
+    pools.raw("device", stats_json(device_pool->stats()).boolean("books_consistent", problems.empty()).dump(2));
+  }
+
+  // ------------------------------------------------------------- table
+  auto find = [&](const std::vector<Row>& rs, const std::string& alloc, const std::string& wl) -> const Row* {
+    for (const Row& r : rs) {
+      if (r.allocator == alloc && r.workload == wl && r.error.empty()) return &r;
+    }
+    return nullptr;
+  };
+  const char* ref_key = have_cuda ? "cudaMallocAsync" : "malloc";
+  auto print_table = [&](const std::vector<Row>& rs, const char* title) {
+    std::printf("\n%s (ns per alloc+free pair; median, p10, p90 across batches)\n", title);
+    std::printf("%-8s %-50s %10s %10s %10s %13s %10s\n", "size", "allocator", "median", "p10",
+                "p90", "pairs x bat", have_cuda ? "vs async" : "vs malloc");
+    std::string last;
+    for (const Row& r : rs) {
+      if (r.workload != last && !last.empty()) std::printf("\n");
+      last = r.workload;
+      if (!r.error.empty()) {
+        std::printf("%-8s %-50s   FAILED: %s\n", r.workload.c_str(), r.label.c_str(), r.error.c_str());
+        continue;
+      }
+      std::string speed = "-";
+      const Row* ref = find(rs, ref_key, r.workload);
+      if (ref && r.allocator != ref_key && r.summary.median > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.1fx", ref->summary.median / r.summary.median);
+        speed = buf;
+      }
+      char pb[32];
+      std::snprintf(pb, sizeof pb, "%zu x %zu", r.pairs_per_batch, r.batches);
+      std::printf("%-8s %-50s %10s %10s %10s %13s %10s\n", r.workload.c_str(), r.label.c_str(),
+                  fmt_ns(r.summary.median).c_str(), fmt_ns(r.summary.p10).c_str(),
+                  fmt_ns(r.summary.p90).c_str(), pb, speed.c_str());
+    }
+  };
+  print_table(rows, "Fixed sizes");
+  char mixed_title[160];
+  std::snprintf(mixed_title, sizeof mixed_title,
+                "Mixed sizes (%zu live slots, log-uniform 256 B..16 MiB, mean %.0f KiB; one free + one alloc per pair)",
+                MixedWorkload::kSlots, mixed.mean_size() / 1024.0);
+  print_table(mixed_rows, mixed_title);
+
+  // ------------------------------------------------------------- targets
+  // Issue 2: C++ pair <= 50 ns median on cached sizes, and >= 10x faster than cudaMallocAsync.
+  std::vector<std::string> target_json;
+  bool all_met = true;
+  bool any_checked = false;
+  std::printf("\nTargets (issue 2): pool pair <= 50 ns median, >= 10x faster than cudaMallocAsync\n");
+  for (const Size& size : kSizes) {
+    const Row* pool = find(rows, have_cuda ? "gpukeeper_pool_device" : "gpukeeper_pool_host", size.key);
+    const Row* async = find(rows, "cudaMallocAsync", size.key);
+    if (!pool) continue;
+    JsonObject t;
+    t.str("size", size.key);
+    t.str("pool_row", pool->allocator);
+    t.num("pool_median_ns", pool->summary.median);
+    bool lat_ok = pool->summary.median <= 50.0;
+    t.boolean("latency_target_met", lat_ok);
+    std::string verdict = std::string(lat_ok ? "met" : "MISSED") + " (" + fmt_ns(pool->summary.median) + " ns)";
+    bool ok = lat_ok;
+    if (async) {
+      double speedup = async->summary.median / pool->summary.median;
+      bool sp_ok = speedup >= 10.0;
+      t.num("speedup_vs_cudaMallocAsync", speedup);
+      t.boolean("speedup_target_met", sp_ok);
+      ok = ok && sp_ok;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "; %.1fx vs cudaMallocAsync: %s", speedup, sp_ok ? "met" : "MISSED");
+      verdict += buf;
+    } else {
+      t.raw("speedup_vs_cudaMallocAsync", "null");
+      verdict += "; speed-up vs cudaMallocAsync not measured (no CUDA)";
+    }
+    any_checked = true;
+    all_met = all_met && ok;
+    std::printf("  %-6s %s\n", size.key, verdict.c_str());
+    target_json.push_back(t.dump(4));
+  }
+  if (any_checked) {
+    std::printf("  => %s%s\n", all_met ? "all met" : "some MISSED",
+                have_cuda ? "" : " (host pool only: the device targets need a GPU run)");
+  }
+
+  // ------------------------------------------------------------- JSON
+  if (!json_path.empty()) {
+    auto rows_json = [](const std::vector<Row>& rs) {
+      std::vector<std::string> out;
+      for (const Row& r : rs) {
+        JsonObject o;
+        o.str("allocator", r.allocator);
+        o.str("label", r.label);
+        o.str("workload", r.workload);
+        o.integer("size_bytes", r.size);
+        if (r.error.empty()) {
+          o.summary("ns_", r.summary);
+          o.integer("pairs_per_batch", r.pairs_per_batch);
+          o.integer("batches", r.batches);
+          o.raw("error", "null");
+        } else {
+          o.str("error", r.error);
+        }
+        out.push_back(o.dump(4));
+      }
+      return out;
+    };
+    JsonObject config;
+    config.integer("batches", plan.batches);
+    config.integer("min_batches", plan.min_batches);
+    config.integer("max_pairs_per_batch", plan.max_pairs);
+    config.num("budget_ms_per_row", plan.budget_ns / 1e6);
+    config.num("warmup_ms_per_row", plan.warmup_ns / 1e6);
+    config.str("timer", "std::chrono::steady_clock around each batch");
+    config.str("statistic", "mean ns per pair within a batch; median/p10/p90 across batches");
+    config.integer("mixed_slots", MixedWorkload::kSlots);
+    config.str("mixed_sizes", "log-uniform 256 B .. 16 MiB, multiples of 4");
+    config.num("mixed_mean_bytes", mixed.mean_size());
+    config.str("cudaMallocAsync_setup",
+               "created non-blocking stream; default mempool, cudaMemPoolAttrReleaseThreshold=UINT64_MAX; stream synchronized (untimed) after each batch");
+    config.str("pool_stream", have_cuda ? "the same created stream" : "0");
+
+    JsonObject root;
+    root.str("benchmark", "alloc_pair");
+    root.raw("environment", environment_json().dump(2));
+    root.raw("config", config.dump(2));
+    root.boolean("host_only", !have_cuda);
+    root.str("note", note);
+    root.raw("results", json_array(rows_json(rows), 2));
+    root.raw("mixed", json_array(rows_json(mixed_rows), 2));
+    root.raw("pool_stats", pools.dump(2));
+    root.raw("targets", json_array(target_json, 2));
+    root.boolean("targets_met", any_checked && all_met && have_cuda);
+    if (!write_file(json_path, root.dump())) {
+      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+    std::printf("\nJSON written to %s\n", json_path.c_str());
+  }
+
+  // ------------------------------------------------------------- tear-down
+  host_pool.reset();
+  device_pool.reset();
+#ifdef GPUKEEPER_WITH_CUDA
+  if (have_cuda) {
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaMemPoolTrimTo(mempool, 0);
+    (void)cudaMemPoolSetAttribute(mempool, cudaMemPoolAttrReleaseThreshold, &old_threshold);
+    (void)cudaStreamDestroy(stream);
+  }
+#endif
+  for (const Row& r : rows) {
+    if (!r.error.empty()) return 1;
+  }
+  for (const Row& r : mixed_rows) {
+    if (!r.error.empty()) return 1;
+  }
+  return 0;
+}

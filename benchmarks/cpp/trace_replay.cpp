@@ -1,0 +1,647 @@
+// Replays allocation traces through a gpukeeper CachingPool and reports how much memory
+// the pool had to reserve for them, and how fast it served them.
+//
+// Trace format (text, one event per line; benchmarks/python/record_traces.py and
+// synth_trace.py write it):
+//   a <id> <size> [<stream>]   allocate <size> bytes on <stream> (an integer; default 0)
+//   f <id>                     free the allocation <id>
+//   # <key>: <value>           metadata (kept in the JSON), any other '#' line a comment
+//
+// Reported per trace and mode:
+//   peak requested  the peak over time of the sum of live requested sizes (from the trace)
+//   peak allocated  the pool's peak of live block bytes (requests rounded up to 256 B)
+//   peak reserved   the pool's peak of bytes held from the upstream
+//   reserved / requested and reserved / allocated (the fragmentation overhead), for the
+//   first replay on a fresh pool, and after all passes (a warm pool that kept its cache);
+//   ns per op: the first (cold) pass, and the median of the warm passes.
+//
+// Modes:
+//   sim     a SimulatedDeviceResource upstream (sim_resource.hpp): addresses from a reserved
+//           virtual range, no memory touched, no GPU needed; capacity --capacity (80 GiB)
+//   device  the real cudaMalloc upstream, when CUDA is usable (trace streams other than 0
+//           are mapped to streams created here); plus, as a reference, the same trace
+//           through cudaMallocFromPoolAsync on a fresh mempool with release threshold
+//           UINT64_MAX (its ReservedMemHigh / UsedMemHigh), unless --no-async-reference
+//
+//   trace_replay [--mode sim|device|all] [--passes N] [--capacity BYTES] [--json PATH]
+//                TRACE...
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/device/runtime.hpp"
+#include "gpukeeper/memory/caching_pool.hpp"
+#include "gpukeeper/memory/resource.hpp"
+#include "sim_resource.hpp"
+
+#ifdef GPUKEEPER_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+using namespace gkbench;
+
+namespace {
+
+struct Op {
+  std::uint64_t size;    // 0: free
+  std::uint32_t slot;    // dense index of the live allocation
+  std::uint32_t stream;  // index into Trace::streams
+};
+
+struct Trace {
+  std::string path;
+  std::string name;
+  std::vector<Op> ops;
+  std::vector<std::uint64_t> streams;  // index -> the stream value in the file
+  std::size_t slots = 0;
+  std::vector<std::pair<std::string, std::string>> meta;
+  std::uint64_t allocs = 0, frees = 0, unmatched_frees = 0, duplicate_ids = 0, zero_sizes = 0,
+                bad_lines = 0;
+  std::uint64_t live_at_end = 0, live_bytes_at_end = 0;
+  std::uint64_t peak_requested = 0, peak_rounded = 0, peak_live_count = 0;
+  std::uint64_t max_size = 0, total_bytes = 0;
+
+  const std::string* find_meta(const std::string& key) const {
+    for (auto& kv : meta) {
+      if (kv.first == key) return &kv.second;
+    }
+    return nullptr;
+  }
+};
+
+std::string base_name(const std::string& path) {
+  auto pos = path.find_last_of('/');
+  return pos == std::string::npos ? path : path.substr(pos + 1);
+}
+
+std::string trim(const std::string& s) {
+  auto a = s.find_first_not_of(" \t\r");
+  if (a == std::string::npos) return "";
+  auto b = s.find_last_not_of(" \t\r");
+  return s.substr(a, b - a + 1);
+}
+
+bool load_trace(const std::string& path, Trace* t, std::string* error) {
+  std::ifstream in(path);
+  if (!in) {
+    *error = "cannot open " + path;
+    return false;
+  }
+  t->path = path;
+  t->name = base_name(path);
+  std::unordered_map<std::uint64_t, std::uint32_t> live;  // id -> slot
+  std::vector<std::uint64_t> slot_size;
+  std::vector<std::uint32_t> free_slots;
+  std::unordered_map<std::uint64_t, std::uint32_t> stream_index;
+  std::uint64_t requested = 0, rounded = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const char* s = line.c_str();
+    if (s[0] == '#') {
+      std::string body = trim(line.substr(1));
+      auto colon = body.find(':');
+      if (colon != std::string::npos && colon > 0 &&
+          body.find(' ') > colon) {  // "# key: value", key without spaces
+        t->meta.emplace_back(body.substr(0, colon), trim(body.substr(colon + 1)));
+      }
+      continue;
+    }
+    char* end = nullptr;
+    if (s[0] == 'a' && s[1] == ' ') {
+      std::uint64_t id = std::strtoull(s + 2, &end, 10);
+      std::uint64_t size = std::strtoull(end, &end, 10);
+      std::uint64_t stream = std::strtoull(end, &end, 10);  // 0 when absent
+      if (size == 0) {
+        ++t->zero_sizes;
+        continue;
+      }
+      if (live.count(id)) {
+        ++t->duplicate_ids;
+        continue;
+      }
+      std::uint32_t slot;
+      if (!free_slots.empty()) {
+        slot = free_slots.back();
+        free_slots.pop_back();
+      } else {
+        slot = static_cast<std::uint32_t>(slot_size.size());
+        slot_size.push_back(0);
+      }
+      slot_size[slot] = size;
+      live.emplace(id, slot);
+      auto si = stream_index.find(stream);
+      std::uint32_t sidx;
+      if (si == stream_index.end()) {
+        sidx = static_cast<std::uint32_t>(t->streams.size());
+        stream_index.emplace(stream, sidx);
+        t->streams.push_back(stream);
+      } else {
+        sidx = si->second;
+      }
+      t->ops.push_back(Op{size, slot, sidx});
+      ++t->allocs;
+      t->total_bytes += size;
+      if (size > t->max_size) t->max_size = size;
+      requested += size;
+      rounded += (size + 255) / 256 * 256;
+      if (requested > t->peak_requested) t->peak_requested = requested;
+      if (rounded > t->peak_rounded) t->peak_rounded = rounded;
+      if (live.size() > t->peak_live_count) t->peak_live_count = live.size();
+    } else if (s[0] == 'f' && s[1] == ' ') {
+      std::uint64_t id = std::strtoull(s + 2, &end, 10);
+      auto it = live.find(id);
+      if (it == live.end()) {
+        ++t->unmatched_frees;
+        continue;
+      }
+      std::uint32_t slot = it->second;
+      live.erase(it);
+      requested -= slot_size[slot];
+      rounded -= (slot_size[slot] + 255) / 256 * 256;
+      free_slots.push_back(slot);
+      t->ops.push_back(Op{0, slot, 0});
+      ++t->frees;
+    } else {
+      ++t->bad_lines;
+    }
+  }
+  t->slots = slot_size.size();
+  t->live_at_end = live.size();
+  t->live_bytes_at_end = requested;
+  if (t->allocs == 0) {
+    *error = path + ": no allocations in the trace";
+    return false;
+  }
+  return true;
+}
+
+struct PassTimes {
+  double cold_ns_per_op = 0;
+  std::vector<double> warm_ns_per_op;
+};
+
+struct ModeResult {
+  std::string mode;    // "sim", "device", "cudaMallocAsync"
+  std::string label;
+  bool ran = false;
+  std::string error;   // non-empty: failed
+  std::string skipped; // non-empty: not run, and why
+  std::uint64_t peak_reserved_first = 0, peak_allocated_first = 0;
+  std::uint64_t peak_reserved_all = 0, peak_allocated_all = 0;
+  gpukeeper::PoolStats stats_first{}, stats_all{};
+  bool is_pool = true;
+  bool books_consistent = true;
+  std::string books;
+  PassTimes times;
+  Summary warm;
+};
+
+// One pass over the trace; frees what is still live at the end (untimed). Returns ns/op.
+template <typename Alloc, typename Free>
+double replay_pass(const Trace& t, std::vector<void*>& ptrs, std::vector<std::uint32_t>& owner,
+                   Alloc&& alloc, Free&& free_) {
+  auto t0 = Clock::now();
+  for (const Op& op : t.ops) {
+    if (op.size != 0) {
+      ptrs[op.slot] = alloc(op.size, op.stream);
+      owner[op.slot] = op.stream;
+    } else {
+      free_(ptrs[op.slot], owner[op.slot]);
+      ptrs[op.slot] = nullptr;
+    }
+  }
+  auto t1 = Clock::now();
+  for (std::size_t i = 0; i < ptrs.size(); ++i) {
+    if (ptrs[i] != nullptr) {
+      free_(ptrs[i], owner[i]);
+      ptrs[i] = nullptr;
+    }
+  }
+  return elapsed_ns(t0, t1) / static_cast<double>(t.ops.size());
+}
+
+// Cold pass on a fresh pool, then `passes` warm passes on the same pool.
+void replay_pool(const Trace& t, gpukeeper::CachingPool& pool,
+                 const std::vector<gpukeeper::stream_t>& streams, int passes, ModeResult* r) {
+  std::vector<void*> ptrs(t.slots, nullptr);
+  std::vector<std::uint32_t> owner(t.slots, 0);
+  auto alloc = [&](std::uint64_t size, std::uint32_t s) { return pool.allocate(size, streams[s]); };
+  auto free_ = [&](void* p, std::uint32_t) { pool.deallocate(p); };
+  auto cleanup = [&] {
+    for (std::size_t i = 0; i < ptrs.size(); ++i) {
+      if (ptrs[i]) pool.deallocate(ptrs[i]);
+      ptrs[i] = nullptr;
+    }
+  };
+  try {
+    r->times.cold_ns_per_op = replay_pass(t, ptrs, owner, alloc, free_);
+    r->stats_first = pool.stats();
+    r->peak_reserved_first = r->stats_first.peak_reserved_bytes;
+    r->peak_allocated_first = r->stats_first.peak_allocated_bytes;
+    for (int p = 0; p < passes; ++p) {
+      r->times.warm_ns_per_op.push_back(replay_pass(t, ptrs, owner, alloc, free_));
+    }
+    r->stats_all = pool.stats();
+    r->peak_reserved_all = r->stats_all.peak_reserved_bytes;
+    r->peak_allocated_all = r->stats_all.peak_allocated_bytes;
+    r->warm = summarize(r->times.warm_ns_per_op);
+    r->books = pool.validate();
+    r->books_consistent = r->books.empty();
+    r->ran = true;
+  } catch (const std::exception& e) {
+    r->error = e.what();
+    try {
+      cleanup();
+    } catch (...) {
+    }
+  }
+}
+
+#ifdef GPUKEEPER_WITH_CUDA
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
+                             cudaGetErrorString(err) + ")");
+  }
+}
+
+// The reference: the same trace through CUDA's stream-ordered allocator (its own pool,
+// which also caches, with a release threshold of UINT64_MAX).
+void replay_async(const Trace& t, const std::vector<cudaStream_t>& streams, int passes,
+                  ModeResult* r) {
+  r->is_pool = false;
+  cudaMemPool_t mp = nullptr;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  std::vector<void*> ptrs(t.slots, nullptr);
+  std::vector<std::uint32_t> owner(t.slots, 0);
+  try {
+    check(cudaMemPoolCreate(&mp, &props), "cudaMemPoolCreate");
+    std::uint64_t threshold = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &threshold),
+          "cudaMemPoolSetAttribute(ReleaseThreshold)");
+    auto alloc = [&](std::uint64_t size, std::uint32_t s) {
+      void* p = nullptr;
+      check(cudaMallocFromPoolAsync(&p, size, mp, streams[s]), "cudaMallocFromPoolAsync");
+      return p;
+    };
+    auto free_ = [&](void* p, std::uint32_t s) { check(cudaFreeAsync(p, streams[s]), "cudaFreeAsync"); };
+    auto read = [&](cudaMemPoolAttr a) {
+      std::uint64_t v = 0;
+      check(cudaMemPoolGetAttribute(mp, a, &v), "cudaMemPoolGetAttribute");
+      return v;
+    };
+    r->times.cold_ns_per_op = replay_pass(t, ptrs, owner, alloc, free_);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    r->peak_reserved_first = read(cudaMemPoolAttrReservedMemHigh);
+    r->peak_allocated_first = read(cudaMemPoolAttrUsedMemHigh);
+    for (int p = 0; p < passes; ++p) {
+      r->times.warm_ns_per_op.push_back(replay_pass(t, ptrs, owner, alloc, free_));
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    }
+    r->peak_reserved_all = read(cudaMemPoolAttrReservedMemHigh);
+    r->peak_allocated_all = read(cudaMemPoolAttrUsedMemHigh);
+    r->warm = summarize(r->times.warm_ns_per_op);
+    r->ran = true;
+  } catch (const std::exception& e) {
+    r->error = e.what();
+    for (std::size_t i = 0; i < ptrs.size(); ++i) {
+      if (ptrs[i]) (void)cudaFreeAsync(ptrs[i], streams[owner[i]]);
+    }
+    (void)cudaGetLastError();
+  }
+  if (mp) {
+    (void)cudaDeviceSynchronize();
+    (void)cudaMemPoolDestroy(mp);
+  }
+}
+#endif
+
+double ratio(std::uint64_t a, std::uint64_t b) {
+  return b == 0 ? std::nan("") : static_cast<double>(a) / static_cast<double>(b);
+}
+
+std::string fmt_ratio(double r) {
+  if (!std::isfinite(r)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", r);
+  return buf;
+}
+
+double meta_ratio(const Trace& t, const char* num, const char* den) {
+  const std::string* a = t.find_meta(num);
+  const std::string* b = t.find_meta(den);
+  if (!a || !b) return std::nan("");
+  double x = std::strtod(a->c_str(), nullptr), y = std::strtod(b->c_str(), nullptr);
+  return y > 0 ? x / y : std::nan("");
+}
+
+void usage() {
+  std::puts(
+      "usage: trace_replay [--mode sim|device|all] [--passes N] [--capacity BYTES]\n"
+      "                    [--no-async-reference] [--json PATH] TRACE...\n"
+      "  --mode        sim: simulated upstream only; device: cudaMalloc upstream only;\n"
+      "                all (default): sim, plus device when CUDA is usable\n"
+      "  --passes N    warm passes after the first (default 5)\n"
+      "  --capacity B  simulated device memory in bytes (default 80 GiB; suffixes K M G)\n"
+      "  --json PATH   write the results as JSON");
+}
+
+std::uint64_t parse_bytes(std::string v) {
+  std::uint64_t mult = 1;
+  if (!v.empty()) {
+    char c = static_cast<char>(std::toupper(static_cast<unsigned char>(v.back())));
+    if (c == 'K' || c == 'M' || c == 'G' || c == 'T') {
+      mult = c == 'K' ? 1ull << 10 : c == 'M' ? 1ull << 20 : c == 'G' ? 1ull << 30 : 1ull << 40;
+      v.pop_back();
+    }
+  }
+  return parse_u64(v, "--capacity") * mult;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = "all", json_path;
+  int passes = 5;
+  std::uint64_t capacity = std::uint64_t{80} << 30;
+  bool async_reference = true;
+  std::vector<std::string> paths;
+  for (int i = 1; i < argc; ++i) {
+    std::string v, arg = argv[i];
+    if (take_arg(argc, argv, &i, "--mode", &v)) {
+      mode = v;
+      if (mode != "sim" && mode != "device" && mode != "all") {
+        std::fprintf(stderr, "--mode must be sim, device or all\n");
+        return 2;
+      }
+    } else if (take_arg(argc, argv, &i, "--passes", &v)) {
+      passes = static_cast<int>(parse_u64(v, "--passes"));
+    } else if (take_arg(argc, argv, &i, "--capacity", &v)) {
+      capacity = parse_bytes(v);
+    } else if (take_arg(argc, argv, &i, "--json", &v)) {
+      json_path = v;
+    } else if (arg == "--no-async-reference") {
+      async_reference = false;
+    } else if (arg == "-h" || arg == "--help") {
+      usage();
+      return 0;
+    } else if (!arg.empty() && arg[0] == '-') {
+      std::fprintf(stderr, "unknown argument '%s'\n", arg.c_str());
+      usage();
+      return 2;
+    } else {
+      paths.push_back(arg);
+    }
+  }
+  if (paths.empty()) {
+    usage();
+    return 2;
+  }
+
+  std::printf("gpukeeper trace replay\n%s", environment_line().c_str());
+  const gpukeeper::CudaStatus cuda = gpukeeper::cuda_status();
+  const bool want_device = mode == "device" || mode == "all";
+  const bool run_device = want_device && cuda.available;
+  std::string note;
+  if (want_device && !cuda.available) {
+    note = "CUDA unavailable (" + cuda.reason + "): device mode skipped, simulated upstream only";
+    std::printf("NOTE: %s\n", note.c_str());
+  }
+  if (mode == "device" && !cuda.available) {
+    std::fprintf(stderr, "--mode device needs CUDA\n");
+    return 1;
+  }
+
+  std::vector<std::string> json_traces;
+  bool failed = false;
+  struct Line {
+    std::string trace, mode;
+    const Trace* t;
+    ModeResult r;
+  };
+  std::vector<Trace> traces;
+  traces.reserve(paths.size());
+  std::vector<Line> lines;
+
+  for (const std::string& path : paths) {
+    traces.emplace_back();
+    Trace& t = traces.back();
+    std::string error;
+    auto t0 = Clock::now();
+    if (!load_trace(path, &t, &error)) {
+      std::fprintf(stderr, "%s\n", error.c_str());
+      failed = true;
+      traces.pop_back();
+      continue;
+    }
+    double load_ms = elapsed_ns(t0, Clock::now()) / 1e6;
+    std::printf("\n%s: %zu ops (%" PRIu64 " allocs, %" PRIu64 " frees), %zu stream(s), peak live %" PRIu64
+                " blocks, peak requested %s, largest request %s; loaded in %.0f ms\n",
+                t.name.c_str(), t.ops.size(), t.allocs, t.frees, t.streams.size(), t.peak_live_count,
+                human_size(t.peak_requested).c_str(), human_size(t.max_size).c_str(), load_ms);
+    if (t.unmatched_frees || t.duplicate_ids || t.zero_sizes || t.bad_lines) {
+      std::printf("  skipped: %" PRIu64 " frees of unknown ids, %" PRIu64 " duplicate ids, %" PRIu64
+                  " zero sizes, %" PRIu64 " unreadable lines\n",
+                  t.unmatched_frees, t.duplicate_ids, t.zero_sizes, t.bad_lines);
+    }
+
+    std::vector<ModeResult> results;
+    if (mode == "sim" || mode == "all") {
+      ModeResult r;
+      r.mode = "sim";
+      r.label = "gpukeeper pool, simulated upstream";
+      auto sim = std::make_unique<SimulatedDeviceResource>(capacity);
+      SimulatedDeviceResource* sim_raw = sim.get();
+      gpukeeper::CachingPool pool(std::move(sim));
+      // Streams are plain integers to a pool whose upstream is not stream ordered.
+      std::vector<gpukeeper::stream_t> streams;
+      for (std::size_t i = 0; i < t.streams.size(); ++i) streams.push_back(t.streams[i] == 0 ? 0 : i + 1);
+      replay_pool(t, pool, streams, passes, &r);
+      if (r.ran && sim_raw->peak_bytes() != r.peak_reserved_all) {
+        r.books += "simulated upstream peak " + std::to_string(sim_raw->peak_bytes()) +
+                   " != pool peak reserved " + std::to_string(r.peak_reserved_all) + "; ";
+        r.books_consistent = false;
+      }
+      results.push_back(std::move(r));
+    }
+#ifdef GPUKEEPER_WITH_CUDA
+    if (run_device) {
+      std::vector<cudaStream_t> created;
+      std::vector<cudaStream_t> cstreams;
+      std::vector<gpukeeper::stream_t> streams;
+      ModeResult r;
+      r.mode = "device";
+      r.label = "gpukeeper pool, cudaMalloc upstream";
+      try {
+        check(cudaSetDevice(0), "cudaSetDevice");
+        for (std::uint64_t s : t.streams) {
+          cudaStream_t cs = nullptr;
+          if (s != 0) {
+            check(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking), "cudaStreamCreate");
+            created.push_back(cs);
+          }
+          cstreams.push_back(cs);
+          streams.push_back(reinterpret_cast<gpukeeper::stream_t>(cs));
+        }
+        gpukeeper::MemoryInfo info = gpukeeper::device_memory_info(0);
+        if (info.free < t.peak_requested + (t.peak_requested >> 4)) {
+          r.skipped = "device has " + human_size(info.free) + " free, the trace needs at least " +
+                      human_size(t.peak_requested);
+        } else {
+          gpukeeper::CachingPool pool(gpukeeper::make_resource(gpukeeper::ResourceKind::device, 0));
+          replay_pool(t, pool, streams, passes, &r);
+        }
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
+      results.push_back(std::move(r));
+      if (async_reference) {
+        ModeResult a;
+        a.mode = "cudaMallocAsync";
+        a.label = "cudaMallocAsync (own mempool, threshold max)";
+        if (!results.back().skipped.empty()) {
+          a.skipped = results.back().skipped;
+        } else if (cstreams.size() == t.streams.size()) {
+          replay_async(t, cstreams, passes, &a);
+        } else {
+          a.skipped = "stream set-up failed";
+        }
+        results.push_back(std::move(a));
+      }
+      for (cudaStream_t cs : created) (void)cudaStreamDestroy(cs);
+    }
+#endif
+
+    // ---- JSON for this trace
+    JsonObject tj;
+    tj.str("trace", t.name);
+    tj.str("path", t.path);
+    tj.integer("ops", t.ops.size());
+    tj.integer("allocs", t.allocs);
+    tj.integer("frees", t.frees);
+    tj.integer("streams", t.streams.size());
+    tj.integer("unmatched_frees", t.unmatched_frees);
+    tj.integer("duplicate_ids", t.duplicate_ids);
+    tj.integer("live_at_end", t.live_at_end);
+    tj.integer("peak_live_count", t.peak_live_count);
+    tj.integer("peak_requested_bytes", t.peak_requested);
+    tj.integer("peak_requested_rounded256_bytes", t.peak_rounded);
+    tj.integer("max_request_bytes", t.max_size);
+    tj.integer("total_requested_bytes", t.total_bytes);
+    JsonObject meta;
+    for (auto& kv : t.meta) meta.str(kv.first, kv.second);
+    tj.raw("meta", meta.dump(4));
+    double torch_ratio = meta_ratio(t, "torch_max_memory_reserved", "torch_max_memory_allocated");
+    double torch_exp_ratio =
+        meta_ratio(t, "torch_expandable_max_memory_reserved", "torch_expandable_max_memory_allocated");
+    tj.num("torch_reserved_over_allocated", torch_ratio);
+    tj.num("torch_expandable_reserved_over_allocated", torch_exp_ratio);
+    std::vector<std::string> modes_json;
+    for (ModeResult& r : results) {
+      JsonObject m;
+      m.str("mode", r.mode);
+      m.str("label", r.label);
+      m.boolean("ran", r.ran);
+      m.str("error", r.error);
+      m.str("skipped", r.skipped);
+      if (r.ran) {
+        m.integer("peak_reserved_bytes", r.peak_reserved_first);
+        m.integer("peak_allocated_bytes", r.peak_allocated_first);
+        m.num("reserved_over_requested", ratio(r.peak_reserved_first, t.peak_requested));
+        m.num("reserved_over_allocated", ratio(r.peak_reserved_first, r.peak_allocated_first));
+        m.integer("peak_reserved_bytes_all_passes", r.peak_reserved_all);
+        m.num("reserved_over_requested_all_passes", ratio(r.peak_reserved_all, t.peak_requested));
+        m.num("reserved_over_allocated_all_passes", ratio(r.peak_reserved_all, r.peak_allocated_all));
+        m.num("cold_ns_per_op", r.times.cold_ns_per_op);
+        m.summary("warm_ns_per_op_", r.warm);
+        m.integer("warm_passes", r.times.warm_ns_per_op.size());
+        if (r.is_pool) {
+          m.integer("segments_after", r.stats_all.segment_count);
+          m.integer("reserved_after", r.stats_all.reserved_bytes);
+          m.integer("cache_hits", r.stats_all.cache_hits);
+          m.integer("cache_misses", r.stats_all.cache_misses);
+          m.integer("upstream_allocations", r.stats_all.upstream_allocations);
+          m.integer("upstream_frees", r.stats_all.upstream_frees);
+          m.integer("oom_events", r.stats_all.oom_events);
+          m.integer("upstream_allocations_first_pass", r.stats_first.upstream_allocations);
+          m.boolean("books_consistent", r.books_consistent);
+          m.str("books", r.books);
+        }
+      }
+      modes_json.push_back(m.dump(6));
+      if (!r.error.empty() || !r.books_consistent) failed = true;
+      if (!r.error.empty()) std::fprintf(stderr, "  %s: %s failed: %s\n", t.name.c_str(), r.mode.c_str(), r.error.c_str());
+      if (!r.books_consistent) std::fprintf(stderr, "  %s: %s books: %s\n", t.name.c_str(), r.mode.c_str(), r.books.c_str());
+      lines.push_back(Line{t.name, r.mode, &t, std::move(r)});
+    }
+    tj.raw("modes", json_array(modes_json, 4));
+    json_traces.push_back(tj.dump(2));
+  }
+
+  // ---- table
+  std::printf("\nPeak reserved vs peak requested / allocated (first replay on a fresh pool; "
+              "'all' = after all passes)\n");
+  std::printf("%-28s %-16s %10s %10s %10s %9s %10s %9s %10s %10s %11s\n", "trace", "mode", "peak req",
+              "peak alloc", "peak resv", "resv/req", "resv/alloc", "all:r/req", "cold ns/op",
+              "warm ns/op", "torch r/a");
+  for (const Line& l : lines) {
+    const ModeResult& r = l.r;
+    double tr = meta_ratio(*l.t, "torch_max_memory_reserved", "torch_max_memory_allocated");
+    double te = meta_ratio(*l.t, "torch_expandable_max_memory_reserved",
+                           "torch_expandable_max_memory_allocated");
+    std::string torch = fmt_ratio(tr);
+    if (std::isfinite(te)) torch += "/" + fmt_ratio(te);
+    if (!r.ran) {
+      std::printf("%-28s %-16s   %s\n", l.trace.c_str(), l.mode.c_str(),
+                  (!r.error.empty() ? "FAILED: " + r.error : "skipped: " + r.skipped).c_str());
+      continue;
+    }
+    std::printf("%-28s %-16s %10s %10s %10s %9s %10s %9s %10s %10s %11s\n", l.trace.c_str(),
+                l.mode.c_str(), human_size(l.t->peak_requested).c_str(),
+                human_size(r.peak_allocated_first).c_str(), human_size(r.peak_reserved_first).c_str(),
+                fmt_ratio(ratio(r.peak_reserved_first, l.t->peak_requested)).c_str(),
+                fmt_ratio(ratio(r.peak_reserved_first, r.peak_allocated_first)).c_str(),
+                fmt_ratio(ratio(r.peak_reserved_all, l.t->peak_requested)).c_str(),
+                fmt_ns(r.times.cold_ns_per_op).c_str(), fmt_ns(r.warm.median).c_str(), torch.c_str());
+  }
+  std::printf("(torch r/a: PyTorch's own max_memory_reserved / max_memory_allocated for the recorded run,"
+              " then with expandable_segments, where the trace carries them)\n");
+
+  if (!json_path.empty()) {
+    JsonObject config;
+    config.str("mode", mode);
+    config.integer("warm_passes", static_cast<std::uint64_t>(passes));
+    config.integer("sim_capacity_bytes", capacity);
+    config.boolean("async_reference", async_reference);
+    config.str("peak_requested", "peak of the sum of live requested sizes, from the trace");
+    config.str("peak_allocated", "pool: peak of live block bytes (256-byte rounding); cudaMallocAsync: UsedMemHigh");
+    config.str("peak_reserved", "pool: peak of segment bytes held from the upstream; cudaMallocAsync: ReservedMemHigh");
+    JsonObject root;
+    root.str("benchmark", "trace_replay");
+    root.raw("environment", environment_json().dump(2));
+    root.raw("config", config.dump(2));
+    root.str("note", note);
+    root.raw("traces", json_array(json_traces, 2));
+    if (!write_file(json_path, root.dump())) {
+      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+    std::printf("\nJSON written to %s\n", json_path.c_str());
+  }
+  return failed ? 1 : 0;
+}

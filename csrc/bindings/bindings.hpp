@@ -1,0 +1,63 @@
+// Shared pieces of the pybind11 module gpukeeper._core. The module is thin: it converts
+// Python values to core types, maps errors, and keeps Python-side lifetimes right.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <memory>
+
+#include "gpukeeper/memory/managed_buffer.hpp"
+#include "gpukeeper/memory/precision.hpp"
+
+namespace gpukeeper::py_bindings {
+
+namespace py = pybind11;
+
+void init_errors(py::module_& m);
+void init_memory(py::module_& m);
+void init_buffer(py::module_& m);
+
+// Python's view of one ManagedBuffer. Consumers that borrow its memory through the
+// buffer protocol or DLPack count as exports: release() while they are alive only marks
+// the buffer released, and the block goes back when the last export ends, so nothing
+// ever touches freed memory. All members are used with the GIL held.
+struct PyBuffer {
+  ManagedBuffer buffer;
+  Precision precision = Precision::uint8;
+  std::size_t count = 0;  // elements
+  ResourceKind kind = ResourceKind::host;
+  int device = 0;
+  int exports = 0;
+  bool released = false;
+
+  void release() {
+    released = true;
+    if (exports == 0) buffer.reset();
+  }
+  void end_export() {
+    if (--exports == 0 && released) buffer.reset();
+  }
+  // Raises InvalidInputError when the buffer was released.
+  void require_live(const char* what) const;
+  std::size_t nbytes() const noexcept { return count * element_size(precision); }
+};
+
+// Converts None, an int, or an object with `cuda_stream` (torch) or `ptr` (CuPy) to a
+// stream handle; InvalidInputError otherwise.
+stream_t to_stream(const py::handle& obj);
+
+// Converts a Precision, a name ("fp32", "float32"), or a numpy/torch dtype.
+Precision to_precision(const py::handle& obj);
+
+// A non-negative element count or device id from a Python int; InvalidInputError for
+// negative values, bools, non-integers and overflow.
+std::size_t to_count(const py::handle& obj, const char* what);
+int to_device_id(const py::handle& obj);
+
+// DLPack capsule for `self` (a Python ManagedBuffer); see dlpack.cpp.
+py::object make_dlpack(py::object self, PyBuffer& buf, py::object stream, py::object max_version,
+                       py::object dl_device, py::object copy);
+py::tuple dlpack_device(const PyBuffer& buf);
+
+}  // namespace gpukeeper::py_bindings

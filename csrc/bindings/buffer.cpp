@@ -1,0 +1,228 @@
+// ManagedBuffer for Python: RAII through `with`/release(), zero-copy views through the
+// buffer protocol (host-visible memory), __cuda_array_interface__ and DLPack.
+#include <pybind11/pybind11.h>
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "bindings.hpp"
+#include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/memory/buffer_io.hpp"
+
+namespace gpukeeper::py_bindings {
+
+namespace {
+
+bool host_visible(ResourceKind k) { return k == ResourceKind::host || k == ResourceKind::pinned; }
+bool device_visible(ResourceKind k) { return k != ResourceKind::host; }
+
+const char* buffer_format(Precision p) {
+  switch (p) {
+    case Precision::fp64: return "d";
+    case Precision::fp32: return "f";
+    case Precision::fp16: return "e";
+    case Precision::bf16: return "H";  // no struct code for bfloat16: raw 16-bit words
+    case Precision::int64: return "q";
+    case Precision::int32: return "i";
+    case Precision::int16: return "h";
+    case Precision::int8: return "b";
+    case Precision::uint8: return "B";
+    case Precision::boolean: return "?";
+  }
+  return "B";
+}
+
+const char* array_typestr(Precision p) {
+  switch (p) {
+    case Precision::fp64: return "<f8";
+    case Precision::fp32: return "<f4";
+    case Precision::fp16: return "<f2";
+    case Precision::bf16: return "<V2";  // opaque 2-byte elements; DLPack carries bfloat16
+    case Precision::int64: return "<i8";
+    case Precision::int32: return "<i4";
+    case Precision::int16: return "<i2";
+    case Precision::int8: return "|i1";
+    case Precision::uint8: return "|u1";
+    case Precision::boolean: return "|b1";
+  }
+  return "|u1";
+}
+
+PyBuffer* buffer_of(PyObject* obj) { return py::handle(obj).cast<PyBuffer*>(); }
+
+struct ViewShape {
+  Py_ssize_t shape[1];
+  Py_ssize_t strides[1];
+};
+
+int get_buffer(PyObject* obj, Py_buffer* view, int flags) {
+  PyBuffer* buf = nullptr;
+  try {
+    buf = buffer_of(obj);
+  } catch (...) {
+    PyErr_SetString(PyExc_BufferError, "not a gpukeeper ManagedBuffer");
+    return -1;
+  }
+  if (buf->released || !buf->buffer) {
+    PyErr_SetString(PyExc_BufferError, "the buffer was released");
+    return -1;
+  }
+  if (!host_visible(buf->kind)) {
+    PyErr_SetString(PyExc_BufferError,
+                    "device memory has no buffer protocol: use __dlpack__ or "
+                    "__cuda_array_interface__ (torch.from_dlpack, cupy.asarray)");
+    return -1;
+  }
+  auto* shape = new ViewShape;
+  const std::size_t itemsize = element_size(buf->precision);
+  shape->shape[0] = static_cast<Py_ssize_t>(buf->count);
+  shape->strides[0] = static_cast<Py_ssize_t>(itemsize);
+  view->obj = obj;
+  Py_INCREF(obj);
+  view->buf = buf->buffer.data();
+  view->len = static_cast<Py_ssize_t>(buf->nbytes());
+  view->readonly = 0;
+  view->itemsize = (flags & PyBUF_FORMAT) ? static_cast<Py_ssize_t>(itemsize) : 1;
+  view->format = (flags & PyBUF_FORMAT) ? const_cast<char*>(buffer_format(buf->precision)) : nullptr;
+  view->ndim = 1;
+  view->shape = (flags & PyBUF_ND) == PyBUF_ND ? shape->shape : nullptr;
+  view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? shape->strides : nullptr;
+  view->suboffsets = nullptr;
+  view->internal = shape;
+  if (!(flags & PyBUF_FORMAT) && view->shape != nullptr) {
+    // Without a format the consumer reads bytes, so the shape must count bytes.
+    shape->shape[0] = view->len;
+    shape->strides[0] = 1;
+  }
+  ++buf->exports;
+  return 0;
+}
+
+void release_buffer(PyObject* obj, Py_buffer* view) {
+  delete static_cast<ViewShape*>(view->internal);
+  view->internal = nullptr;
+  try {
+    buffer_of(obj)->end_export();
+  } catch (...) {
+  }
+}
+
+std::string hex(std::uintptr_t v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%" PRIxPTR, v);
+  return text;
+}
+
+}  // namespace
+
+void init_buffer(py::module_& m) {
+  py::class_<PyBuffer, std::unique_ptr<PyBuffer>>(
+      m, "ManagedBuffer", py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+        heap_type->ht_type.tp_as_buffer = &heap_type->as_buffer;
+        heap_type->as_buffer.bf_getbuffer = get_buffer;
+        heap_type->as_buffer.bf_releasebuffer = release_buffer;
+      }),
+      "One pool block, returned to its pool by release(), at the end of a `with` block, or "
+      "when the buffer is garbage. Views taken through the buffer protocol or DLPack keep "
+      "the memory alive until they are gone.")
+      .def("release", &PyBuffer::release,
+           "Returns the block to the pool (once no DLPack or buffer-protocol view remains). "
+           "Using the buffer afterwards raises InvalidInputError.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](PyBuffer& b, const py::object&, const py::object&, const py::object&) {
+             b.release();
+             return false;
+           })
+      .def_property_readonly("released", [](const PyBuffer& b) { return b.released; })
+      .def_property_readonly("ptr",
+                             [](const PyBuffer& b) {
+                               b.require_live("ptr");
+                               return reinterpret_cast<std::uintptr_t>(b.buffer.data());
+                             },
+                             "Address of the first byte.")
+      .def_property_readonly("nbytes", &PyBuffer::nbytes)
+      .def_property_readonly("size", [](const PyBuffer& b) { return b.count; },
+                             "Number of elements.")
+      .def("__len__", [](const PyBuffer& b) { return b.count; })
+      .def_property_readonly("precision", [](const PyBuffer& b) { return b.precision; })
+      .def_property_readonly("device", [](const PyBuffer& b) { return b.device; })
+      .def_property_readonly("kind", [](const PyBuffer& b) { return std::string(to_string(b.kind)); })
+      .def_property_readonly("stream", [](const PyBuffer& b) { return b.buffer.stream(); })
+      .def_property_readonly("exports", [](const PyBuffer& b) { return b.exports; },
+                             "Live views (buffer protocol, DLPack) of this buffer.")
+      .def_property_readonly(
+          "__cuda_array_interface__",
+          [](const PyBuffer& b) {
+            if (!device_visible(b.kind)) {
+              throw py::attribute_error("host memory has no __cuda_array_interface__");
+            }
+            b.require_live("__cuda_array_interface__");
+            py::dict cai;
+            cai["shape"] = py::make_tuple(b.count);
+            cai["typestr"] = array_typestr(b.precision);
+            cai["data"] = py::make_tuple(reinterpret_cast<std::uintptr_t>(b.buffer.data()), false);
+            cai["strides"] = py::none();
+            cai["version"] = 3;
+            // Version 3: 1 names the legacy default stream, which our handle 0 is.
+            stream_t s = b.buffer.stream();
+            cai["stream"] = s == 0 ? std::uintptr_t{1} : s;
+            return cai;
+          })
+      .def(
+          "__dlpack__",
+          [](py::object self, py::object stream, py::object max_version, py::object dl_device,
+             py::object copy) {
+            PyBuffer& b = self.cast<PyBuffer&>();
+            return make_dlpack(self, b, stream, max_version, dl_device, copy);
+          },
+          py::kw_only(), py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+          py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
+      .def("__dlpack_device__", [](const PyBuffer& b) { return dlpack_device(b); })
+      .def(
+          "copy_from_host",
+          [](PyBuffer& b, py::buffer data) {
+            b.require_live("copy_from_host");
+            py::buffer_info info = data.request();
+            std::size_t bytes = static_cast<std::size_t>(info.size) * info.itemsize;
+            if (bytes > b.nbytes()) {
+              throw InvalidInputError("copy_from_host: " + std::to_string(bytes) +
+                                      " bytes do not fit in a buffer of " +
+                                      std::to_string(b.nbytes()));
+            }
+            bool contiguous = true;
+            py::ssize_t expected = info.itemsize;
+            for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
+              if (info.shape[i] > 1 && info.strides[i] != expected) contiguous = false;
+              expected *= info.shape[i];
+            }
+            if (!contiguous) throw InvalidInputError("copy_from_host needs contiguous data");
+            py::gil_scoped_release nogil;
+            write_block(b.kind, b.device, b.buffer.stream(), b.buffer.data(), info.ptr, bytes);
+          },
+          py::arg("data"),
+          "Copies host data (bytes, bytearray, numpy array, anything with the buffer "
+          "protocol) into the start of the buffer.")
+      .def(
+          "to_bytes",
+          [](PyBuffer& b) {
+            b.require_live("to_bytes");
+            std::string out(b.nbytes(), '\0');
+            {
+              py::gil_scoped_release nogil;
+              read_block(b.kind, b.device, b.buffer.stream(), out.data(), b.buffer.data(),
+                         out.size());
+            }
+            return py::bytes(out);
+          },
+          "The buffer's contents as bytes, after the work queued on its stream.")
+      .def("__repr__", [](const PyBuffer& b) {
+        if (b.released || !b.buffer) return std::string("<ManagedBuffer released>");
+        return "<ManagedBuffer " + std::string(to_string(b.kind)) + ":" +
+               std::to_string(b.device) + " " + std::to_string(b.count) + " x " +
+               to_string(b.precision) + " (" + std::to_string(b.nbytes()) + " bytes) at " +
+               hex(reinterpret_cast<std::uintptr_t>(b.buffer.data())) + ">";
+      });
+}
+
+}  // namespace gpukeeper::py_bindings

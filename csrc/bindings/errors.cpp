@@ -1,0 +1,55 @@
+#include <pybind11/pybind11.h>
+
+#include "bindings.hpp"
+#include "gpukeeper/core/errors.hpp"
+
+namespace gpukeeper::py_bindings {
+
+namespace {
+PyObject* g_gpu_error = nullptr;
+PyObject* g_invalid_input = nullptr;
+PyObject* g_allocation = nullptr;
+PyObject* g_device = nullptr;
+
+PyObject* new_error(py::module_& m, const char* name, const char* doc, PyObject* bases) {
+  std::string qualified = std::string("gpukeeper.") + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+  if (type == nullptr) throw py::error_already_set();
+  m.add_object(name, py::handle(type));  // the module owns a reference
+  return type;
+}
+}  // namespace
+
+void init_errors(py::module_& m) {
+  g_gpu_error = new_error(m, "GpuError", "Base class of every gpukeeper error.", nullptr);
+  py::tuple invalid_bases = py::make_tuple(py::handle(g_gpu_error), py::handle(PyExc_ValueError));
+  g_invalid_input = new_error(m, "InvalidInputError",
+                              "Bad input; nothing was changed. Also a ValueError.",
+                              invalid_bases.ptr());
+  py::tuple alloc_bases = py::make_tuple(py::handle(g_gpu_error), py::handle(PyExc_MemoryError));
+  g_allocation = new_error(m, "AllocationError",
+                           "Memory could not be had after releasing caches and running reclaim "
+                           "callbacks. Also a MemoryError.",
+                           alloc_bases.ptr());
+  py::tuple device_bases = py::make_tuple(py::handle(g_gpu_error), py::handle(PyExc_RuntimeError));
+  g_device = new_error(m, "DeviceError",
+                       "A CUDA call failed; the message names the call, the error code's name "
+                       "and its text.",
+                       device_bases.ptr());
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidInputError& e) {
+      PyErr_SetString(g_invalid_input, e.what());
+    } catch (const AllocationError& e) {
+      PyErr_SetString(g_allocation, e.what());
+    } catch (const DeviceError& e) {
+      PyErr_SetString(g_device, e.what());
+    } catch (const GpuError& e) {
+      PyErr_SetString(g_gpu_error, e.what());
+    }
+  });
+}
+
+}  // namespace gpukeeper::py_bindings

@@ -1,0 +1,424 @@
+// MemoryPool (one caching pool per device), Precision and PoolStats for Python.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+
+#include "bindings.hpp"
+#include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/memory/pool_registry.hpp"
+
+namespace gpukeeper::py_bindings {
+
+namespace {
+
+std::string type_name(const py::handle& obj) {
+  return py::str(py::type::handle_of(obj).attr("__name__"));
+}
+
+// A Python callable kept alive by C++ callbacks; dropped with the GIL held.
+std::shared_ptr<py::object> hold_callable(py::object fn) {
+  if (!PyCallable_Check(fn.ptr())) {
+    throw InvalidInputError("callback must be callable, got " + type_name(fn));
+  }
+  return std::shared_ptr<py::object>(new py::object(std::move(fn)), [](py::object* o) {
+    if (!Py_IsInitialized()) return;  // interpreter gone: leaking beats crashing
+    py::gil_scoped_acquire gil;
+    delete o;
+  });
+}
+
+// Python exceptions in callbacks are reported as unraisable (like __del__ errors) and
+// counted by the pool; they never unwind through the allocator.
+[[noreturn]] void report_callback_error(py::error_already_set& e, const char* where) {
+  e.discard_as_unraisable(where);
+  throw std::runtime_error(where);
+}
+
+std::shared_ptr<CachingPool> pool_for(PoolRegistry& reg, const py::handle& device) {
+  return reg.pool(to_device_id(device));
+}
+
+// The pool for a device id that exists, or nullptr for ids the kind does not have.
+std::shared_ptr<CachingPool> pool_if_valid(PoolRegistry& reg, const py::handle& device) {
+  int id = to_device_id(device);
+  if (id >= reg.device_count()) return nullptr;
+  return reg.pool(id);
+}
+
+ResourceKind resolve_kind(const std::string& kind) {
+  if (kind == "auto") return cuda_status().available ? ResourceKind::device : ResourceKind::host;
+  return parse_resource_kind(kind);
+}
+
+}  // namespace
+
+void PyBuffer::require_live(const char* what) const {
+  if (released || !buffer) {
+    throw InvalidInputError(std::string(what) + ": the buffer was released; its memory is "
+                            "back in the pool and may belong to someone else now");
+  }
+}
+
+stream_t to_stream(const py::handle& obj) {
+  if (obj.is_none()) return 0;
+  py::handle value = obj;
+  py::object attr;
+  if (!PyLong_Check(obj.ptr())) {
+    if (py::hasattr(obj, "cuda_stream")) {
+      attr = obj.attr("cuda_stream");
+    } else if (py::hasattr(obj, "ptr")) {
+      attr = obj.attr("ptr");
+    } else {
+      throw InvalidInputError("stream must be None, an int handle, or a torch/CuPy stream; got " +
+                              type_name(obj));
+    }
+    value = attr;
+  }
+  if (PyBool_Check(value.ptr()) || !PyLong_Check(value.ptr())) {
+    throw InvalidInputError("stream handle must be an int, got " + type_name(value));
+  }
+  unsigned long long handle = PyLong_AsUnsignedLongLong(value.ptr());
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    throw InvalidInputError("stream handle must be a non-negative pointer-sized int");
+  }
+  return static_cast<stream_t>(handle);
+}
+
+Precision to_precision(const py::handle& obj) {
+  if (py::isinstance<Precision>(obj)) return obj.cast<Precision>();
+  if (obj.is_none()) return Precision::fp32;
+  if (py::isinstance<py::str>(obj)) return parse_precision(obj.cast<std::string>());
+  // Python's own scalar types, as numpy reads them.
+  if (obj.ptr() == reinterpret_cast<PyObject*>(&PyFloat_Type)) return Precision::fp64;
+  if (obj.ptr() == reinterpret_cast<PyObject*>(&PyLong_Type)) return Precision::int64;
+  if (obj.ptr() == reinterpret_cast<PyObject*>(&PyBool_Type)) return Precision::boolean;
+  // numpy scalar types (np.float32), numpy dtypes (.name) and torch dtypes (str()).
+  py::object name;
+  if (py::isinstance<py::type>(obj)) {
+    name = obj.attr("__name__");
+  } else if (py::hasattr(obj, "name") && py::isinstance<py::str>(obj.attr("name"))) {
+    name = obj.attr("name");
+  } else {
+    name = py::str(obj);
+  }
+  return parse_precision(name.cast<std::string>());
+}
+
+std::size_t to_count(const py::handle& obj, const char* what) {
+  if (PyBool_Check(obj.ptr()) || !PyIndex_Check(obj.ptr())) {
+    throw InvalidInputError(std::string(what) + " must be an int, got " + type_name(obj));
+  }
+  py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(obj.ptr()));
+  if (!index) throw py::error_already_set();
+  int overflow = 0;
+  long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow < 0 || (overflow == 0 && value < 0)) {
+    throw InvalidInputError(std::string(what) + " must not be negative, got " +
+                            std::string(py::str(index)));
+  }
+  if (overflow > 0) {
+    throw InvalidInputError(std::string(what) + " " + std::string(py::str(index)) +
+                            " is beyond any machine");
+  }
+  return static_cast<std::size_t>(value);
+}
+
+int to_device_id(const py::handle& obj) {
+  std::size_t id = to_count(obj, "device_id");
+  if (id > 1u << 20) throw InvalidInputError("device_id " + std::to_string(id) + " does not exist");
+  return static_cast<int>(id);
+}
+
+void init_memory(py::module_& m) {
+  py::enum_<Precision>(m, "Precision", "Element type of a buffer; sizes count these elements.")
+      .value("Fp64", Precision::fp64)
+      .value("Fp32", Precision::fp32)
+      .value("Fp16", Precision::fp16)
+      .value("Bf16", Precision::bf16)
+      .value("Int64", Precision::int64)
+      .value("Int32", Precision::int32)
+      .value("Int16", Precision::int16)
+      .value("Int8", Precision::int8)
+      .value("Uint8", Precision::uint8)
+      .value("Bool", Precision::boolean)
+      .def_property_readonly("itemsize", [](Precision p) { return element_size(p); },
+                             "Bytes per element.")
+      .def_property_readonly("label", [](Precision p) { return std::string(to_string(p)); },
+                             "Short name: 'fp32', 'bf16', ...")
+      .def_static("parse", [](const py::object& o) { return to_precision(o); }, py::arg("value"),
+                  "A Precision from a name ('fp32', 'float32', 'half') or a numpy/torch dtype.");
+
+  py::class_<PoolStats>(m, "PoolStats", "A snapshot of one pool's books (bytes and counts).")
+      .def_readonly("allocated_bytes", &PoolStats::allocated_bytes)
+      .def_readonly("allocated_count", &PoolStats::allocated_count)
+      .def_readonly("requested_bytes", &PoolStats::requested_bytes)
+      .def_readonly("reserved_bytes", &PoolStats::reserved_bytes)
+      .def_readonly("segment_count", &PoolStats::segment_count)
+      .def_readonly("cached_bytes", &PoolStats::cached_bytes)
+      .def_readonly("peak_allocated_bytes", &PoolStats::peak_allocated_bytes)
+      .def_readonly("peak_reserved_bytes", &PoolStats::peak_reserved_bytes)
+      .def_readonly("largest_free_block", &PoolStats::largest_free_block)
+      .def_readonly("limit_bytes", &PoolStats::limit_bytes)
+      .def_readonly("cache_hits", &PoolStats::cache_hits)
+      .def_readonly("cache_misses", &PoolStats::cache_misses)
+      .def_readonly("upstream_allocations", &PoolStats::upstream_allocations)
+      .def_readonly("upstream_frees", &PoolStats::upstream_frees)
+      .def_readonly("oom_events", &PoolStats::oom_events)
+      .def_readonly("callback_errors", &PoolStats::callback_errors)
+      .def_property_readonly("fragmentation", &PoolStats::fragmentation,
+                             "1 - largest free block / cached bytes.")
+      .def("to_dict",
+           [](const PoolStats& s) {
+             py::dict d;
+             d["allocated_bytes"] = s.allocated_bytes;
+             d["allocated_count"] = s.allocated_count;
+             d["requested_bytes"] = s.requested_bytes;
+             d["reserved_bytes"] = s.reserved_bytes;
+             d["segment_count"] = s.segment_count;
+             d["cached_bytes"] = s.cached_bytes;
+             d["peak_allocated_bytes"] = s.peak_allocated_bytes;
+             d["peak_reserved_bytes"] = s.peak_reserved_bytes;
+             d["largest_free_block"] = s.largest_free_block;
+             d["limit_bytes"] = s.limit_bytes;
+             d["cache_hits"] = s.cache_hits;
+             d["cache_misses"] = s.cache_misses;
+             d["upstream_allocations"] = s.upstream_allocations;
+             d["upstream_frees"] = s.upstream_frees;
+             d["oom_events"] = s.oom_events;
+             d["callback_errors"] = s.callback_errors;
+             d["fragmentation"] = s.fragmentation();
+             return d;
+           })
+      .def("__getitem__",
+           [](const PoolStats& s, const std::string& key) {
+             py::object self = py::cast(s);
+             if (!py::hasattr(self, key.c_str()) || key.rfind("_", 0) == 0) {
+               throw py::key_error(key);
+             }
+             return self.attr(key.c_str());
+           })
+      .def("__repr__", [](const PoolStats& s) {
+        return "PoolStats(allocated=" + std::to_string(s.allocated_bytes) +
+               ", reserved=" + std::to_string(s.reserved_bytes) +
+               ", segments=" + std::to_string(s.segment_count) +
+               ", peak_allocated=" + std::to_string(s.peak_allocated_bytes) +
+               ", hits=" + std::to_string(s.cache_hits) +
+               ", misses=" + std::to_string(s.cache_misses) + ")";
+      });
+
+  py::class_<PoolRegistry>(m, "_MemoryPoolBase", py::dynamic_attr())
+      .def(py::init([](const std::string& kind) {
+             return std::make_unique<PoolRegistry>(resolve_kind(kind));
+           }),
+           py::arg("kind") = "auto")
+      .def_property_readonly("kind",
+                             [](const PoolRegistry& r) { return std::string(to_string(r.kind())); })
+      .def_property_readonly("device_count", &PoolRegistry::device_count)
+      .def(
+          "get_managed_buffer",
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& size,
+             const py::handle& precision, const py::handle& stream) {
+            auto prec = to_precision(precision);
+            std::size_t count = to_count(size, "size");
+            auto pool = pool_for(reg, device);
+            stream_t s = to_stream(stream);
+            auto buf = std::make_unique<PyBuffer>();
+            buf->precision = prec;
+            buf->count = count;
+            buf->kind = pool->kind();
+            buf->device = pool->device();
+            buf->buffer = ManagedBuffer(pool, bytes_for(count, prec), s);
+            return buf;
+          },
+          py::arg("device_id"), py::arg("size"), py::arg("precision") = py::none(),
+          py::arg("stream") = py::none(),
+          "A buffer of `size` elements of `precision` on `device_id`, returned to the pool "
+          "when released, when its `with` block ends, or when it is garbage.")
+      .def(
+          "_get_buffer",
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& size,
+             const py::handle& precision, const py::handle& stream) {
+            auto prec = to_precision(precision);
+            std::size_t count = to_count(size, "size");
+            auto pool = pool_for(reg, device);
+            stream_t s = to_stream(stream);
+            return reinterpret_cast<std::uintptr_t>(pool->allocate(bytes_for(count, prec), s));
+          },
+          py::arg("device_id"), py::arg("size"), py::arg("precision") = py::none(),
+          py::arg("stream") = py::none())
+      .def(
+          "_return_buffer",
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& ptr,
+             const py::handle& size, const py::handle& precision) {
+            auto prec = to_precision(precision);
+            std::size_t count = to_count(size, "size");
+            std::size_t address = to_count(ptr, "buffer pointer");
+            auto pool = reg.find(to_device_id(device));
+            if (!pool) {
+              throw InvalidInputError("device " + std::to_string(to_device_id(device)) +
+                                      " has no pool, so it cannot own this buffer");
+            }
+            pool->deallocate_checked(reinterpret_cast<void*>(address), bytes_for(count, prec));
+          },
+          py::arg("device_id"), py::arg("buffer"), py::arg("size"),
+          py::arg("precision") = py::none())
+      .def(
+          "memory_pressure",
+          [](PoolRegistry& reg, const py::handle& device) -> py::object {
+            auto pool = pool_if_valid(reg, device);
+            if (!pool) return py::none();
+            return py::float_(pool->memory_pressure());
+          },
+          py::arg("device_id"),
+          "Pressure in [0, 1] (reserved/limit with a limit, else the device's used "
+          "fraction), or None for a device id that does not exist.")
+      .def(
+          "emergency_cleanup",
+          [](PoolRegistry& reg, const py::handle& device) -> std::size_t {
+            auto pool = reg.find(to_device_id(device));
+            if (!pool) return 0;
+            py::gil_scoped_release nogil;
+            return pool->emergency_cleanup();
+          },
+          py::arg("device_id"),
+          "Returns every cached free segment of the device's pool to the driver; bytes released.")
+      .def(
+          "emergency_cleanup_all",
+          [](PoolRegistry& reg) {
+            py::gil_scoped_release nogil;
+            return reg.emergency_cleanup_all();
+          },
+          "emergency_cleanup on every device's pool; bytes released.")
+      .def(
+          "trim",
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& keep) -> std::size_t {
+            std::size_t keep_bytes = to_count(keep, "keep_bytes");
+            auto pool = reg.find(to_device_id(device));
+            if (!pool) return 0;
+            py::gil_scoped_release nogil;
+            return pool->trim(keep_bytes);
+          },
+          py::arg("device_id"), py::arg("keep_bytes") = 0,
+          "Releases cached segments until at most keep_bytes stay reserved; bytes released.")
+      .def(
+          "set_max_pool_size",
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& bytes) {
+            std::size_t limit = to_count(bytes, "max pool size");
+            pool_for(reg, device)->set_limit(limit);
+          },
+          py::arg("device_id"), py::arg("max_bytes"),
+          "Limits the bytes the device's pool reserves (0: no limit).")
+      .def(
+          "max_pool_size",
+          [](PoolRegistry& reg, const py::handle& device) -> std::size_t {
+            auto pool = reg.find(to_device_id(device));
+            return pool ? pool->limit() : 0;
+          },
+          py::arg("device_id"))
+      .def(
+          "memory_usage",
+          [](PoolRegistry& reg, const py::handle& device) -> py::object {
+            int id = to_device_id(device);
+            if (id >= reg.device_count()) return py::none();
+            auto pool = reg.find(id);
+            if (!pool) return py::make_tuple(0, 0);
+            PoolStats s = pool->stats();
+            return py::make_tuple(s.allocated_bytes, s.peak_allocated_bytes);
+          },
+          py::arg("device_id"),
+          "(allocated, peak allocated) bytes of the device's pool, or None for a device id "
+          "that does not exist.")
+      .def(
+          "total_memory_usage",
+          [](PoolRegistry& reg) {
+            auto usage = reg.total_usage();
+            return py::make_tuple(usage.first, usage.second);
+          },
+          "(allocated, peak allocated) bytes summed over every device's pool.")
+      .def(
+          "stats",
+          [](PoolRegistry& reg, const py::handle& device) -> py::object {
+            auto pool = pool_if_valid(reg, device);
+            if (!pool) return py::none();
+            return py::cast(pool->stats());
+          },
+          py::arg("device_id"), "PoolStats of the device's pool, or None for an unknown id.")
+      .def(
+          "reset_peaks",
+          [](PoolRegistry& reg, const py::handle& device) {
+            if (auto pool = reg.find(to_device_id(device))) pool->reset_peaks();
+          },
+          py::arg("device_id"))
+      .def(
+          "validate",
+          [](PoolRegistry& reg, const py::handle& device) -> std::string {
+            auto pool = reg.find(to_device_id(device));
+            return pool ? pool->validate() : std::string();
+          },
+          py::arg("device_id"),
+          "What is inconsistent in the pool's books; '' when all is well.")
+      .def(
+          "owns",
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& ptr) {
+            auto pool = reg.find(to_device_id(device));
+            return pool && pool->owns(reinterpret_cast<void*>(to_count(ptr, "pointer")));
+          },
+          py::arg("device_id"), py::arg("ptr"))
+      .def(
+          "add_watermark",
+          [](PoolRegistry& reg, const py::handle& device, double level, py::object callback) {
+            auto fn = hold_callable(std::move(callback));
+            return pool_for(reg, device)->add_watermark(level, [fn](double pressure) {
+              py::gil_scoped_acquire gil;
+              try {
+                (*fn)(pressure);
+              } catch (py::error_already_set& e) {
+                report_callback_error(e, "gpukeeper watermark callback");
+              }
+            });
+          },
+          py::arg("device_id"), py::arg("level"), py::arg("callback"),
+          "Calls callback(pressure) when the pool's pressure rises to level; re-arms below.")
+      .def(
+          "remove_watermark",
+          [](PoolRegistry& reg, const py::handle& device, int id) {
+            auto pool = reg.find(to_device_id(device));
+            return pool && pool->remove_watermark(id);
+          },
+          py::arg("device_id"), py::arg("callback_id"))
+      .def(
+          "add_reclaim_callback",
+          [](PoolRegistry& reg, const py::handle& device, py::object callback) {
+            auto fn = hold_callable(std::move(callback));
+            return pool_for(reg, device)->add_reclaim_callback([fn](std::size_t needed) {
+              py::gil_scoped_acquire gil;
+              try {
+                py::object released = (*fn)(needed);
+                if (released.is_none()) return std::size_t{0};
+                return to_count(released, "reclaim callback result");
+              } catch (py::error_already_set& e) {
+                report_callback_error(e, "gpukeeper reclaim callback");
+              }
+            });
+          },
+          py::arg("device_id"), py::arg("callback"),
+          "Calls callback(bytes_needed) when the device runs out of memory even after the "
+          "pool dropped its cache; it may free memory and return how much (or None).")
+      .def(
+          "remove_reclaim_callback",
+          [](PoolRegistry& reg, const py::handle& device, int id) {
+            auto pool = reg.find(to_device_id(device));
+            return pool && pool->remove_reclaim_callback(id);
+          },
+          py::arg("device_id"), py::arg("callback_id"))
+      .def("devices", [](const PoolRegistry& reg) {
+        std::vector<int> ids;
+        for (const auto& p : reg.pools()) ids.push_back(p->device());
+        return ids;
+      }, "Device ids whose pools exist.");
+}
+
+}  // namespace gpukeeper::py_bindings
