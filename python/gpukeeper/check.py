@@ -1,0 +1,137 @@
+"""``gpukeeper check``: is this installation sound on this machine?
+
+Each check does real work (allocations, copies, a round trip of data, the pool's books,
+typed errors on bad input) and yields a ``CheckResult``. Without CUDA the host pool is
+checked and the report says that the machine is in CPU mode.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Iterator, List
+
+from gpukeeper import _core
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.memory import MemoryPool, Precision
+from gpukeeper.runtime import build_info, cuda_available
+
+__all__ = ["CheckResult", "run_checks"]
+
+
+@dataclass
+class CheckResult:
+    """One check: its name, whether it passed, and what it saw."""
+
+    name: str
+    ok: bool
+    detail: str
+    seconds: float = 0.0
+    data: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+class _Failed(Exception):
+    pass
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise _Failed(message)
+
+
+def _timed(name: str, fn: Callable[[], "tuple[str, Dict[str, Any]]"]) -> CheckResult:
+    start = time.perf_counter()
+    try:
+        detail, data = fn()
+        ok = True
+    except _Failed as exc:
+        detail, data, ok = str(exc), {}, False
+    except Exception as exc:  # any other failure is a finding, not a crash of the check
+        detail, data, ok = f"{type(exc).__name__}: {exc}", {}, False
+    return CheckResult(name, ok, detail, time.perf_counter() - start, data)
+
+
+def _check_build() -> "tuple[str, Dict[str, Any]]":
+    info = build_info()
+    kind = f"CUDA {info['cuda_version']} (static runtime)" if info["cuda"] else "CPU-only"
+    return f"{kind} core, {info['compiler']}, {info['build_type']}", info
+
+
+def _check_runtime(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
+    status = cuda_available()
+    data = {
+        "available": status.available,
+        "device_count": status.device_count,
+        "driver_version": status.driver_version,
+        "runtime_version": status.runtime_version,
+        "reason": status.reason,
+    }
+    if not status:
+        _expect(not require_gpu, f"a GPU was required, but CUDA is unavailable: {status.reason}")
+        return f"CPU mode: CUDA unavailable ({status.reason})", data
+    for device in range(status.device_count):
+        free, total = _core.device_memory_info(device)
+        _expect(0 < free <= total, f"device {device}: implausible memory info {free}/{total}")
+        data[f"device{device}_free"] = free
+        data[f"device{device}_total"] = total
+    return f"{status.device_count} CUDA device(s), driver {status.driver_version}", data
+
+
+def _check_pool(kind: str) -> "tuple[str, Dict[str, Any]]":
+    pool = MemoryPool(kind)
+    sizes = [64, 16 << 10, 256 << 10, 2 << 20]  # fp32 elements: 256 B .. 8 MiB
+    buffers = []
+    for i, count in enumerate(sizes * 2):
+        buf = pool.get_managed_buffer(0, count, Precision.Fp32)
+        pattern = bytes([(i * 37 + j) % 251 for j in range(256)]) * (buf.nbytes // 256)
+        buf.copy_from_host(pattern)
+        buffers.append((buf, pattern))
+    spans = sorted((b.ptr, b.ptr + b.nbytes) for b, _ in buffers)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        _expect(end <= start, f"{kind}: live buffers overlap")
+    for buf, pattern in buffers:
+        _expect(buf.to_bytes() == pattern, f"{kind}: data written was not read back")
+    stats = pool.stats(0)
+    expected = sum(-(-b.nbytes // 256) * 256 for b, _ in buffers)
+    _expect(stats.allocated_bytes == expected,
+            f"{kind}: allocated {stats.allocated_bytes} != sum of live blocks {expected}")
+    for buf, _ in buffers:
+        buf.release()
+    before = pool.stats(0)
+    again = [pool.get_managed_buffer(0, count, Precision.Fp32) for count in sizes]
+    after = pool.stats(0)
+    _expect(after.cache_misses == before.cache_misses
+            and after.reserved_bytes == before.reserved_bytes,
+            f"{kind}: freed blocks were not reused (new segments were allocated)")
+    for buf in again:
+        buf.release()
+    try:
+        pool.get_managed_buffer(0, 0, Precision.Fp32)
+        raise _Failed(f"{kind}: a zero-size request did not raise")
+    except InvalidInputError:
+        pass
+    problems = pool.validate(0)
+    _expect(problems == "", f"{kind}: pool books inconsistent: {problems}")
+    stats = pool.stats(0)
+    _expect(stats.allocated_bytes == 0, f"{kind}: {stats.allocated_bytes} bytes still allocated")
+    released = pool.emergency_cleanup(0)
+    _expect(pool.stats(0).reserved_bytes == 0, f"{kind}: reserved bytes left after cleanup")
+    data = {"hits": stats.cache_hits, "misses": stats.cache_misses,
+            "peak_reserved": stats.peak_reserved_bytes, "released": released}
+    return (f"{len(buffers)} buffers written and read back, reuse hit, "
+            f"{released >> 20} MiB returned on cleanup", data)
+
+
+def run_checks(require_gpu: bool = False) -> Iterator[CheckResult]:
+    """Runs every check, yielding each result as it completes."""
+    yield _timed("build", _check_build)
+    yield _timed("runtime", lambda: _check_runtime(require_gpu))
+    kinds: List[str] = ["host"]
+    status = cuda_available()
+    if status:
+        kinds += ["device", "async", "pinned"]
+    for kind in kinds:
+        yield _timed(f"pool[{kind}]", lambda kind=kind: _check_pool(kind))

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The whole GPU round in one call of the device tool: build, `gpukeeper check`, the C++
+# and Python suites, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
+# Usage: bash scripts/gpu-check.sh [--no-bench]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-results}
+mkdir -p "$OUT/logs"
+LOG=$OUT/logs
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+status=0
+step() { echo; echo "=== $* ==="; }
+summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+
+step environment
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+  "$PY" -c "import cupy; print('cupy', cupy.__version__)" 2>&1
+  "$PY" -c "import triton; print('triton', triton.__version__)" 2>&1
+  nvcc --version | tail -2; cmake --version | head -1; g++ --version | head -1
+} 2>&1 | tee "$LOG/env.txt"
+summary "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+
+step "build and install (pip, no isolation)"
+if "$PY" -m pip install --no-build-isolation --no-deps . >"$LOG/pip.txt" 2>&1; then
+  summary "install: ok"
+else
+  tail -40 "$LOG/pip.txt"; summary "install: FAILED"; exit 1
+fi
+
+step "gpukeeper check"
+(cd /tmp && "$PY" -m gpukeeper check --require-gpu --json "$LOG/check.json") 2>&1 | tee "$LOG/check.txt"
+rc=${PIPESTATUS[0]}; summary "gpukeeper check: $(tail -1 "$LOG/check.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
+
+step "C++ tests"
+GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+if cmake -S . -B build/gpu-tests "${GEN[@]}" -DGPUKEEPER_BUILD_TESTS=ON -DGPUKEEPER_BUILD_PYTHON=OFF \
+     >"$LOG/cpp-configure.txt" 2>&1 && cmake --build build/gpu-tests -j >"$LOG/cpp-build.txt" 2>&1; then
+  ctest --test-dir build/gpu-tests --output-on-failure 2>&1 | tee "$LOG/ctest.txt"
+  rc=${PIPESTATUS[0]}
+  build/gpu-tests/tests/cpp/gpukeeper_cpp_tests --durations yes >"$LOG/catch2.txt" 2>&1 || true
+  summary "C++: $(grep -E 'tests passed|tests failed' "$LOG/ctest.txt" | tail -1); catch2: $(grep -E '^(All tests passed|test cases:)' "$LOG/catch2.txt" | tail -1)"
+  [ "$rc" = 0 ] || status=1
+else
+  tail -30 "$LOG/cpp-configure.txt" "$LOG/cpp-build.txt"; summary "C++: BUILD FAILED"; status=1
+fi
+
+step "Python tests"
+"$PY" -m pytest tests/python -q -p no:cacheprovider -rs 2>&1 | tee "$LOG/pytest.txt"
+rc=${PIPESTATUS[0]}; summary "pytest: $(tail -1 "$LOG/pytest.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
+
+if [ "${1:-}" != "--no-bench" ]; then
+  step benchmarks
+  bash benchmarks/run_all.sh "$OUT/bench" 2>&1 | tee "$LOG/bench.txt"
+  summary "benchmarks: rc=${PIPESTATUS[0]}"
+fi
+
+tar -czf "$OUT/results.tar.gz" -C "$OUT" logs $( [ -d "$OUT/bench" ] && echo bench ) 2>/dev/null
+rm -rf "$LOG" "$OUT/bench"
+echo; echo "=== summary ==="; cat "$OUT/summary.txt"
+exit $status
