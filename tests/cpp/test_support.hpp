@@ -240,6 +240,10 @@ std::string thrown_message(F&& f) {
   return "<nothing was thrown>";
 }
 
+inline bool near(double a, double b, double tolerance = 1e-9) {
+  return a - b <= tolerance && b - a <= tolerance;
+}
+
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
