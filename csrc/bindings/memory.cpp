@@ -168,6 +168,7 @@ void init_memory(py::module_& m) {
       .def_readonly("upstream_frees", &PoolStats::upstream_frees)
       .def_readonly("oom_events", &PoolStats::oom_events)
       .def_readonly("callback_errors", &PoolStats::callback_errors)
+      .def_readonly("pages_moved", &PoolStats::pages_moved)
       .def_property_readonly("fragmentation", &PoolStats::fragmentation,
                              "1 - largest free block / cached bytes.")
       .def("to_dict",
@@ -189,6 +190,7 @@ void init_memory(py::module_& m) {
              d["upstream_frees"] = s.upstream_frees;
              d["oom_events"] = s.oom_events;
              d["callback_errors"] = s.callback_errors;
+             d["pages_moved"] = s.pages_moved;
              d["fragmentation"] = s.fragmentation();
              return d;
            })
@@ -210,10 +212,19 @@ void init_memory(py::module_& m) {
       });
 
   py::class_<PoolRegistry>(m, "_MemoryPoolBase", py::dynamic_attr())
-      .def(py::init([](const std::string& kind) {
-             return std::make_unique<PoolRegistry>(resolve_kind(kind));
+      .def(py::init([](const std::string& kind, bool expandable) {
+             PoolOptions options;
+             options.expandable = expandable;
+             ResourceKind resolved = resolve_kind(kind);
+             if (expandable && resolved != ResourceKind::device && resolved != ResourceKind::host) {
+               throw InvalidInputError(std::string("expandable segments need 'device' or 'host' "
+                                                   "memory, not '") + to_string(resolved) + "'");
+             }
+             return std::make_unique<PoolRegistry>(resolved, options);
            }),
-           py::arg("kind") = "auto")
+           py::arg("kind") = "auto", py::arg("expandable") = false)
+      .def_property_readonly("expandable",
+                             [](const PoolRegistry& r) { return r.options().expandable; })
       .def_property_readonly("kind",
                              [](const PoolRegistry& r) { return std::string(to_string(r.kind())); })
       .def_property_readonly("device_count", &PoolRegistry::device_count)

@@ -34,10 +34,16 @@ class MemoryPool(_core._MemoryPoolBase):
     ``kind`` is ``"auto"`` (device memory when CUDA is usable, else host memory),
     ``"device"`` (cudaMalloc), ``"async"`` (cudaMallocAsync), ``"pinned"``
     (cudaMallocHost) or ``"host"``. Host memory has a single device id, 0.
+
+    ``expandable=True`` (device and host kinds) reserves one large address range per
+    size class and maps physical pages only under allocated blocks, moving free pages to
+    where they are needed before making new ones: reserved memory then follows allocated
+    memory closely on workloads whose sizes change every step, at the cost of page
+    remapping on cache misses.
     """
 
-    def __init__(self, kind: str = "auto") -> None:
-        super().__init__(kind)
+    def __init__(self, kind: str = "auto", expandable: bool = False) -> None:
+        super().__init__(kind, expandable)
 
     def get_buffer(
         self, device_id: int, size: int, precision: Any = Precision.Fp32, stream: Any = None
@@ -67,7 +73,8 @@ class MemoryPool(_core._MemoryPoolBase):
         return BufferBatch(self, device_id, stream)
 
     def __repr__(self) -> str:
-        return f"MemoryPool(kind={self.kind!r}, devices={self.devices()})"
+        extra = ", expandable=True" if self.expandable else ""
+        return f"MemoryPool(kind={self.kind!r}{extra}, devices={self.devices()})"
 
 
 class BufferBatch:

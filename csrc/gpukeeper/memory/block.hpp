@@ -13,6 +13,7 @@
 namespace gpukeeper::detail {
 
 struct Segment;
+struct PageTable;
 
 struct Block {
   std::uintptr_t addr = 0;
@@ -34,6 +35,8 @@ struct Segment {
   stream_t alloc_stream = 0;  // the stream passed to the upstream (its free uses it too)
   bool small = false;         // serves the small-request index
   Block* first = nullptr;
+  Block* last = nullptr;
+  PageTable* table = nullptr;  // expandable segments: the pages behind the range
   Segment* prev = nullptr;  // all segments of a pool, in creation order
   Segment* next = nullptr;
 

@@ -59,6 +59,16 @@ CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions o
         "segment sizes multiples of 256 and a power-of-two segment_granularity >= 256");
   }
   limit_.store(options_.max_pool_size, std::memory_order_relaxed);
+  if (options_.expandable) {
+    VirtualMemory* vm = upstream_->virtual_memory();
+    if (vm == nullptr) {
+      throw InvalidInputError(std::string("expandable segments need virtual memory, which ") +
+                              to_string(upstream_->kind()) + " memory does not offer");
+    }
+    std::size_t range = options_.expandable_range;
+    if (range == 0) range = 2 * std::max<std::size_t>(upstream_->memory_info().total, 1u << 30);
+    paged_ = std::make_unique<detail::PagedMemory>(*vm, range);
+  }
 }
 
 CachingPool::~CachingPool() {
@@ -68,7 +78,10 @@ CachingPool::~CachingPool() {
   while (segments_ != nullptr) {
     Segment* seg = segments_;
     segments_ = seg->next;
-    upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, seg->alloc_stream);
+    // Expandable ranges and their pages go with paged_.
+    if (seg->table == nullptr) {
+      upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, seg->alloc_stream);
+    }
   }
 }
 
@@ -84,50 +97,51 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
   const std::size_t size = round_up(bytes, kAlignment);
   const bool small = size <= options_.small_size;
 
-  void* result = nullptr;
+  Block* block = nullptr;
   bool grew = false;
   bool hopeless = false;
   {
     std::lock_guard<SpinMutex> lock(mutex_);
-    Block* block = take_cached(size, small, stream);
-    if (block != nullptr) {
-      count(cache_hits_, 1);
-      return reinterpret_cast<void*>(carve(block, size, bytes, stream)->addr);
-    }
-    count(cache_misses_, 1);
-    block = grow(size, small, stream);
+    block = try_allocate(size, bytes, small, stream, grew);
     if (block == nullptr) {
       count(oom_events_, 1);
       // Bigger than the limit or than the whole memory: dropping the cache cannot help.
       const std::size_t limit = limit_.load(std::memory_order_relaxed);
       hopeless = (limit != 0 && size > limit) || size > upstream_->memory_info().total;
       if (!hopeless && release_free_segments(0) > 0) {
-        block = take_cached(size, small, stream);
-        if (block == nullptr) block = grow(size, small, stream);
+        block = try_allocate(size, bytes, small, stream, grew);
       }
     }
-    if (block != nullptr) {
-      grew = true;
-      result = reinterpret_cast<void*>(carve(block, size, bytes, stream)->addr);
-    }
   }
-  if (result == nullptr && !hopeless) {
+  if (block == nullptr && !hopeless) {
     // Ask the rest of the process (other frameworks' caches, user callbacks), then retry.
     run_reclaimers(size);
     std::lock_guard<SpinMutex> lock(mutex_);
-    Block* block = take_cached(size, small, stream);
-    if (block == nullptr) {
-      release_free_segments(0);
-      block = grow(size, small, stream);
-    }
-    if (block != nullptr) {
-      grew = true;
-      result = reinterpret_cast<void*>(carve(block, size, bytes, stream)->addr);
+    block = try_allocate(size, bytes, small, stream, grew);
+    if (block == nullptr && release_free_segments(0) > 0) {
+      block = try_allocate(size, bytes, small, stream, grew);
     }
   }
+  void* result = block ? reinterpret_cast<void*>(block->addr) : nullptr;
   if (result == nullptr) throw AllocationError(oom_message(bytes), bytes);
   if (grew) notify_watermarks();
   return result;
+}
+
+// One attempt under the lock: a cached block, else a new segment (or more of an
+// expandable one). nullptr when the limit, the upstream or the pages refuse.
+Block* CachingPool::try_allocate(std::size_t size, std::size_t requested, bool small,
+                                 stream_t stream, bool& grew) {
+  if (Block* block = take_cached(size, small, stream)) {
+    Block* taken = carve(block, size, requested, stream);
+    if (taken != nullptr) count(cache_hits_, 1);
+    return taken;
+  }
+  count(cache_misses_, 1);
+  Block* block = grow(size, small, stream);
+  if (block == nullptr) return nullptr;
+  grew = true;
+  return carve(block, size, requested, stream);
 }
 
 CachingPool::StreamFree& CachingPool::stream_free(stream_t stream) {
@@ -140,6 +154,8 @@ CachingPool::StreamFree& CachingPool::stream_free(stream_t stream) {
   }
   streams_.push_back(std::make_unique<StreamFree>());
   streams_.back()->stream = stream;
+  const std::size_t slot = streams_.size() - 1;
+  streams_.back()->bit = slot < 64 ? std::uint64_t{1} << slot : ~std::uint64_t{0};
   last_stream_ = streams_.back().get();
   return *last_stream_;
 }
@@ -177,6 +193,7 @@ std::size_t CachingPool::segment_size_for(std::size_t size, bool small) const no
 // A new segment holding at least `size`, as one free block (not on any index), or
 // nullptr when the limit or the upstream refuses even the smallest segment that fits.
 Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
+  if (paged_) return grow_expandable(size, small, stream);
   const std::size_t limit = limit_.load(std::memory_order_relaxed);
   const std::size_t reserved = reserved_.load(std::memory_order_relaxed);
   // Preferred segment first, then the least that holds the request.
@@ -206,6 +223,7 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
     block->stream = stream;
     block->free = true;
     seg->first = block;
+    seg->last = block;
 
     count(reserved_, static_cast<std::ptrdiff_t>(seg_size));
     count(segment_count_, 1);
@@ -222,6 +240,10 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
 // Hands out the front of a free block (not on any index), putting the rest back.
 Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
                           stream_t stream) {
+  if (block->segment->table != nullptr && !map_pages(block, size)) {
+    insert_free(block);  // unchanged, so still merged with its neighbours as before
+    return nullptr;
+  }
   const bool was_largest = block->size >= largest_free_.load(std::memory_order_relaxed);
   if (block->size > size) {
     Block* rest = blocks_.make();
@@ -232,6 +254,7 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
     rest->next = block->next;
     if (block->next != nullptr) block->next->prev = rest;
     block->next = rest;
+    if (block->segment->last == block) block->segment->last = rest;
     rest->stream = stream;
     rest->free = true;
     block->size = size;
@@ -304,6 +327,10 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
   block->free = true;
   block->requested = 0;
   if (has_stream) block->stream = stream;
+  if (block->segment->table != nullptr) {
+    paged_->release(block->segment->table, block->addr, block->size,
+                    stream_free(block->stream).bit);
+  }
 
   // Merge with free neighbours whose memory is ordered on the same stream.
   if (Block* prev = block->prev; prev != nullptr && prev->free && prev->stream == block->stream) {
@@ -311,6 +338,7 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
     prev->size += block->size;
     prev->next = block->next;
     if (block->next != nullptr) block->next->prev = prev;
+    if (block->segment->last == block) block->segment->last = prev;
     blocks_.recycle(block);
     block = prev;
   }
@@ -319,6 +347,7 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
     block->size += next->size;
     block->next = next->next;
     if (next->next != nullptr) next->next->prev = block;
+    if (block->segment->last == next) block->segment->last = block;
     blocks_.recycle(next);
   }
   insert_free(block);
@@ -345,7 +374,14 @@ std::size_t CachingPool::requested_size(const void* ptr) const {
 std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
   if (reserved_.load(std::memory_order_relaxed) <= keep_reserved) return 0;
   for (auto& sf : streams_) {
-    if (!sf->small.empty() || !sf->large.empty()) events_.synchronize(sf->stream);
+    // Pages remember every stream that freed a block on them: wait for all streams.
+    if (paged_ || !sf->small.empty() || !sf->large.empty()) events_.synchronize(sf->stream);
+  }
+  std::size_t released = 0;
+  if (paged_) {
+    released = paged_->unmap_movable(keep_reserved);
+    count(upstream_frees_, static_cast<std::ptrdiff_t>(released / paged_->page_size()));
+    sync_reserved();
   }
   for (Segment* seg = segments_; seg != nullptr; seg = seg->next) {
     for (Block* b = seg->first; b != nullptr; b = b->next) {
@@ -362,16 +398,18 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
         b->size += next->size;
         b->next = next->next;
         if (next->next != nullptr) next->next->prev = b;
+        if (seg->last == next) seg->last = b;
         blocks_.recycle(next);
         index_of(b).insert(b);
       }
     }
   }
-  std::size_t released = 0;
   for (Segment* seg = segments_; seg != nullptr;) {
     Segment* next = seg->next;
-    if (reserved_.load(std::memory_order_relaxed) <= keep_reserved) break;
-    if (seg->whole_free()) {
+    if (seg->table != nullptr) {
+      // Addresses cost nothing while reserved; give back only ranges with no page left.
+      if (seg->whole_free() && seg->table->mapped == 0) release_expandable_segment(seg);
+    } else if (reserved_.load(std::memory_order_relaxed) > keep_reserved && seg->whole_free()) {
       released += seg->size;
       release_segment(seg);
     }
@@ -444,6 +482,7 @@ PoolStats CachingPool::stats() const noexcept {
   s.upstream_frees = get(upstream_frees_);
   s.oom_events = get(oom_events_);
   s.callback_errors = get(callback_errors_);
+  s.pages_moved = get(pages_moved_);
   return s;
 }
 
@@ -582,7 +621,9 @@ std::string CachingPool::validate() const {
   std::size_t free_blocks = 0;
   for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) {
     ++segments;
-    reserved += seg->size;
+    if (seg->table == nullptr) reserved += seg->size;
+    std::vector<std::uint32_t> page_refs;
+    if (seg->table != nullptr) page_refs.assign(seg->table->pages.size(), 0);
     std::uintptr_t expect = seg->base;
     const Block* prev = nullptr;
     for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {
@@ -600,9 +641,18 @@ std::string CachingPool::validate() const {
         allocated += b->size;
         requested += b->requested;
         if (live_.find(b->addr) != b) problems << "live block missing from map; ";
+        if (seg->table != nullptr) {
+          const std::size_t page = paged_->page_size();
+          for (std::size_t i = (b->addr - seg->base) / page;
+               i <= (b->addr + b->size - 1 - seg->base) / page && i < page_refs.size(); ++i) {
+            ++page_refs[i];
+          }
+        }
       }
     }
+    if (prev != seg->last) problems << "segment's last block is wrong; ";
     if (expect != seg->base + seg->size) problems << "blocks do not fill their segment; ";
+    if (seg->table != nullptr) problems << paged_->check(seg->table, page_refs);
   }
   std::size_t indexed = 0;
   for (const auto& sf : streams_) indexed += sf->small.count() + sf->large.count();
@@ -611,12 +661,121 @@ std::string CachingPool::validate() const {
   }
   if (live_.size() != allocated_count) problems << "live map size disagrees; ";
   auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
+  if (paged_) reserved = paged_->mapped_bytes();
   if (get(reserved_) != reserved) problems << "reserved counter " << get(reserved_) << " != " << reserved << "; ";
   if (get(segment_count_) != segments) problems << "segment counter disagrees; ";
   if (get(allocated_) != allocated) problems << "allocated counter " << get(allocated_) << " != " << allocated << "; ";
   if (get(allocated_count_) != allocated_count) problems << "allocated count disagrees; ";
   if (get(requested_) != requested) problems << "requested counter disagrees; ";
   return problems.str();
+}
+
+}  // namespace gpukeeper
+
+namespace gpukeeper {
+
+// ---------------------------------------------------------------- expandable segments
+
+// More address space for `size`: the tail of the growing range of this size class (its
+// last block, if free on this stream, grows in place), else a new range. The pages are
+// mapped later, by carve(), under the part that is handed out.
+Block* CachingPool::grow_expandable(std::size_t size, bool small, stream_t stream) {
+  Segment*& current = expandable_[small ? 0 : 1];
+  const std::size_t page = paged_->page_size();
+  if (current != nullptr) {
+    Block* last = current->last;
+    const bool extend_last = last->free && last->stream == stream;
+    const std::size_t need = extend_last && last->size < size ? size - last->size : size;
+    const std::size_t grow_by = round_up(need, page);
+    if (current->size + grow_by <= current->table->capacity) {
+      paged_->extend(current->table, current->size + grow_by);
+      current->size += grow_by;
+      if (extend_last) {
+        index_of(last).remove(last);
+        last->size += grow_by;
+        return last;
+      }
+      Block* block = blocks_.make();
+      block->addr = last->addr + last->size;
+      block->size = grow_by;
+      block->segment = current;
+      block->prev = last;
+      last->next = block;
+      current->last = block;
+      block->stream = stream;
+      block->free = true;
+      return block;
+    }
+  }
+  const std::size_t first_size = round_up(size, page);
+  if (first_size > paged_->range_bytes()) return nullptr;
+  detail::PageTable* table = paged_->reserve();
+  if (table == nullptr) return nullptr;
+  paged_->extend(table, first_size);
+  Segment* seg = segment_records_.make();
+  seg->base = table->base;
+  seg->size = first_size;
+  seg->alloc_stream = stream;
+  seg->small = small;
+  seg->table = table;
+  seg->next = segments_;
+  if (segments_ != nullptr) segments_->prev = seg;
+  segments_ = seg;
+  Block* block = blocks_.make();
+  block->addr = seg->base;
+  block->size = first_size;
+  block->segment = seg;
+  block->stream = stream;
+  block->free = true;
+  seg->first = seg->last = block;
+  current = seg;
+  count(segment_count_, 1);
+  return block;
+}
+
+// Maps the pages under the first `size` bytes of `block` (not on any index).
+bool CachingPool::map_pages(Block* block, std::size_t size) {
+  const std::size_t limit = limit_.load(std::memory_order_relaxed);
+  const std::size_t page = paged_->page_size();
+  bool ok = paged_->acquire(
+      block->segment->table, block->addr, size,
+      [this](std::uint64_t bits) { return streams_done(bits); },
+      [this, limit, page] { return limit == 0 || paged_->mapped_bytes() + page <= limit; });
+  sync_reserved();
+  return ok;
+}
+
+bool CachingPool::streams_done(std::uint64_t bits) {
+  for (auto& sf : streams_) {
+    if ((sf->bit & bits) != 0 && !events_.done(sf->stream)) return false;
+  }
+  return true;
+}
+
+void CachingPool::sync_reserved() noexcept {
+  if (!paged_) return;
+  const std::size_t now = paged_->mapped_bytes();
+  reserved_.store(now, std::memory_order_relaxed);
+  if (now > peak_reserved_.load(std::memory_order_relaxed)) {
+    peak_reserved_.store(now, std::memory_order_relaxed);
+  }
+  upstream_allocations_.store(paged_->pages_created(), std::memory_order_relaxed);
+  pages_moved_.store(paged_->pages_moved(), std::memory_order_relaxed);
+}
+
+void CachingPool::release_expandable_segment(Segment* seg) {
+  Block* block = seg->first;
+  index_of(block).remove(block);
+  blocks_.recycle(block);
+  if (seg->prev != nullptr) seg->prev->next = seg->next;
+  if (seg->next != nullptr) seg->next->prev = seg->prev;
+  if (segments_ == seg) segments_ = seg->next;
+  for (Segment*& current : expandable_) {
+    if (current == seg) current = nullptr;
+  }
+  paged_->unreserve(seg->table);
+  count(segment_count_, -1);
+  segment_records_.recycle(seg);
 }
 
 }  // namespace gpukeeper

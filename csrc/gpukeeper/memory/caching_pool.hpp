@@ -23,6 +23,7 @@
 #include "gpukeeper/core/spin_mutex.hpp"
 #include "gpukeeper/memory/block.hpp"
 #include "gpukeeper/memory/free_index.hpp"
+#include "gpukeeper/memory/paged_memory.hpp"
 #include "gpukeeper/memory/pool_stats.hpp"
 #include "gpukeeper/memory/ptr_map.hpp"
 #include "gpukeeper/memory/resource.hpp"
@@ -37,6 +38,11 @@ struct PoolOptions {
   std::size_t large_cutoff = std::size_t{10} << 20;   // ... of up to this size
   std::size_t segment_granularity = std::size_t{2} << 20;  // bigger ones: rounded to this
   std::size_t max_pool_size = 0;                      // reserved-bytes limit; 0: none
+  // Expandable segments: one reserved address range per size class, with physical pages
+  // mapped only under allocated blocks and moved to where they are needed before new
+  // ones are made (needs upstream().virtual_memory(): device and host kinds).
+  bool expandable = false;
+  std::size_t expandable_range = 0;  // bytes of addresses per range; 0: twice the memory
 };
 
 class CachingPool {
@@ -110,6 +116,7 @@ class CachingPool {
  private:
   struct StreamFree {
     stream_t stream;
+    std::uint64_t bit;  // this stream's bit in page stream masks (all bits past 64 streams)
     detail::FreeIndex small;
     detail::FreeIndex large;
     detail::FreeIndex& index(bool is_small) noexcept { return is_small ? small : large; }
@@ -129,7 +136,14 @@ class CachingPool {
   StreamFree& stream_free(stream_t stream);
   detail::FreeIndex& index_of(const detail::Block* block);
   detail::Block* take_cached(std::size_t size, bool small, stream_t stream);
+  detail::Block* try_allocate(std::size_t size, std::size_t requested, bool small,
+                              stream_t stream, bool& grew);
   detail::Block* grow(std::size_t size, bool small, stream_t stream);
+  detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
+  bool map_pages(detail::Block* block, std::size_t size);
+  bool streams_done(std::uint64_t bits);
+  void sync_reserved() noexcept;
+  void release_expandable_segment(detail::Segment* segment);
   detail::Block* carve(detail::Block* block, std::size_t size, std::size_t requested,
                        stream_t stream);
   void insert_free(detail::Block* block);
@@ -146,6 +160,8 @@ class CachingPool {
 
   std::unique_ptr<MemoryResource> upstream_;
   PoolOptions options_;
+  std::unique_ptr<detail::PagedMemory> paged_;  // expandable mode only; dies before upstream_
+  detail::Segment* expandable_[2] = {nullptr, nullptr};  // growing range: [0] small, [1] large
 
   mutable SpinMutex mutex_;  // guards everything below up to the counters
   detail::RecordArena<detail::Block> blocks_;
@@ -161,7 +177,7 @@ class CachingPool {
   std::atomic<std::size_t> allocated_{0}, allocated_count_{0}, requested_{0}, reserved_{0},
       segment_count_{0}, peak_allocated_{0}, peak_reserved_{0}, largest_free_{0},
       cache_hits_{0}, cache_misses_{0}, upstream_allocations_{0}, upstream_frees_{0},
-      oom_events_{0}, callback_errors_{0};
+      oom_events_{0}, callback_errors_{0}, pages_moved_{0};
   std::atomic<std::size_t> limit_{0};
 
   std::mutex callbacks_mutex_;  // guards the callback lists; never held with mutex_

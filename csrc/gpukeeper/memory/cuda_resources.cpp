@@ -1,6 +1,7 @@
 #include "gpukeeper/memory/cuda_resources.hpp"
 
 #include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/memory/cuda_virtual_memory.hpp"
 
 #ifdef GPUKEEPER_WITH_CUDA
 #include "gpukeeper/core/cuda_check.hpp"
@@ -39,6 +40,11 @@ void* oom_or_throw(cudaError_t status, void* ptr, const char* call) {
 
 CudaDeviceResource::CudaDeviceResource(int device) : device_(device) {
   require_usable(ResourceKind::device, device);
+}
+
+VirtualMemory* CudaDeviceResource::virtual_memory() {
+  std::call_once(vm_once_, [this] { vm_ = make_cuda_virtual_memory(device_); });
+  return vm_.get();
 }
 
 CudaAsyncResource::CudaAsyncResource(int device) : device_(device) {

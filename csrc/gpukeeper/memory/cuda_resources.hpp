@@ -2,6 +2,9 @@
 // constructors throw DeviceError, so that callers need no #ifdef.
 #pragma once
 
+#include <memory>
+#include <mutex>
+
 #include "gpukeeper/memory/resource.hpp"
 
 namespace gpukeeper {
@@ -18,9 +21,13 @@ class CudaDeviceResource final : public MemoryResource {
   bool device_accessible() const noexcept override { return true; }
   bool host_accessible() const noexcept override { return false; }
   MemoryInfo memory_info() const override { return device_memory_info(device_); }
+  // The driver's virtual memory management (cuMemCreate/cuMemMap) on this device.
+  VirtualMemory* virtual_memory() override;
 
  private:
   int device_;
+  std::once_flag vm_once_;
+  std::unique_ptr<VirtualMemory> vm_;
 };
 
 // cudaMallocAsync / cudaFreeAsync on the device's current memory pool.

@@ -16,4 +16,9 @@ void* HostResource::allocate(std::size_t bytes, stream_t) {
 
 void HostResource::deallocate(void* ptr, std::size_t, stream_t) noexcept { std::free(ptr); }
 
+VirtualMemory* HostResource::virtual_memory() {
+  std::call_once(vm_once_, [this] { vm_ = std::make_unique<HostVirtualMemory>(); });
+  return vm_.get();
+}
+
 }  // namespace gpukeeper

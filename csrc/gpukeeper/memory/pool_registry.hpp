@@ -36,6 +36,7 @@ class PoolRegistry {
   std::size_t emergency_cleanup_all();
 
   ResourceKind kind() const noexcept { return kind_; }
+  const PoolOptions& options() const noexcept { return options_; }
   // Device ids this kind accepts: [0, device_count()).
   int device_count() const noexcept { return resource_device_count(kind_); }
 

@@ -24,6 +24,7 @@ struct PoolStats {
   std::uint64_t upstream_frees = 0;
   std::uint64_t oom_events = 0;      // upstream refusals seen (each led to cache release)
   std::uint64_t callback_errors = 0; // reclaim or watermark callbacks that threw
+  std::uint64_t pages_moved = 0;     // expandable segments: pages remapped instead of made
 
   // 1 - largest free block / cached bytes: 0 when the cache is one piece (or empty),
   // near 1 when it is in many pieces none of which serves a large request.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gpukeeper/device/runtime.hpp"
+#include "gpukeeper/memory/virtual_memory.hpp"
 
 namespace gpukeeper {
 
@@ -52,6 +53,11 @@ class MemoryResource {
 
   // Free and total bytes of the memory this upstream draws from (device or host).
   virtual MemoryInfo memory_info() const = 0;
+
+  // The same memory as separately reserved addresses and mappable pages (for expandable
+  // segments), owned by the resource and made on first use; nullptr when this kind of
+  // memory has none. Throws DeviceError when the device lacks the support.
+  virtual VirtualMemory* virtual_memory() { return nullptr; }
 };
 
 // Whether `kind` can be used on `device` in this build and on this machine; when it

@@ -1,0 +1,183 @@
+#include "gpukeeper/memory/paged_memory.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "gpukeeper/core/errors.hpp"
+
+namespace gpukeeper::detail {
+
+PagedMemory::PagedMemory(VirtualMemory& vm, std::size_t range_bytes)
+    : vm_(vm), page_(vm.page_size()), range_((range_bytes + page_ - 1) / page_ * page_) {
+  if (page_ == 0 || range_ == 0) throw InvalidInputError("PagedMemory: empty page or range");
+}
+
+PagedMemory::~PagedMemory() {
+  for (auto& table : tables_) {
+    for (std::size_t i = 0; i < table->pages.size(); ++i) {
+      if (VirtualMemory::page_t h = table->pages[i].handle) {
+        vm_.unmap(address_of(table.get(), i));
+        vm_.release_page(h);
+      }
+    }
+    vm_.unreserve(table->base, table->capacity);
+  }
+}
+
+PageTable* PagedMemory::reserve() {
+  std::uintptr_t base = vm_.reserve(range_);
+  if (base == 0) return nullptr;
+  auto table = std::make_unique<PageTable>();
+  table->base = base;
+  table->capacity = range_;
+  tables_.push_back(std::move(table));
+  return tables_.back().get();
+}
+
+void PagedMemory::unreserve(PageTable* table) {
+  if (table->mapped != 0) throw GpuError("PagedMemory::unreserve: range still has mapped pages");
+  movable_.erase(std::remove_if(movable_.begin(), movable_.end(),
+                                [table](const Slot& s) { return s.table == table; }),
+                 movable_.end());
+  vm_.unreserve(table->base, table->capacity);
+  tables_.erase(std::find_if(tables_.begin(), tables_.end(),
+                             [table](const auto& t) { return t.get() == table; }));
+}
+
+void PagedMemory::extend(PageTable* table, std::size_t bytes) {
+  std::size_t pages = (bytes + page_ - 1) / page_;
+  if (pages > table->pages.size()) table->pages.resize(pages);
+}
+
+VirtualMemory::page_t PagedMemory::take_movable(const StreamsDone& done,
+                                                std::vector<Slot>& skipped) {
+  while (!movable_.empty()) {
+    Slot slot = movable_.front();
+    movable_.pop_front();
+    PageTable::Page& page = slot.table->pages[slot.index];
+    page.listed = false;
+    if (page.handle == 0 || page.refs != 0) continue;  // stale entry
+    if (page.streams != 0 && !done(page.streams)) {
+      skipped.push_back(slot);
+      continue;
+    }
+    VirtualMemory::page_t handle = page.handle;
+    vm_.unmap(address_of(slot.table, slot.index));
+    page.handle = 0;
+    page.streams = 0;
+    --slot.table->mapped;
+    --mapped_pages_;
+    ++moved_;
+    return handle;
+  }
+  return 0;
+}
+
+bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t size,
+                          const StreamsDone& done, const std::function<bool()>& may_create) {
+  const std::size_t first = (addr - table->base) / page_;
+  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  // Count the block on its mapped pages first, so that none of them is moved into a hole.
+  for (std::size_t i = first; i <= last; ++i) {
+    if (table->pages[i].handle != 0) ++table->pages[i].refs;
+  }
+  std::vector<Slot> skipped;
+  bool ok = true;
+  std::size_t i = first;
+  for (; i <= last; ++i) {
+    PageTable::Page& page = table->pages[i];
+    if (page.handle != 0) continue;  // mapped before this call (counted above) or just now
+    VirtualMemory::page_t handle = take_movable(done, skipped);
+    if (handle == 0 && may_create()) {
+      handle = vm_.create_page();
+      if (handle != 0) ++created_;
+    }
+    if (handle == 0) {
+      ok = false;
+      break;
+    }
+    try {
+      vm_.map(address_of(table, i), handle);
+    } catch (...) {
+      vm_.release_page(handle);
+      for (const Slot& s : skipped) {
+        s.table->pages[s.index].listed = true;
+        movable_.push_back(s);
+      }
+      for (std::size_t j = first; j <= last; ++j) {
+        if (table->pages[j].handle != 0) unref(table, j, 0);
+      }
+      throw;
+    }
+    page.handle = handle;
+    page.refs = 1;
+    page.streams = 0;
+    ++table->mapped;
+    ++mapped_pages_;
+  }
+  for (const Slot& s : skipped) {
+    s.table->pages[s.index].listed = true;
+    movable_.push_back(s);
+  }
+  if (!ok) {
+    // Undo the counts; pages mapped by this call stay mapped and become movable.
+    for (std::size_t j = first; j <= last; ++j) {
+      if (table->pages[j].handle != 0) unref(table, j, 0);
+    }
+  }
+  return ok;
+}
+
+void PagedMemory::unref(PageTable* table, std::size_t index, std::uint64_t stream_bits) {
+  PageTable::Page& page = table->pages[index];
+  page.streams |= stream_bits;
+  if (--page.refs == 0 && !page.listed && page.handle != 0) {
+    page.listed = true;
+    movable_.push_back({table, index});
+  }
+}
+
+void PagedMemory::release(PageTable* table, std::uintptr_t addr, std::size_t size,
+                          std::uint64_t stream_bits) {
+  const std::size_t first = (addr - table->base) / page_;
+  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  for (std::size_t i = first; i <= last; ++i) unref(table, i, stream_bits);
+}
+
+std::size_t PagedMemory::unmap_movable(std::size_t keep_bytes) {
+  std::size_t released = 0;
+  while (!movable_.empty() && mapped_bytes() > keep_bytes) {
+    Slot slot = movable_.front();
+    movable_.pop_front();
+    PageTable::Page& page = slot.table->pages[slot.index];
+    page.listed = false;
+    if (page.handle == 0 || page.refs != 0) continue;
+    vm_.unmap(address_of(slot.table, slot.index));
+    vm_.release_page(page.handle);
+    page.handle = 0;
+    page.streams = 0;
+    --slot.table->mapped;
+    --mapped_pages_;
+    released += page_;
+  }
+  return released;
+}
+
+std::string PagedMemory::check(const PageTable* table,
+                               const std::vector<std::uint32_t>& expected_refs) const {
+  std::ostringstream problems;
+  std::size_t mapped = 0;
+  for (std::size_t i = 0; i < table->pages.size(); ++i) {
+    const PageTable::Page& page = table->pages[i];
+    std::uint32_t expected = i < expected_refs.size() ? expected_refs[i] : 0;
+    if (page.refs != expected) {
+      problems << "page " << i << " counts " << page.refs << " blocks, " << expected << " live; ";
+    }
+    if (page.refs > 0 && page.handle == 0) problems << "page " << i << " used but unmapped; ";
+    if (page.handle != 0) ++mapped;
+  }
+  if (mapped != table->mapped) problems << "mapped page count disagrees; ";
+  return problems.str();
+}
+
+}  // namespace gpukeeper::detail

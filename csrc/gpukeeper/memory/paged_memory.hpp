@@ -1,0 +1,98 @@
+// The physical side of expandable segments.
+//
+// Each expandable segment is a reserved address range (a PageTable) whose blocks are
+// laid out as in any segment, while physical pages are mapped only under blocks that are
+// allocated. A page counts the allocated blocks on it; when the count drops to zero the
+// page becomes movable. When a block needs a page, a movable page (from anywhere) is
+// unmapped and mapped under it before a new one is made, so the physical memory held is
+// close to the pages allocated blocks touch, however the address space fragments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpukeeper/memory/virtual_memory.hpp"
+
+namespace gpukeeper::detail {
+
+struct PageTable {
+  struct Page {
+    VirtualMemory::page_t handle = 0;  // 0: unmapped
+    std::uint32_t refs = 0;            // allocated blocks on the page
+    bool listed = false;               // on the movable queue
+    std::uint64_t streams = 0;         // stream slots that freed blocks here since mapping
+  };
+  std::uintptr_t base = 0;
+  std::size_t capacity = 0;  // bytes reserved
+  std::size_t mapped = 0;    // pages mapped
+  std::vector<Page> pages;   // covers the part of the range that blocks tile
+};
+
+class PagedMemory {
+ public:
+  // Says whether all streams in a mask of stream slots are done with their work.
+  using StreamsDone = std::function<bool(std::uint64_t streams)>;
+
+  PagedMemory(VirtualMemory& vm, std::size_t range_bytes);
+  ~PagedMemory();
+  PagedMemory(const PagedMemory&) = delete;
+  PagedMemory& operator=(const PagedMemory&) = delete;
+
+  std::size_t page_size() const noexcept { return page_; }
+  std::size_t range_bytes() const noexcept { return range_; }
+  std::size_t mapped_bytes() const noexcept { return mapped_pages_ * page_; }
+  std::uint64_t pages_moved() const noexcept { return moved_; }
+  std::uint64_t pages_created() const noexcept { return created_; }
+
+  // A new address range of range_bytes(), or nullptr when no address space is left.
+  PageTable* reserve();
+  // Gives the range back; it must have no mapped page.
+  void unreserve(PageTable* table);
+  // Blocks now tile the first `bytes` of the range.
+  void extend(PageTable* table, std::size_t bytes);
+
+  // Counts a new allocated block on the pages under [addr, addr + size) and maps those
+  // that are unmapped: first by moving movable pages whose streams `done` says are
+  // finished, then with new pages while `may_create` allows. Returns false, with the
+  // books as before, when no page can be had.
+  bool acquire(PageTable* table, std::uintptr_t addr, std::size_t size, const StreamsDone& done,
+               const std::function<bool()>& may_create);
+
+  // Uncounts a freed block, freed on the streams in `stream_bits`.
+  void release(PageTable* table, std::uintptr_t addr, std::size_t size, std::uint64_t stream_bits);
+
+  // Unmaps and frees movable pages until at most `keep_bytes` stay mapped. The caller
+  // has made sure that no stream still uses them. Returns the bytes released.
+  std::size_t unmap_movable(std::size_t keep_bytes);
+
+  // What is inconsistent between the page counts and `expected_refs` (allocated blocks
+  // per page of `table`, computed by the caller); "" when all is well.
+  std::string check(const PageTable* table, const std::vector<std::uint32_t>& expected_refs) const;
+
+ private:
+  struct Slot {
+    PageTable* table;
+    std::size_t index;
+  };
+  std::uintptr_t address_of(const PageTable* t, std::size_t i) const noexcept {
+    return t->base + i * page_;
+  }
+  void unref(PageTable* table, std::size_t index, std::uint64_t stream_bits);
+  VirtualMemory::page_t take_movable(const StreamsDone& done, std::vector<Slot>& skipped);
+
+  VirtualMemory& vm_;
+  std::size_t page_;
+  std::size_t range_;
+  std::vector<std::unique_ptr<PageTable>> tables_;
+  std::deque<Slot> movable_;  // may hold stale entries; validated when taken
+  std::size_t mapped_pages_ = 0;
+  std::uint64_t moved_ = 0;
+  std::uint64_t created_ = 0;
+};
+
+}  // namespace gpukeeper::detail
