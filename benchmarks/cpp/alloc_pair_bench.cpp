@@ -294,6 +294,34 @@ int main(int argc, char** argv) {
 #endif
   auto nothing = [] {};
 
+  // The pools measured: fixed segments, and expandable ones where the core has them.
+  struct NamedPool {
+    std::string key, label;
+    std::shared_ptr<gpukeeper::CachingPool> pool;
+    gpukeeper::stream_t stream;
+  };
+  std::vector<NamedPool> pools_measured;
+  pools_measured.push_back({"gpukeeper_pool_host", "gpukeeper pool, host upstream (C++)", host_pool, 0});
+  auto add_expandable = [&](gpukeeper::ResourceKind kind, const char* key, const char* label,
+                            gpukeeper::stream_t s) {
+    if (!kHaveExpandable) return;
+    try {
+      auto pool = std::make_shared<gpukeeper::CachingPool>(gpukeeper::make_resource(kind, 0),
+                                                           pool_options(true));
+      pools_measured.push_back({key, label, pool, s});
+    } catch (const std::exception& e) {
+      std::printf("NOTE: no %s: %s\n", label, e.what());
+    }
+  };
+  add_expandable(gpukeeper::ResourceKind::host, "gpukeeper_pool_host_expandable",
+                 "gpukeeper pool, host, expandable (C++)", 0);
+  if (device_pool) {
+    pools_measured.push_back({"gpukeeper_pool_device", "gpukeeper pool, device upstream (C++)",
+                              device_pool, gk_stream});
+    add_expandable(gpukeeper::ResourceKind::device, "gpukeeper_pool_device_expandable",
+                   "gpukeeper pool, device, expandable (C++)", gk_stream);
+  }
+
   // ------------------------------------------------------------- fixed sizes
   for (const Size& size : kSizes) {
     const std::size_t n = size.bytes;
@@ -305,26 +333,13 @@ int main(int argc, char** argv) {
       r.size = n;
       return r;
     };
-    {
-      Row r = new_row("gpukeeper_pool_host", "gpukeeper pool, host upstream (C++)");
-      gpukeeper::CachingPool& pool = *host_pool;
+    for (const NamedPool& np : pools_measured) {
+      Row r = new_row(np.key.c_str(), np.label);
+      gpukeeper::CachingPool& pool = *np.pool;
+      const gpukeeper::stream_t s = np.stream;
       try {
         measure(r, plan, [&] {
-          void* p = pool.allocate(n, 0);
-          do_not_optimize(p);
-          pool.deallocate(p);
-        }, nothing);
-      } catch (const std::exception& e) {
-        fail_row(r, e);
-      }
-      rows.push_back(std::move(r));
-    }
-    if (device_pool) {
-      Row r = new_row("gpukeeper_pool_device", "gpukeeper pool, device upstream (C++)");
-      gpukeeper::CachingPool& pool = *device_pool;
-      try {
-        measure(r, plan, [&] {
-          void* p = pool.allocate(n, gk_stream);
+          void* p = pool.allocate(n, s);
           do_not_optimize(p);
           pool.deallocate(p);
         }, nothing);
@@ -403,22 +418,12 @@ int main(int argc, char** argv) {
     r.workload = "mixed";
     return r;
   };
-  {
-    Row r = new_mixed("gpukeeper_pool_host", "gpukeeper pool, host upstream (C++)");
-    gpukeeper::CachingPool& pool = *host_pool;
+  for (const NamedPool& np : pools_measured) {
+    Row r = new_mixed(np.key.c_str(), np.label);
+    gpukeeper::CachingPool& pool = *np.pool;
+    const gpukeeper::stream_t s = np.stream;
     try {
-      measure_mixed(r, plan, mixed, [&](std::size_t n) { return pool.allocate(n, 0); },
-                    [&](void* p, std::size_t) { pool.deallocate(p); }, nothing);
-    } catch (const std::exception& e) {
-      fail_row(r, e);
-    }
-    mixed_rows.push_back(std::move(r));
-  }
-  if (device_pool) {
-    Row r = new_mixed("gpukeeper_pool_device", "gpukeeper pool, device upstream (C++)");
-    gpukeeper::CachingPool& pool = *device_pool;
-    try {
-      measure_mixed(r, plan, mixed, [&](std::size_t n) { return pool.allocate(n, gk_stream); },
+      measure_mixed(r, plan, mixed, [&](std::size_t n) { return pool.allocate(n, s); },
                     [&](void* p, std::size_t) { pool.deallocate(p); }, nothing);
     } catch (const std::exception& e) {
       fail_row(r, e);
@@ -470,15 +475,12 @@ int main(int argc, char** argv) {
 
   // ------------------------------------------------------------- pool books
   JsonObject pools;
-  {
-    std::string problems = host_pool->validate();
-    if (!problems.empty()) std::fprintf(stderr, "host pool books inconsistent: %s\n", problems.c_str());
-    pools.raw("host", stats_json(host_pool->stats()).boolean("books_consistent", problems.empty()).dump(2));
-  }
-  if (device_pool) {
-    std::string problems = device_pool->validate();
-    if (!problems.empty()) std::fprintf(stderr, "device pool books inconsistent: %s\n", problems.c_str());
-    pools.raw("device", stats_json(device_pool->stats()).boolean("books_consistent", problems.empty()).dump(2));
+  for (const NamedPool& np : pools_measured) {
+    std::string problems = np.pool->validate();
+    if (!problems.empty()) {
+      std::fprintf(stderr, "%s: books inconsistent: %s\n", np.key.c_str(), problems.c_str());
+    }
+    pools.raw(np.key, stats_json(np.pool->stats()).boolean("books_consistent", problems.empty()).dump(2));
   }
 
   // ------------------------------------------------------------- table
@@ -528,8 +530,14 @@ int main(int argc, char** argv) {
   bool all_met = true;
   bool any_checked = false;
   std::printf("\nTargets (issue 2): pool pair <= 50 ns median, >= 10x faster than cudaMallocAsync\n");
+  std::vector<std::string> target_pools = {have_cuda ? "gpukeeper_pool_device" : "gpukeeper_pool_host"};
+  if (kHaveExpandable) {
+    target_pools.push_back(have_cuda ? "gpukeeper_pool_device_expandable"
+                                     : "gpukeeper_pool_host_expandable");
+  }
+  for (const std::string& target_pool : target_pools)
   for (const Size& size : kSizes) {
-    const Row* pool = find(rows, have_cuda ? "gpukeeper_pool_device" : "gpukeeper_pool_host", size.key);
+    const Row* pool = find(rows, target_pool, size.key);
     const Row* async = find(rows, "cudaMallocAsync", size.key);
     if (!pool) continue;
     JsonObject t;
@@ -555,7 +563,7 @@ int main(int argc, char** argv) {
     }
     any_checked = true;
     all_met = all_met && ok;
-    std::printf("  %-6s %s\n", size.key, verdict.c_str());
+    std::printf("  %-34s %-6s %s\n", target_pool.c_str(), size.key, verdict.c_str());
     target_json.push_back(t.dump(4));
   }
   if (any_checked) {
@@ -599,6 +607,7 @@ int main(int argc, char** argv) {
     config.str("cudaMallocAsync_setup",
                "created non-blocking stream; default mempool, cudaMemPoolAttrReleaseThreshold=UINT64_MAX; stream synchronized (untimed) after each batch");
     config.str("pool_stream", have_cuda ? "the same created stream" : "0");
+    config.boolean("core_has_expandable_segments", kHaveExpandable);
 
     JsonObject root;
     root.str("benchmark", "alloc_pair");
@@ -619,6 +628,7 @@ int main(int argc, char** argv) {
   }
 
   // ------------------------------------------------------------- tear-down
+  pools_measured.clear();
   host_pool.reset();
   device_pool.reset();
 #ifdef GPUKEEPER_WITH_CUDA

@@ -15,7 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include <type_traits>
+
 #include "gpukeeper/device/runtime.hpp"
+#include "gpukeeper/memory/caching_pool.hpp"
 
 #ifdef GPUKEEPER_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -24,6 +27,25 @@
 namespace gkbench {
 
 using Clock = std::chrono::steady_clock;
+
+// Expandable segments (PoolOptions::expandable) where the core has them; the program
+// builds against a core without them too, and then replays fixed segments only.
+template <typename O, typename = void>
+struct has_expandable : std::false_type {};
+template <typename O>
+struct has_expandable<O, std::void_t<decltype(std::declval<O&>().expandable)>> : std::true_type {};
+inline constexpr bool kHaveExpandable = has_expandable<gpukeeper::PoolOptions>::value;
+
+template <typename O = gpukeeper::PoolOptions>
+O pool_options(bool expandable) {
+  O o;  // a template, so that the discarded branch is not compiled without the member
+  if constexpr (has_expandable<O>::value) {
+    o.expandable = expandable;
+  } else {
+    (void)expandable;
+  }
+  return o;
+}
 
 inline double elapsed_ns(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::nano>(b - a).count();

@@ -11,6 +11,8 @@
 //
 // Not stream ordered (there is no device work to wait for), so the pool never records
 // events for it. Single-threaded use only (the pool serialises its upstream calls).
+// Where the core has expandable segments, virtual_memory() offers the same capacity as
+// reserved ranges and 2 MiB pages (SimulatedVirtualMemory), so they replay anywhere too.
 #pragma once
 
 #include <sys/mman.h>
@@ -20,10 +22,110 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gpukeeper/memory/resource.hpp"
 
+// Expandable segments (CachingPool over VirtualMemory) are used when the core has them.
+#if __has_include("gpukeeper/memory/virtual_memory.hpp")
+#include <memory>
+#include <mutex>
+
+#include "gpukeeper/memory/virtual_memory.hpp"
+#define GKBENCH_HAVE_VIRTUAL_MEMORY 1
+#else
+#define GKBENCH_HAVE_VIRTUAL_MEMORY 0
+#endif
+
 namespace gkbench {
+
+// Counts a shared capacity: the simulated device's bytes, whether held as whole
+// allocations or as virtual-memory pages.
+struct SimulatedCapacity {
+  std::size_t capacity = 0;
+  std::size_t live = 0;
+  std::size_t peak = 0;
+  bool take(std::size_t bytes) {
+    if (bytes > capacity - live) return false;
+    live += bytes;
+    if (live > peak) peak = live;
+    return true;
+  }
+  void give(std::size_t bytes) { live -= bytes; }
+};
+
+#if GKBENCH_HAVE_VIRTUAL_MEMORY
+// Address ranges reserved PROT_NONE (nothing touched or committed) and pages that are only
+// numbers: a VirtualMemory as a GPU offers it (cuMemAddressReserve / cuMemCreate / cuMemMap),
+// with page_size 2 MiB like CUDA's allocation granularity, drawing on the same capacity.
+class SimulatedVirtualMemory final : public gpukeeper::VirtualMemory {
+ public:
+  SimulatedVirtualMemory(SimulatedCapacity& cap, std::size_t page_size)
+      : cap_(cap), page_size_(page_size) {}
+  std::size_t page_size() const noexcept override { return page_size_; }
+  std::uintptr_t reserve(std::size_t bytes) override {
+    void* p = ::mmap(nullptr, bytes + page_size_, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    std::uintptr_t base;
+    if (p != MAP_FAILED) {
+      base = (reinterpret_cast<std::uintptr_t>(p) + page_size_ - 1) / page_size_ * page_size_;
+    } else {
+      base = next_fake_;  // plain numbers high above the heap; never dereferenced
+      next_fake_ += (bytes + page_size_) / page_size_ * page_size_ + page_size_;
+    }
+    ranges_.push_back({base, p != MAP_FAILED ? p : nullptr, bytes + page_size_});
+    return base;
+  }
+  void unreserve(std::uintptr_t base, std::size_t) noexcept override {
+    for (std::size_t i = 0; i < ranges_.size(); ++i) {
+      if (ranges_[i].base != base) continue;
+      if (ranges_[i].mapping) ::munmap(ranges_[i].mapping, ranges_[i].length);
+      ranges_.erase(ranges_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+  }
+  page_t create_page() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!cap_.take(page_size_)) return 0;
+    ++pages_created_;
+    if (!free_ids_.empty()) {
+      page_t id = free_ids_.back();
+      free_ids_.pop_back();
+      return id;
+    }
+    return ++last_id_;
+  }
+  void release_page(page_t page) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cap_.give(page_size_);
+    free_ids_.push_back(page);
+  }
+  void map(std::uintptr_t, page_t) override { ++maps_; }
+  void unmap(std::uintptr_t) noexcept override { ++unmaps_; }
+  ~SimulatedVirtualMemory() override {
+    for (auto& r : ranges_) {
+      if (r.mapping) ::munmap(r.mapping, r.length);
+    }
+  }
+  std::uint64_t maps() const noexcept { return maps_; }
+  std::uint64_t pages_created() const noexcept { return pages_created_; }
+
+ private:
+  struct Range {
+    std::uintptr_t base;
+    void* mapping;
+    std::size_t length;
+  };
+  SimulatedCapacity& cap_;
+  std::size_t page_size_;
+  std::mutex mutex_;
+  std::vector<Range> ranges_;
+  std::vector<page_t> free_ids_;
+  page_t last_id_ = 0;
+  std::uintptr_t next_fake_ = std::uintptr_t{1} << 45;
+  std::uint64_t maps_ = 0, unmaps_ = 0, pages_created_ = 0;
+};
+#endif
 
 class SimulatedDeviceResource final : public gpukeeper::MemoryResource {
  public:
@@ -31,7 +133,8 @@ class SimulatedDeviceResource final : public gpukeeper::MemoryResource {
 
   // `capacity`: the simulated device's memory; the address range reserved is 4x that
   // (fragmentation of the address space itself must never be what fails).
-  explicit SimulatedDeviceResource(std::size_t capacity) : capacity_(capacity) {
+  explicit SimulatedDeviceResource(std::size_t capacity) {
+    cap_.capacity = capacity;
     span_ = round_up(capacity * 4, kGranularity);
     void* p = ::mmap(nullptr, span_ + kGranularity, PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -50,7 +153,7 @@ class SimulatedDeviceResource final : public gpukeeper::MemoryResource {
   SimulatedDeviceResource& operator=(const SimulatedDeviceResource&) = delete;
 
   void* allocate(std::size_t bytes, gpukeeper::stream_t) override {
-    if (bytes == 0 || bytes > capacity_ - live_) return nullptr;
+    if (bytes == 0 || bytes > cap_.capacity - cap_.live) return nullptr;
     const std::size_t span = round_up(bytes, kGranularity);
     for (auto it = free_ranges_.begin(); it != free_ranges_.end(); ++it) {  // first fit
       if (it->second < span) continue;
@@ -58,8 +161,7 @@ class SimulatedDeviceResource final : public gpukeeper::MemoryResource {
       std::size_t left = it->second - span;
       free_ranges_.erase(it);
       if (left) free_ranges_.emplace(addr + span, left);
-      live_ += bytes;
-      if (live_ > peak_) peak_ = live_;
+      cap_.take(bytes);
       ++allocations_;
       return reinterpret_cast<void*>(addr);
     }
@@ -69,7 +171,7 @@ class SimulatedDeviceResource final : public gpukeeper::MemoryResource {
   void deallocate(void* ptr, std::size_t bytes, gpukeeper::stream_t) noexcept override {
     std::uintptr_t addr = reinterpret_cast<std::uintptr_t>(ptr);
     std::size_t span = round_up(bytes, kGranularity);
-    live_ -= bytes;
+    cap_.give(bytes);
     ++frees_;
     auto next = free_ranges_.lower_bound(addr);
     if (next != free_ranges_.begin()) {
@@ -94,13 +196,21 @@ class SimulatedDeviceResource final : public gpukeeper::MemoryResource {
   bool host_accessible() const noexcept override { return false; }
   gpukeeper::MemoryInfo memory_info() const override {
     gpukeeper::MemoryInfo info;
-    info.total = capacity_;
-    info.free = capacity_ - live_;
+    info.total = cap_.capacity;
+    info.free = cap_.capacity - cap_.live;
     return info;
   }
 
-  std::size_t live_bytes() const noexcept { return live_; }
-  std::size_t peak_bytes() const noexcept { return peak_; }
+#if GKBENCH_HAVE_VIRTUAL_MEMORY
+  gpukeeper::VirtualMemory* virtual_memory() override {
+    if (!vm_) vm_ = std::make_unique<SimulatedVirtualMemory>(cap_, kGranularity);
+    return vm_.get();
+  }
+#endif
+
+  // Bytes held (whole allocations and virtual-memory pages together), and their peak.
+  std::size_t live_bytes() const noexcept { return cap_.live; }
+  std::size_t peak_bytes() const noexcept { return cap_.peak; }
   std::uint64_t allocations() const noexcept { return allocations_; }
   std::uint64_t frees() const noexcept { return frees_; }
   bool mapped() const noexcept { return mapping_ != nullptr; }
@@ -108,12 +218,14 @@ class SimulatedDeviceResource final : public gpukeeper::MemoryResource {
  private:
   static std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
 
-  std::size_t capacity_;
+  SimulatedCapacity cap_;
+#if GKBENCH_HAVE_VIRTUAL_MEMORY
+  std::unique_ptr<SimulatedVirtualMemory> vm_;  // declared after cap_: dies first
+#endif
   std::size_t span_ = 0;
   void* mapping_ = nullptr;
   std::uintptr_t base_ = 0;
   std::map<std::uintptr_t, std::size_t> free_ranges_;  // address -> bytes
-  std::size_t live_ = 0, peak_ = 0;
   std::uint64_t allocations_ = 0, frees_ = 0;
 };
 

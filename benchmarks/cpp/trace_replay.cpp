@@ -34,7 +34,9 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -51,6 +53,7 @@
 using namespace gkbench;
 
 namespace {
+
 
 struct Op {
   std::uint64_t size;    // 0: free
@@ -205,6 +208,8 @@ struct ModeResult {
   std::string books;
   PassTimes times;
   Summary warm;
+  std::uint64_t min_capacity = 0;  // sim: the least simulated capacity the trace runs in
+  int min_capacity_probes = 0;
 };
 
 // One pass over the trace; frees what is still live at the end (untimed). Returns ns/op.
@@ -266,6 +271,41 @@ void replay_pool(const Trace& t, gpukeeper::CachingPool& pool,
     } catch (...) {
     }
   }
+}
+
+// Whether one pass over the trace completes on a fresh pool over a simulated device of
+// `capacity` bytes (the pool releasing its cache and retrying when the upstream refuses).
+bool fits(const Trace& t, std::uint64_t capacity, bool expandable) {
+  gpukeeper::CachingPool pool(std::make_unique<SimulatedDeviceResource>(capacity),
+                              pool_options(expandable));
+  std::vector<void*> ptrs(t.slots, nullptr);
+  std::vector<std::uint32_t> owner(t.slots, 0);
+  try {
+    replay_pass(t, ptrs, owner, [&](std::uint64_t size, std::uint32_t s) {
+      return pool.allocate(size, s); }, [&](void* p, std::uint32_t) { pool.deallocate(p); });
+    return true;
+  } catch (const gpukeeper::AllocationError&) {
+    for (void* p : ptrs) {
+      if (p) pool.deallocate(p);
+    }
+    return false;
+  }
+}
+
+// The least capacity (to 0.25% or 2 MiB) in which the trace replays, by bisection between
+// the trace's peak requested bytes and the peak the pool reserved with room to spare.
+std::uint64_t min_capacity(const Trace& t, std::uint64_t upper, bool expandable, int* probes) {
+  const std::uint64_t step = std::uint64_t{2} << 20;
+  std::uint64_t lo = t.peak_rounded, hi = std::max(upper, lo + step);
+  *probes = 0;
+  if (fits(t, lo, expandable)) return lo;
+  ++*probes;
+  while (hi - lo > std::max(step, lo / 400)) {
+    std::uint64_t mid = lo + (hi - lo) / 2;
+    ++*probes;
+    if (fits(t, mid, expandable)) hi = mid; else lo = mid;
+  }
+  return hi;
 }
 
 #ifdef GPUKEEPER_WITH_CUDA
@@ -352,12 +392,17 @@ double meta_ratio(const Trace& t, const char* num, const char* den) {
 
 void usage() {
   std::puts(
-      "usage: trace_replay [--mode sim|device|all] [--passes N] [--capacity BYTES]\n"
-      "                    [--no-async-reference] [--json PATH] TRACE...\n"
+      "usage: trace_replay [--mode sim|device|all] [--segments fixed|expandable|both]\n"
+      "                    [--passes N] [--capacity BYTES]\n"
+      "                    [--no-async-reference] [--no-min-capacity] [--json PATH] TRACE...\n"
       "  --mode        sim: simulated upstream only; device: cudaMalloc upstream only;\n"
       "                all (default): sim, plus device when CUDA is usable\n"
+      "  --segments    the pool's segments: fixed, expandable (PoolOptions::expandable), or\n"
+      "                both (default where the core has expandable segments)\n"
       "  --passes N    warm passes after the first (default 5)\n"
       "  --capacity B  simulated device memory in bytes (default 80 GiB; suffixes K M G)\n"
+      "  --no-min-capacity  skip the search for the least simulated capacity that runs\n"
+      "                the trace (the pool then releases its cache when the upstream refuses)\n"
       "  --json PATH   write the results as JSON");
 }
 
@@ -380,6 +425,8 @@ int main(int argc, char** argv) {
   int passes = 5;
   std::uint64_t capacity = std::uint64_t{80} << 30;
   bool async_reference = true;
+  bool search_min_capacity = true;
+  std::string segments = kHaveExpandable ? "both" : "fixed";
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     std::string v, arg = argv[i];
@@ -397,6 +444,18 @@ int main(int argc, char** argv) {
       json_path = v;
     } else if (arg == "--no-async-reference") {
       async_reference = false;
+    } else if (take_arg(argc, argv, &i, "--segments", &v)) {
+      segments = v;
+      if (segments != "fixed" && segments != "expandable" && segments != "both") {
+        std::fprintf(stderr, "--segments must be fixed, expandable or both\n");
+        return 2;
+      }
+      if (segments != "fixed" && !kHaveExpandable) {
+        std::fprintf(stderr, "this build of the core has no expandable segments\n");
+        return 2;
+      }
+    } else if (arg == "--no-min-capacity") {
+      search_min_capacity = false;
     } else if (arg == "-h" || arg == "--help") {
       usage();
       return 0;
@@ -413,7 +472,13 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  std::vector<bool> segment_kinds;
+  if (segments != "expandable") segment_kinds.push_back(false);
+  if (segments != "fixed") segment_kinds.push_back(true);
+
   std::printf("gpukeeper trace replay\n%s", environment_line().c_str());
+  std::printf("segments: %s%s\n", segments.c_str(),
+              kHaveExpandable ? "" : " (this core has no expandable segments)");
   const gpukeeper::CudaStatus cuda = gpukeeper::cuda_status();
   const bool want_device = mode == "device" || mode == "all";
   const bool run_device = want_device && cuda.available;
@@ -461,21 +526,38 @@ int main(int argc, char** argv) {
     }
 
     std::vector<ModeResult> results;
-    if (mode == "sim" || mode == "all") {
+    for (bool expandable : segment_kinds) {
+      if (mode != "sim" && mode != "all") break;
       ModeResult r;
-      r.mode = "sim";
-      r.label = "gpukeeper pool, simulated upstream";
-      auto sim = std::make_unique<SimulatedDeviceResource>(capacity);
-      SimulatedDeviceResource* sim_raw = sim.get();
-      gpukeeper::CachingPool pool(std::move(sim));
+      r.mode = expandable ? "sim-expandable" : "sim";
+      r.label = expandable ? "gpukeeper pool, expandable segments, simulated upstream"
+                           : "gpukeeper pool, simulated upstream";
       // Streams are plain integers to a pool whose upstream is not stream ordered.
       std::vector<gpukeeper::stream_t> streams;
       for (std::size_t i = 0; i < t.streams.size(); ++i) streams.push_back(t.streams[i] == 0 ? 0 : i + 1);
-      replay_pool(t, pool, streams, passes, &r);
-      if (r.ran && sim_raw->peak_bytes() != r.peak_reserved_all) {
-        r.books += "simulated upstream peak " + std::to_string(sim_raw->peak_bytes()) +
-                   " != pool peak reserved " + std::to_string(r.peak_reserved_all) + "; ";
-        r.books_consistent = false;
+      try {
+        auto sim = std::make_unique<SimulatedDeviceResource>(capacity);
+        SimulatedDeviceResource* sim_raw = sim.get();
+        gpukeeper::CachingPool pool(std::move(sim), pool_options(expandable));
+        replay_pool(t, pool, streams, passes, &r);
+        if (r.ran && sim_raw->peak_bytes() != r.peak_reserved_all) {
+          r.books += "simulated upstream's peak of held bytes " + std::to_string(sim_raw->peak_bytes()) +
+                     " != pool peak reserved " + std::to_string(r.peak_reserved_all) + "; ";
+          r.books_consistent = false;
+        }
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
+      if (r.ran && search_min_capacity) {
+        auto m0 = Clock::now();
+        try {
+          r.min_capacity = min_capacity(t, r.peak_reserved_first, expandable, &r.min_capacity_probes);
+          std::printf("  %s: least capacity that runs the trace %s (%.3f x peak requested; %d probes, %.0f ms)\n",
+                      r.mode.c_str(), human_size(r.min_capacity).c_str(), ratio(r.min_capacity, t.peak_requested),
+                      r.min_capacity_probes, elapsed_ns(m0, Clock::now()) / 1e6);
+        } catch (const std::exception& e) {
+          std::printf("  %s: least-capacity search failed: %s\n", r.mode.c_str(), e.what());
+        }
       }
       results.push_back(std::move(r));
     }
@@ -484,9 +566,7 @@ int main(int argc, char** argv) {
       std::vector<cudaStream_t> created;
       std::vector<cudaStream_t> cstreams;
       std::vector<gpukeeper::stream_t> streams;
-      ModeResult r;
-      r.mode = "device";
-      r.label = "gpukeeper pool, cudaMalloc upstream";
+      std::string device_skip;
       try {
         check(cudaSetDevice(0), "cudaSetDevice");
         for (std::uint64_t s : t.streams) {
@@ -500,22 +580,36 @@ int main(int argc, char** argv) {
         }
         gpukeeper::MemoryInfo info = gpukeeper::device_memory_info(0);
         if (info.free < t.peak_requested + (t.peak_requested >> 4)) {
-          r.skipped = "device has " + human_size(info.free) + " free, the trace needs at least " +
-                      human_size(t.peak_requested);
-        } else {
-          gpukeeper::CachingPool pool(gpukeeper::make_resource(gpukeeper::ResourceKind::device, 0));
-          replay_pool(t, pool, streams, passes, &r);
+          device_skip = "device has " + human_size(info.free) + " free, the trace needs at least " +
+                        human_size(t.peak_requested);
         }
       } catch (const std::exception& e) {
-        r.error = e.what();
+        device_skip = std::string("set-up failed: ") + e.what();
       }
-      results.push_back(std::move(r));
+      for (bool expandable : segment_kinds) {
+        ModeResult r;
+        r.mode = expandable ? "device-expandable" : "device";
+        r.label = expandable ? "gpukeeper pool, expandable segments, device"
+                             : "gpukeeper pool, cudaMalloc upstream";
+        if (!device_skip.empty()) {
+          r.skipped = device_skip;
+        } else {
+          try {
+            gpukeeper::CachingPool pool(gpukeeper::make_resource(gpukeeper::ResourceKind::device, 0),
+                                        pool_options(expandable));
+            replay_pool(t, pool, streams, passes, &r);
+          } catch (const std::exception& e) {
+            r.error = e.what();
+          }
+        }
+        results.push_back(std::move(r));
+      }
       if (async_reference) {
         ModeResult a;
         a.mode = "cudaMallocAsync";
         a.label = "cudaMallocAsync (own mempool, threshold max)";
-        if (!results.back().skipped.empty()) {
-          a.skipped = results.back().skipped;
+        if (!device_skip.empty()) {
+          a.skipped = device_skip;
         } else if (cstreams.size() == t.streams.size()) {
           replay_async(t, cstreams, passes, &a);
         } else {
@@ -550,6 +644,8 @@ int main(int argc, char** argv) {
     double torch_exp_ratio =
         meta_ratio(t, "torch_expandable_max_memory_reserved", "torch_expandable_max_memory_allocated");
     tj.num("torch_reserved_over_allocated", torch_ratio);
+    tj.num("torch_reserved_over_requested",
+           meta_ratio(t, "torch_max_memory_reserved", "torch_peak_requested"));
     tj.num("torch_expandable_reserved_over_allocated", torch_exp_ratio);
     std::vector<std::string> modes_json;
     for (ModeResult& r : results) {
@@ -570,6 +666,11 @@ int main(int argc, char** argv) {
         m.num("cold_ns_per_op", r.times.cold_ns_per_op);
         m.summary("warm_ns_per_op_", r.warm);
         m.integer("warm_passes", r.times.warm_ns_per_op.size());
+        if (r.min_capacity) {
+          m.integer("min_capacity_bytes", r.min_capacity);
+          m.num("min_capacity_over_requested", ratio(r.min_capacity, t.peak_requested));
+          m.integer("min_capacity_probes", static_cast<std::uint64_t>(r.min_capacity_probes));
+        }
         if (r.is_pool) {
           m.integer("segments_after", r.stats_all.segment_count);
           m.integer("reserved_after", r.stats_all.reserved_bytes);
@@ -596,9 +697,9 @@ int main(int argc, char** argv) {
   // ---- table
   std::printf("\nPeak reserved vs peak requested / allocated (first replay on a fresh pool; "
               "'all' = after all passes)\n");
-  std::printf("%-28s %-16s %10s %10s %10s %9s %10s %9s %10s %10s %11s\n", "trace", "mode", "peak req",
-              "peak alloc", "peak resv", "resv/req", "resv/alloc", "all:r/req", "cold ns/op",
-              "warm ns/op", "torch r/a");
+  std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %11s\n", "trace", "mode",
+              "peak req", "peak alloc", "peak resv", "resv/req", "resv/alloc", "all:r/req",
+              "mincap/rq", "cold ns/op", "warm ns/op", "torch r/a");
   for (const Line& l : lines) {
     const ModeResult& r = l.r;
     double tr = meta_ratio(*l.t, "torch_max_memory_reserved", "torch_max_memory_allocated");
@@ -607,18 +708,21 @@ int main(int argc, char** argv) {
     std::string torch = fmt_ratio(tr);
     if (std::isfinite(te)) torch += "/" + fmt_ratio(te);
     if (!r.ran) {
-      std::printf("%-28s %-16s   %s\n", l.trace.c_str(), l.mode.c_str(),
+      std::printf("%-26s %-18s   %s\n", l.trace.c_str(), l.mode.c_str(),
                   (!r.error.empty() ? "FAILED: " + r.error : "skipped: " + r.skipped).c_str());
       continue;
     }
-    std::printf("%-28s %-16s %10s %10s %10s %9s %10s %9s %10s %10s %11s\n", l.trace.c_str(),
+    std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %11s\n", l.trace.c_str(),
                 l.mode.c_str(), human_size(l.t->peak_requested).c_str(),
                 human_size(r.peak_allocated_first).c_str(), human_size(r.peak_reserved_first).c_str(),
                 fmt_ratio(ratio(r.peak_reserved_first, l.t->peak_requested)).c_str(),
                 fmt_ratio(ratio(r.peak_reserved_first, r.peak_allocated_first)).c_str(),
                 fmt_ratio(ratio(r.peak_reserved_all, l.t->peak_requested)).c_str(),
+                r.min_capacity ? fmt_ratio(ratio(r.min_capacity, l.t->peak_requested)).c_str() : "-",
                 fmt_ns(r.times.cold_ns_per_op).c_str(), fmt_ns(r.warm.median).c_str(), torch.c_str());
   }
+  std::printf("(mincap/rq: the least simulated device capacity in which the pool runs the trace,"
+              " releasing its cache when the upstream refuses, over peak requested)\n");
   std::printf("(torch r/a: PyTorch's own max_memory_reserved / max_memory_allocated for the recorded run,"
               " then with expandable_segments, where the trace carries them)\n");
 
@@ -628,6 +732,9 @@ int main(int argc, char** argv) {
     config.integer("warm_passes", static_cast<std::uint64_t>(passes));
     config.integer("sim_capacity_bytes", capacity);
     config.boolean("async_reference", async_reference);
+    config.boolean("min_capacity_search", search_min_capacity);
+    config.str("segments", segments);
+    config.boolean("core_has_expandable_segments", kHaveExpandable);
     config.str("peak_requested", "peak of the sum of live requested sizes, from the trace");
     config.str("peak_allocated", "pool: peak of live block bytes (256-byte rounding); cudaMallocAsync: UsedMemHigh");
     config.str("peak_reserved", "pool: peak of segment bytes held from the upstream; cudaMallocAsync: ReservedMemHigh");

@@ -4,6 +4,7 @@
 Rows, for 256 B, 64 KiB, 1 MiB and 64 MiB:
   gpukeeper   buf = pool.get_managed_buffer(0, n // 4, Precision.Fp32); buf.release()
   gpukeeper   with pool.get_managed_buffer(0, n // 4, Precision.Fp32): pass
+  gpukeeper   the first form on MemoryPool(expandable=True), where gpukeeper has it
   torch       t = torch.empty(n, dtype=torch.uint8, device='cuda'); del t
   torch       the same with a torch.device object made once (no string parsing)
   cupy        m = cupy.cuda.alloc(n); del m          (CuPy's default MemoryPool)
@@ -12,8 +13,8 @@ The pool is gpukeeper.MemoryPool() ("auto": device memory when CUDA is usable, e
 host memory, which is then said in the output). Rows whose library is missing, or that
 need CUDA where there is none, are skipped with the reason.
 
-Method: each statement is compiled inline by timeit (no per-call wrapper); one warm-up
-batch, then --repeat batches of `number` round trips, `number` chosen so that a batch
+Method: each statement is compiled inline by timeit (no per-call wrapper); warm-up
+batches (which also calibrate), then --repeat batches of `number` round trips, `number` chosen so that a batch
 takes about --batch-ms (at most 10000); reported are the median, p10 and p90 across
 batches of ns per round trip. The garbage collector is off while timing (timeit's
 default).
@@ -46,8 +47,10 @@ def quantile(values, q):
 
 def measure(stmt: str, ns: dict, repeat: int, batch_ns: float, max_number: int = 10000):
     timer = timeit.Timer(stmt, globals=ns)
-    # Warm-up and calibration: grow `number` until one batch takes >= batch_ns / 4.
-    number = 1
+    # Warm-up first (the first call may have to reserve a segment, or start CUDA), then
+    # calibration: grow `number` until one batch takes >= batch_ns / 4.
+    timer.timeit(20)
+    number = 16
     while True:
         t = timer.timeit(number)
         if t * 1e9 >= batch_ns / 4 or number >= max_number:
@@ -91,12 +94,7 @@ def environment(gk, torch, cupy):
             if fn is None:
                 continue
             try:
-                val = fn()
-                if not isinstance(val, (bool, int, float, str, type(None))):
-                    val = {k: getattr(val, k) for k in dir(val) if not k.startswith("_")
-                           and not callable(getattr(val, k))} if not isinstance(val, dict) else val
-                    val = json.loads(json.dumps(val, default=str))
-                env[name] = val
+                env[name] = to_jsonable(fn())
             except Exception as e:  # report, never fail the run over it
                 env[name] = f"error: {e}"
     if torch is not None:
@@ -113,6 +111,22 @@ def environment(gk, torch, cupy):
         except Exception:
             pass
     return env
+
+
+def to_jsonable(val):
+    """A dict, a struct-like object (public attributes) or a scalar, as JSON-ready data."""
+    if isinstance(val, (bool, int, float, str, type(None))):
+        return val
+    if isinstance(val, tuple) and not hasattr(val, "_asdict"):
+        return [to_jsonable(v) for v in val]
+    if hasattr(val, "_asdict"):
+        val = val._asdict()
+    elif hasattr(val, "keys"):
+        val = {k: val[k] for k in val.keys()}
+    elif not isinstance(val, dict):
+        val = {k: getattr(val, k) for k in dir(val)
+               if not k.startswith("_") and not callable(getattr(val, k))}
+    return json.loads(json.dumps(val, default=str))
 
 
 def try_import(name):
@@ -166,6 +180,15 @@ def main(argv=None) -> int:
             pool_kind = str(pool_kind) if pool_kind is not None else args.kind
         except Exception as e:
             skipped["gpukeeper"] = f"MemoryPool({args.kind!r}) failed: {type(e).__name__}: {e}"
+    pool_exp = None
+    if pool is not None:
+        try:  # expandable segments, where the installed gpukeeper has them
+            pool_exp = (gk.MemoryPool(expandable=True) if args.kind == "auto"
+                        else gk.MemoryPool(args.kind, expandable=True))
+        except TypeError:
+            skipped["gpukeeper_expandable"] = "this gpukeeper has no expandable segments"
+        except Exception as e:
+            skipped["gpukeeper_expandable"] = f"MemoryPool(expandable=True) failed: {type(e).__name__}: {e}"
     if torch is None or not torch_cuda:
         skipped["torch"] = torch_err
     if cupy is None or not cupy_cuda:
@@ -185,10 +208,10 @@ def main(argv=None) -> int:
         print(f"NOTE: {n}")
 
     if cupy is not None and cupy_cuda:
-        alloc_name = type(cupy.cuda.get_allocator()).__name__
         env["cupy_allocator"] = repr(cupy.cuda.get_allocator())
-        if "MemoryPool" not in env["cupy_allocator"] and alloc_name != "method":
+        if "MemoryPool" not in env["cupy_allocator"]:
             notes.append(f"CuPy's allocator is {env['cupy_allocator']}, not the default MemoryPool")
+            print(f"NOTE: {notes[-1]}")
 
     rows = []
     for size, key in SIZES:
@@ -200,6 +223,11 @@ def main(argv=None) -> int:
                           "b = get(0, n, fp32); b.release()", ns))
             cases.append(("gpukeeper_with", "gpukeeper with get_managed_buffer(...)",
                           "with get(0, n, fp32):\n    pass", ns))
+        if pool_exp is not None:
+            ns = {"get": pool_exp.get_managed_buffer, "fp32": gk.Precision.Fp32, "n": n_elems}
+            cases.append(("gpukeeper_expandable_release",
+                          "gpukeeper expandable: get_managed_buffer + release()",
+                          "b = get(0, n, fp32); b.release()", ns))
         if "torch" not in skipped:
             ns = {"torch": torch, "empty": torch.empty, "u8": torch.uint8, "n": size,
                   "dev": torch.device("cuda")}
@@ -230,18 +258,18 @@ def main(argv=None) -> int:
         return None
 
     print("\nns per round trip (median, p10, p90 across batches)")
-    print(f"{'size':<7} {'case':<44} {'median':>9} {'p10':>9} {'p90':>9} {'n x batches':>12} {'vs cupy':>8}")
+    print(f"{'size':<7} {'case':<52} {'median':>9} {'p10':>9} {'p90':>9} {'n x batches':>12} {'vs cupy':>8}")
     last = None
     for r in rows:
         if last is not None and r["workload"] != last:
             print()
         last = r["workload"]
         if r["error"]:
-            print(f"{r['workload']:<7} {r['label']:<44}   FAILED: {r['error']}")
+            print(f"{r['workload']:<7} {r['label']:<52}   FAILED: {r['error']}")
             continue
         ref = get("cupy_alloc", r["workload"])
         vs = f"{ref['ns_median'] / r['ns_median']:.2f}x" if ref and r["case"] != "cupy_alloc" else "-"
-        print(f"{r['workload']:<7} {r['label']:<44} {r['ns_median']:9.0f} {r['ns_p10']:9.0f} "
+        print(f"{r['workload']:<7} {r['label']:<52} {r['ns_median']:9.0f} {r['ns_p10']:9.0f} "
               f"{r['ns_p90']:9.0f} {str(r['number_per_batch']) + ' x ' + str(r['batches']):>12} {vs:>8}")
 
     # Target: the gpukeeper round trip no slower than CuPy's pool in the same run.
@@ -263,15 +291,16 @@ def main(argv=None) -> int:
                   f"cupy {c['ns_median']:.0f} ns")
         targets.append(t)
 
-    stats = None
-    if pool is not None:
+    def pool_stats(p):
+        if p is None:
+            return None
         try:
-            s = pool.stats(0)
-            stats = dict(s) if hasattr(s, "keys") else {k: getattr(s, k) for k in dir(s)
-                                                        if not k.startswith("_") and not callable(getattr(s, k))}
-            stats = json.loads(json.dumps(stats, default=str))
+            return to_jsonable(p.stats(0))
         except Exception as e:
-            stats = {"error": f"{type(e).__name__}: {e}"}
+            return {"error": f"{type(e).__name__}: {e}"}
+
+    stats = pool_stats(pool)
+    stats_exp = pool_stats(pool_exp)
 
     if args.json:
         out = {
@@ -285,6 +314,7 @@ def main(argv=None) -> int:
             "results": rows,
             "targets": targets,
             "gpukeeper_pool_stats": stats,
+            "gpukeeper_expandable_pool_stats": stats_exp,
         }
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

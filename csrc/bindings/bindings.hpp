@@ -15,6 +15,12 @@ namespace gpukeeper::py_bindings {
 namespace py = pybind11;
 
 void init_errors(py::module_& m);
+// Sets the Python error for the exception in flight (inside a catch block), mapping
+// gpukeeper's errors as the module's translator does. For raw CPython entry points.
+void set_python_error();
+// Adds a METH_FASTCALL method to a pybind11 class: the few calls on hot paths skip
+// pybind11's generic argument dispatch.
+void add_fast_method(py::handle cls, PyMethodDef* def);
 void init_memory(py::module_& m);
 void init_buffer(py::module_& m);
 

@@ -113,10 +113,25 @@ std::string hex(std::uintptr_t v) {
   return text;
 }
 
+PyObject* fast_release(PyObject* self, PyObject*) {
+  try {
+    py::handle(self).cast<PyBuffer&>().release();
+    Py_RETURN_NONE;
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+PyMethodDef g_release = {
+    "release", fast_release, METH_NOARGS,
+    "Returns the block to the pool (once no DLPack or buffer-protocol view remains). Using "
+    "the buffer afterwards raises InvalidInputError."};
+
 }  // namespace
 
 void init_buffer(py::module_& m) {
-  py::class_<PyBuffer, std::unique_ptr<PyBuffer>>(
+  auto buffer_class = py::class_<PyBuffer, std::unique_ptr<PyBuffer>>(
       m, "ManagedBuffer", py::custom_type_setup([](PyHeapTypeObject* heap_type) {
         heap_type->ht_type.tp_as_buffer = &heap_type->as_buffer;
         heap_type->as_buffer.bf_getbuffer = get_buffer;
@@ -125,9 +140,6 @@ void init_buffer(py::module_& m) {
       "One pool block, returned to its pool by release(), at the end of a `with` block, or "
       "when the buffer is garbage. Views taken through the buffer protocol or DLPack keep "
       "the memory alive until they are gone.")
-      .def("release", &PyBuffer::release,
-           "Returns the block to the pool (once no DLPack or buffer-protocol view remains). "
-           "Using the buffer afterwards raises InvalidInputError.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](PyBuffer& b, const py::object&, const py::object&, const py::object&) {
@@ -223,6 +235,7 @@ void init_buffer(py::module_& m) {
                to_string(b.precision) + " (" + std::to_string(b.nbytes()) + " bytes) at " +
                hex(reinterpret_cast<std::uintptr_t>(b.buffer.data())) + ">";
       });
+  add_fast_method(buffer_class, &g_release);
 }
 
 }  // namespace gpukeeper::py_bindings

@@ -20,6 +20,38 @@ PyObject* new_error(py::module_& m, const char* name, const char* doc, PyObject*
 }
 }  // namespace
 
+void set_python_error() {
+  try {
+    throw;
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const InvalidInputError& e) {
+    PyErr_SetString(g_invalid_input, e.what());
+  } catch (const AllocationError& e) {
+    PyErr_SetString(g_allocation, e.what());
+  } catch (const DeviceError& e) {
+    PyErr_SetString(g_device, e.what());
+  } catch (const GpuError& e) {
+    PyErr_SetString(g_gpu_error, e.what());
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+  }
+}
+
+void add_fast_method(py::handle cls, PyMethodDef* def) {
+  PyObject* descr = PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def);
+  if (descr == nullptr) throw py::error_already_set();
+  int failed = PyObject_SetAttrString(cls.ptr(), def->ml_name, descr);
+  Py_DECREF(descr);
+  if (failed) throw py::error_already_set();
+}
+
 void init_errors(py::module_& m) {
   g_gpu_error = new_error(m, "GpuError", "Base class of every gpukeeper error.", nullptr);
   py::tuple invalid_bases = py::make_tuple(py::handle(g_gpu_error), py::handle(PyExc_ValueError));

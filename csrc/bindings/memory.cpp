@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <stdexcept>
 
 #include "bindings.hpp"
@@ -46,6 +47,62 @@ std::shared_ptr<CachingPool> pool_if_valid(PoolRegistry& reg, const py::handle& 
   if (id >= reg.device_count()) return nullptr;
   return reg.pool(id);
 }
+
+std::unique_ptr<PyBuffer> new_buffer(PoolRegistry& reg, const py::handle& device,
+                                     const py::handle& size, const py::handle& precision,
+                                     const py::handle& stream) {
+  auto prec = to_precision(precision);
+  std::size_t count = to_count(size, "size");
+  auto pool = pool_for(reg, device);
+  stream_t s = to_stream(stream);
+  auto buf = std::make_unique<PyBuffer>();
+  buf->precision = prec;
+  buf->count = count;
+  buf->kind = pool->kind();
+  buf->device = pool->device();
+  buf->buffer = ManagedBuffer(std::move(pool), bytes_for(count, prec), s);
+  return buf;
+}
+
+// get_managed_buffer(device_id, size, precision=None, stream=None), vectorcall style.
+PyObject* fast_get_managed_buffer(PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                  PyObject* kwnames) {
+  static const char* const names[] = {"device_id", "size", "precision", "stream"};
+  try {
+    PyObject* a[4] = {nullptr, nullptr, Py_None, Py_None};
+    if (nargs > 4) throw py::type_error("get_managed_buffer() takes at most 4 arguments");
+    for (Py_ssize_t i = 0; i < nargs; ++i) a[i] = args[i];
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; ++k) {
+      const char* key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+      int slot = -1;
+      for (int j = 0; j < 4; ++j) {
+        if (key && std::strcmp(key, names[j]) == 0) slot = j;
+      }
+      if (slot < 0 || slot < nargs) {
+        throw py::type_error(std::string("get_managed_buffer() got an unexpected or repeated "
+                                         "keyword argument '") + (key ? key : "?") + "'");
+      }
+      a[slot] = args[nargs + k];
+    }
+    if (a[0] == nullptr || a[1] == nullptr) {
+      throw py::type_error("get_managed_buffer() needs device_id and size");
+    }
+    PoolRegistry& reg = py::handle(self).cast<PoolRegistry&>();
+    auto buf = new_buffer(reg, a[0], a[1], a[2], a[3]);
+    return py::cast(std::move(buf)).release().ptr();
+  } catch (...) {
+    set_python_error();
+    return nullptr;
+  }
+}
+
+PyMethodDef g_get_managed_buffer = {
+    "get_managed_buffer", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_get_managed_buffer)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "get_managed_buffer(device_id, size, precision=Precision.Fp32, stream=None)\n\n"
+    "A buffer of `size` elements of `precision` on `device_id`, returned to the pool when "
+    "released, when its `with` block ends, or when it is garbage."};
 
 ResourceKind resolve_kind(const std::string& kind) {
   if (kind == "auto") return cuda_status().available ? ResourceKind::device : ResourceKind::host;
@@ -211,7 +268,7 @@ void init_memory(py::module_& m) {
                ", misses=" + std::to_string(s.cache_misses) + ")";
       });
 
-  py::class_<PoolRegistry>(m, "_MemoryPoolBase", py::dynamic_attr())
+  auto pool_class = py::class_<PoolRegistry>(m, "_MemoryPoolBase", py::dynamic_attr())
       .def(py::init([](const std::string& kind, bool expandable) {
              PoolOptions options;
              options.expandable = expandable;
@@ -228,26 +285,6 @@ void init_memory(py::module_& m) {
       .def_property_readonly("kind",
                              [](const PoolRegistry& r) { return std::string(to_string(r.kind())); })
       .def_property_readonly("device_count", &PoolRegistry::device_count)
-      .def(
-          "get_managed_buffer",
-          [](PoolRegistry& reg, const py::handle& device, const py::handle& size,
-             const py::handle& precision, const py::handle& stream) {
-            auto prec = to_precision(precision);
-            std::size_t count = to_count(size, "size");
-            auto pool = pool_for(reg, device);
-            stream_t s = to_stream(stream);
-            auto buf = std::make_unique<PyBuffer>();
-            buf->precision = prec;
-            buf->count = count;
-            buf->kind = pool->kind();
-            buf->device = pool->device();
-            buf->buffer = ManagedBuffer(pool, bytes_for(count, prec), s);
-            return buf;
-          },
-          py::arg("device_id"), py::arg("size"), py::arg("precision") = py::none(),
-          py::arg("stream") = py::none(),
-          "A buffer of `size` elements of `precision` on `device_id`, returned to the pool "
-          "when released, when its `with` block ends, or when it is garbage.")
       .def(
           "_get_buffer",
           [](PoolRegistry& reg, const py::handle& device, const py::handle& size,
@@ -430,6 +467,7 @@ void init_memory(py::module_& m) {
         for (const auto& p : reg.pools()) ids.push_back(p->device());
         return ids;
       }, "Device ids whose pools exist.");
+  add_fast_method(pool_class, &g_get_managed_buffer);
 }
 
 }  // namespace gpukeeper::py_bindings

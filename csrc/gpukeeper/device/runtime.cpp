@@ -2,8 +2,9 @@
 
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "gpukeeper/core/errors.hpp"
 
@@ -102,16 +103,17 @@ MemoryInfo host_memory_info() {
   long page_size = sysconf(_SC_PAGESIZE);
   if (pages > 0 && page_size > 0) info.total = static_cast<std::size_t>(pages) * page_size;
   // MemAvailable counts reclaimable page cache, which is what "free" means to a user.
-  std::ifstream meminfo("/proc/meminfo");
-  std::string line;
-  while (std::getline(meminfo, line)) {
-    if (line.rfind("MemAvailable:", 0) == 0) {
-      std::istringstream fields(line.substr(13));
-      std::size_t kib = 0;
-      fields >> kib;
-      info.free = kib * 1024;
-      return info;
+  // (C stdio, not iostreams: see core/text.hpp.)
+  if (std::FILE* meminfo = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, meminfo) != nullptr) {
+      if (std::strncmp(line, "MemAvailable:", 13) == 0) {
+        info.free = static_cast<std::size_t>(std::strtoull(line + 13, nullptr, 10)) * 1024;
+        std::fclose(meminfo);
+        return info;
+      }
     }
+    std::fclose(meminfo);
   }
   long avail = sysconf(_SC_AVPHYS_PAGES);
   if (avail > 0 && page_size > 0) info.free = static_cast<std::size_t>(avail) * page_size;

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
-#include <sstream>
 
 #include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/core/text.hpp"
 
 namespace gpukeeper {
 
@@ -272,18 +272,19 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
   if (now > peak_allocated_.load(std::memory_order_relaxed)) {
     peak_allocated_.store(now, std::memory_order_relaxed);
   }
-  if (was_largest || largest_stale_) refresh_largest();
+  if (was_largest) largest_stale_.store(true, std::memory_order_relaxed);
   return block;
 }
 
 void CachingPool::insert_free(Block* block) {
   index_of(block).insert(block);
-  if (block->size > largest_free_.load(std::memory_order_relaxed)) {
+  if (block->size >= largest_free_.load(std::memory_order_relaxed)) {
     largest_free_.store(block->size, std::memory_order_relaxed);
+    largest_stale_.store(false, std::memory_order_relaxed);
   }
 }
 
-void CachingPool::refresh_largest() noexcept {
+void CachingPool::refresh_largest() const noexcept {
   std::size_t largest = 0;
   for (auto& sf : streams_) {
     for (FreeIndex* index : {&sf->small, &sf->large}) {
@@ -291,7 +292,7 @@ void CachingPool::refresh_largest() noexcept {
     }
   }
   largest_free_.store(largest, std::memory_order_relaxed);
-  largest_stale_ = false;
+  largest_stale_.store(false, std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------- deallocation
@@ -464,6 +465,10 @@ void CachingPool::set_limit(std::size_t bytes) {
 // ---------------------------------------------------------------- statistics
 
 PoolStats CachingPool::stats() const noexcept {
+  if (largest_stale_.load(std::memory_order_relaxed) && mutex_.try_lock()) {
+    refresh_largest();
+    mutex_.unlock();
+  }
   PoolStats s;
   auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
   s.allocated_bytes = get(allocated_);
@@ -506,7 +511,7 @@ double CachingPool::memory_pressure() const {
 
 std::string CachingPool::oom_message(std::size_t bytes) const {
   PoolStats s = stats();
-  std::ostringstream out;
+  detail::Text out;
   out << "out of memory: could not allocate " << bytes << " bytes (" << human_bytes(bytes)
       << ") from the " << to_string(upstream_->kind()) << " pool on device "
       << upstream_->device() << "; pool allocated " << human_bytes(s.allocated_bytes)
@@ -616,7 +621,7 @@ std::size_t CachingPool::run_reclaimers(std::size_t needed) {
 
 std::string CachingPool::validate() const {
   std::lock_guard<SpinMutex> lock(mutex_);
-  std::ostringstream problems;
+  detail::Text problems;
   std::size_t reserved = 0, segments = 0, allocated = 0, allocated_count = 0, requested = 0;
   std::size_t free_blocks = 0;
   for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) {

@@ -147,7 +147,7 @@ class CachingPool {
   detail::Block* carve(detail::Block* block, std::size_t size, std::size_t requested,
                        stream_t stream);
   void insert_free(detail::Block* block);
-  void refresh_largest() noexcept;
+  void refresh_largest() const noexcept;
   std::size_t release_free_segments(std::size_t keep_reserved);
   void release_segment(detail::Segment* segment);
   std::size_t segment_size_for(std::size_t size, bool small) const noexcept;
@@ -171,14 +171,18 @@ class CachingPool {
   std::vector<std::unique_ptr<StreamFree>> streams_;
   StreamFree* last_stream_ = nullptr;
   detail::StreamEvents events_;
-  bool largest_stale_ = false;
 
   // Written under mutex_, read by anyone.
   std::atomic<std::size_t> allocated_{0}, allocated_count_{0}, requested_{0}, reserved_{0},
-      segment_count_{0}, peak_allocated_{0}, peak_reserved_{0}, largest_free_{0},
+      segment_count_{0}, peak_allocated_{0}, peak_reserved_{0},
       cache_hits_{0}, cache_misses_{0}, upstream_allocations_{0}, upstream_frees_{0},
       oom_events_{0}, callback_errors_{0}, pages_moved_{0};
   std::atomic<std::size_t> limit_{0};
+  mutable std::atomic<std::size_t> largest_free_{0};
+  // Set when the largest free block was handed out: largest_free_ may then be too high
+  // until the next refresh (slow paths, or stats() when the lock is free). Keeps the
+  // scan for the new largest block off the allocation fast path.
+  mutable std::atomic<bool> largest_stale_{false};
 
   std::mutex callbacks_mutex_;  // guards the callback lists; never held with mutex_
   std::vector<Watermark> watermarks_;

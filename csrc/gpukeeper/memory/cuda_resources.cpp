@@ -26,6 +26,8 @@ void require_usable(ResourceKind kind, int device) {
 cudaStream_t as_cuda(stream_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 // Out-of-memory is an expected answer from an upstream; everything else is a fault.
+// Callers must make the call first and pass its pointer after: argument evaluation order
+// is unspecified, so `f(cudaMalloc(&p, n), p)` may read p before cudaMalloc writes it.
 void* oom_or_throw(cudaError_t status, void* ptr, const char* call) {
   if (status == cudaSuccess) return ptr;
   if (status == cudaErrorMemoryAllocation) {
@@ -60,7 +62,8 @@ CudaPinnedResource::CudaPinnedResource(int device) : device_(device) {
 void* CudaDeviceResource::allocate(std::size_t bytes, stream_t) {
   detail::DeviceGuard guard(device_);
   void* ptr = nullptr;
-  return oom_or_throw(cudaMalloc(&ptr, bytes), ptr, "cudaMalloc");
+  cudaError_t status = cudaMalloc(&ptr, bytes);
+  return oom_or_throw(status, ptr, "cudaMalloc");
 }
 
 void CudaDeviceResource::deallocate(void* ptr, std::size_t, stream_t) noexcept {
@@ -74,7 +77,8 @@ void CudaDeviceResource::deallocate(void* ptr, std::size_t, stream_t) noexcept {
 void* CudaAsyncResource::allocate(std::size_t bytes, stream_t stream) {
   detail::DeviceGuard guard(device_);
   void* ptr = nullptr;
-  return oom_or_throw(cudaMallocAsync(&ptr, bytes, as_cuda(stream)), ptr, "cudaMallocAsync");
+  cudaError_t status = cudaMallocAsync(&ptr, bytes, as_cuda(stream));
+  return oom_or_throw(status, ptr, "cudaMallocAsync");
 }
 
 void CudaAsyncResource::deallocate(void* ptr, std::size_t, stream_t stream) noexcept {
@@ -88,7 +92,8 @@ void CudaAsyncResource::deallocate(void* ptr, std::size_t, stream_t stream) noex
 void* CudaPinnedResource::allocate(std::size_t bytes, stream_t) {
   detail::DeviceGuard guard(device_);
   void* ptr = nullptr;
-  return oom_or_throw(cudaMallocHost(&ptr, bytes), ptr, "cudaMallocHost");
+  cudaError_t status = cudaMallocHost(&ptr, bytes);
+  return oom_or_throw(status, ptr, "cudaMallocHost");
 }
 
 void CudaPinnedResource::deallocate(void* ptr, std::size_t, stream_t) noexcept {

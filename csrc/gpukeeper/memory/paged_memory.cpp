@@ -1,9 +1,9 @@
 #include "gpukeeper/memory/paged_memory.hpp"
 
 #include <algorithm>
-#include <sstream>
 
 #include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/core/text.hpp"
 
 namespace gpukeeper::detail {
 
@@ -165,7 +165,7 @@ std::size_t PagedMemory::unmap_movable(std::size_t keep_bytes) {
 
 std::string PagedMemory::check(const PageTable* table,
                                const std::vector<std::uint32_t>& expected_refs) const {
-  std::ostringstream problems;
+  Text problems;
   std::size_t mapped = 0;
   for (std::size_t i = 0; i < table->pages.size(); ++i) {
     const PageTable::Page& page = table->pages[i];

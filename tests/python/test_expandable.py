@@ -1,0 +1,109 @@
+"""Expandable segments: pages follow allocated memory, data survives page moves."""
+
+import random
+
+import pytest
+
+import gpukeeper
+from gpukeeper import AllocationError, InvalidInputError, MemoryPool, Precision
+
+MiB = 1 << 20
+
+
+def replay(pool, seed, steps=1500):
+    """Random alloc/free with sizes that change every step; returns peak requested bytes.
+
+    Every live buffer carries its own byte pattern, checked when it is freed, so a page
+    moved from under a live block would be caught.
+    """
+    rng = random.Random(seed)
+    live = []
+    requested = peak = 0
+    for step in range(steps):
+        if live and rng.random() < 0.5:
+            buf, mark = live.pop(rng.randrange(len(live)))
+            head = buf.to_bytes()[:64]
+            assert head == bytes([mark]) * min(64, buf.nbytes)
+            requested -= buf.nbytes
+            buf.release()
+            continue
+        n = rng.choice([rng.randint(1, 4096), rng.randint(64 << 10, 4 * MiB),
+                        rng.randint(4 * MiB, 24 * MiB)])
+        buf = pool.get_managed_buffer(0, n, Precision.Uint8)
+        mark = step % 251
+        buf.copy_from_host(bytes([mark]) * min(64, n))
+        live.append((buf, mark))
+        requested += n
+        peak = max(peak, requested)
+    for buf, mark in live:
+        assert buf.to_bytes()[:1] == bytes([mark])
+        buf.release()
+    return peak
+
+
+def test_expandable_holds_less_than_fixed_segments_and_balances():
+    fixed = MemoryPool("host")
+    expandable = MemoryPool("host", expandable=True)
+    assert expandable.expandable and not fixed.expandable
+    peak_fixed = replay(fixed, seed=7)
+    peak_exp = replay(expandable, seed=7)
+    assert peak_fixed == peak_exp
+    ratio_fixed = fixed.stats(0).peak_reserved_bytes / peak_fixed
+    ratio_exp = expandable.stats(0).peak_reserved_bytes / peak_exp
+    assert ratio_exp < ratio_fixed
+    assert ratio_exp < 1.15
+    stats = expandable.stats(0)
+    assert stats.pages_moved > 0  # pages were moved rather than made
+    assert expandable.validate(0) == ""
+    assert stats.allocated_bytes == 0
+    assert expandable.emergency_cleanup(0) > 0
+    stats = expandable.stats(0)
+    assert stats.reserved_bytes == 0 and stats.segment_count == 0
+
+
+def test_expandable_reuses_pages_under_a_limit():
+    pool = MemoryPool("host", expandable=True)
+    pool.set_max_pool_size(0, 64 * MiB)
+    a = pool.get_managed_buffer(0, 30 * MiB, Precision.Uint8)
+    b = pool.get_managed_buffer(0, 30 * MiB, Precision.Uint8)
+    a.release()
+    # 34 MiB does not fit the 30 MiB hole; its pages come from the freed block instead.
+    c = pool.get_managed_buffer(0, 34 * MiB, Precision.Uint8)
+    assert pool.stats(0).reserved_bytes <= 64 * MiB
+    with pytest.raises(AllocationError):
+        pool.get_managed_buffer(0, 40 * MiB, Precision.Uint8)
+    assert pool.validate(0) == ""
+    b.release()
+    c.release()
+    assert pool.stats(0).allocated_bytes == 0
+
+
+def test_expandable_small_blocks_share_pages():
+    pool = MemoryPool("host", expandable=True)
+    bufs = [pool.get_managed_buffer(0, 256, Precision.Fp32) for _ in range(100)]
+    assert pool.stats(0).reserved_bytes == 2 * MiB  # 100 KiB of blocks on one page
+    for buf in bufs:
+        buf.release()
+    assert pool.validate(0) == ""
+
+
+@pytest.mark.parametrize("kind", ["pinned", "async"])
+def test_expandable_needs_device_or_host_memory(kind):
+    with pytest.raises(InvalidInputError):
+        MemoryPool(kind, expandable=True)
+
+
+@pytest.mark.skipif(not gpukeeper.cuda_available(), reason="needs a CUDA device")
+def test_expandable_device_pool_with_torch():
+    torch = pytest.importorskip("torch")
+    pool = MemoryPool("device", expandable=True)
+    peak = replay(pool, seed=3, steps=600)
+    stats = pool.stats(0)
+    assert stats.peak_reserved_bytes / peak < 1.15
+    assert pool.validate(0) == ""
+    with pool.get_managed_buffer(0, 3 * MiB, Precision.Fp32) as buf:
+        t = torch.from_dlpack(buf)
+        t.copy_(torch.arange(t.numel(), device="cuda", dtype=torch.float32))
+        assert float(t.sum()) == pytest.approx(t.numel() * (t.numel() - 1) / 2, rel=1e-6)
+    pool.emergency_cleanup(0)
+    assert pool.stats(0).reserved_bytes == 0
