@@ -24,9 +24,12 @@ struct Block {
   Block* next = nullptr;
   Block* free_prev = nullptr;  // bin list links (free blocks only)
   Block* free_next = nullptr;
+  Block* pending_prev = nullptr;  // list of free blocks not yet merged with neighbours
+  Block* pending_next = nullptr;
   stream_t stream = 0;  // the stream whose work last touched the block
   std::uint32_t bin = 0;
   bool free = false;
+  bool pending = false;
 };
 
 struct Segment {

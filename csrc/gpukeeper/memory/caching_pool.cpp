@@ -132,13 +132,18 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
 // expandable one). nullptr when the limit, the upstream or the pages refuse.
 Block* CachingPool::try_allocate(std::size_t size, std::size_t requested, bool small,
                                  stream_t stream, bool& grew) {
-  if (Block* block = take_cached(size, small, stream)) {
+  Block* block = take_cached(size, small, stream);
+  if (block == nullptr && pending_ != nullptr) {
+    merge_pending();
+    block = take_cached(size, small, stream);
+  }
+  if (block != nullptr) {
     Block* taken = carve(block, size, requested, stream);
     if (taken != nullptr) count(cache_hits_, 1);
     return taken;
   }
   count(cache_misses_, 1);
-  Block* block = grow(size, small, stream);
+  block = grow(size, small, stream);
   if (block == nullptr) return nullptr;
   grew = true;
   return carve(block, size, requested, stream);
@@ -169,6 +174,7 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
   FreeIndex& own = stream_free(stream).index(small);
   if (Block* block = own.best_fit(size)) {
     own.remove(block);
+    remove_pending(block);
     return block;
   }
   // Another stream's block is usable once that stream's queued work is done.
@@ -178,6 +184,7 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
     Block* block = other.best_fit(size);
     if (block == nullptr || !events_.done(sf->stream)) continue;
     other.remove(block);
+    remove_pending(block);
     block->stream = stream;
     return block;
   }
@@ -241,7 +248,8 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
 Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
                           stream_t stream) {
   if (block->segment->table != nullptr && !map_pages(block, size)) {
-    insert_free(block);  // unchanged, so still merged with its neighbours as before
+    insert_free(block);  // unchanged; it may sit next to unmerged free blocks
+    add_pending(block);
     return nullptr;
   }
   const bool was_largest = block->size >= largest_free_.load(std::memory_order_relaxed);
@@ -259,6 +267,7 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
     rest->free = true;
     block->size = size;
     insert_free(rest);
+    if (rest->next != nullptr && rest->next->free) add_pending(rest);
   }
   block->free = false;
   block->stream = stream;
@@ -309,7 +318,8 @@ void CachingPool::deallocate_checked(void* ptr, std::size_t bytes) {
 void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::size_t expected) {
   std::lock_guard<SpinMutex> lock(mutex_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  Block* block = live_.find(addr);
+  // One probe on the common path; a size check must look before it removes.
+  Block* block = expected == 0 ? live_.erase(addr) : live_.find(addr);
   if (block == nullptr) {
     throw InvalidInputError("pointer " + hex(ptr) + " is not a live block of this " +
                             to_string(upstream_->kind()) + " pool on device " +
@@ -321,7 +331,7 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
                             " bytes, but " + std::to_string(expected) +
                             " were given back; the block was not returned");
   }
-  live_.erase(addr);
+  if (expected != 0) live_.erase(addr);
   count(allocated_, -static_cast<std::ptrdiff_t>(block->size));
   count(allocated_count_, -1);
   count(requested_, -static_cast<std::ptrdiff_t>(block->requested));
@@ -333,9 +343,52 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
                     stream_free(block->stream).bit);
   }
 
-  // Merge with free neighbours whose memory is ordered on the same stream.
-  if (Block* prev = block->prev; prev != nullptr && prev->free && prev->stream == block->stream) {
+  insert_free(block);
+  // A block with no free neighbour needs no merge now; a neighbour freed later will
+  // queue itself and merge with this one.
+  if ((block->prev != nullptr && block->prev->free) || (block->next != nullptr && block->next->free)) {
+    add_pending(block);
+    if (pending_count_ > kMergeWindow) merge_pending();
+  }
+}
+
+void CachingPool::add_pending(Block* block) noexcept {
+  if (block->pending) return;
+  block->pending = true;
+  ++pending_count_;
+  block->pending_prev = nullptr;
+  block->pending_next = pending_;
+  if (pending_ != nullptr) pending_->pending_prev = block;
+  pending_ = block;
+}
+
+void CachingPool::remove_pending(Block* block) noexcept {
+  if (!block->pending) return;
+  if (block->pending_prev != nullptr) {
+    block->pending_prev->pending_next = block->pending_next;
+  } else {
+    pending_ = block->pending_next;
+  }
+  if (block->pending_next != nullptr) block->pending_next->pending_prev = block->pending_prev;
+  block->pending_prev = block->pending_next = nullptr;
+  block->pending = false;
+  --pending_count_;
+}
+
+// Merges a free block (on its index) with every free neighbour run ordered on the same
+// stream, both ways: an absorbed neighbour may have been the pending one for the pair
+// beyond it, so stopping after one step could strand that pair. Returns the merged block,
+// on its index.
+Block* CachingPool::merge_neighbours(Block* block) {
+  auto mergeable = [&block](const Block* other) {
+    return other != nullptr && other->free && other->stream == block->stream;
+  };
+  if (!mergeable(block->prev) && !mergeable(block->next)) return block;
+  index_of(block).remove(block);
+  while (mergeable(block->prev)) {
+    Block* prev = block->prev;
     index_of(prev).remove(prev);
+    remove_pending(block);
     prev->size += block->size;
     prev->next = block->next;
     if (block->next != nullptr) block->next->prev = prev;
@@ -343,8 +396,10 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
     blocks_.recycle(block);
     block = prev;
   }
-  if (Block* next = block->next; next != nullptr && next->free && next->stream == block->stream) {
+  while (mergeable(block->next)) {
+    Block* next = block->next;
     index_of(next).remove(next);
+    remove_pending(next);
     block->size += next->size;
     block->next = next->next;
     if (next->next != nullptr) next->next->prev = block;
@@ -352,6 +407,15 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
     blocks_.recycle(next);
   }
   insert_free(block);
+  return block;
+}
+
+void CachingPool::merge_pending() {
+  while (pending_ != nullptr) {
+    Block* block = pending_;
+    remove_pending(block);
+    merge_neighbours(block);
+  }
 }
 
 bool CachingPool::owns(const void* ptr) const {
@@ -378,6 +442,7 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
     // Pages remember every stream that freed a block on them: wait for all streams.
     if (paged_ || !sf->small.empty() || !sf->large.empty()) events_.synchronize(sf->stream);
   }
+  merge_pending();
   std::size_t released = 0;
   if (paged_) {
     released = paged_->unmap_movable(keep_reserved);
@@ -423,6 +488,7 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
 void CachingPool::release_segment(Segment* seg) {
   Block* block = seg->first;
   index_of(block).remove(block);
+  remove_pending(block);
   blocks_.recycle(block);
   if (seg->prev != nullptr) seg->prev->next = seg->next;
   if (seg->next != nullptr) seg->next->prev = seg->prev;
@@ -639,7 +705,10 @@ std::string CachingPool::validate() const {
       expect = b->addr + b->size;
       if (b->free) {
         ++free_blocks;
-        if (prev && prev->free && prev->stream == b->stream) problems << "unmerged free pair; ";
+        if (prev && prev->free && prev->stream == b->stream && !prev->pending && !b->pending) {
+          problems << "unmerged free pair at " << hex((void*)prev->addr) << " (" << prev->size
+                   << " + " << b->size << " bytes), neither pending a merge; ";
+        }
         if (live_.find(b->addr) != nullptr) problems << "free block in live map; ";
       } else {
         ++allocated_count;
@@ -697,6 +766,7 @@ Block* CachingPool::grow_expandable(std::size_t size, bool small, stream_t strea
       current->size += grow_by;
       if (extend_last) {
         index_of(last).remove(last);
+        remove_pending(last);
         last->size += grow_by;
         return last;
       }
@@ -771,6 +841,7 @@ void CachingPool::sync_reserved() noexcept {
 void CachingPool::release_expandable_segment(Segment* seg) {
   Block* block = seg->first;
   index_of(block).remove(block);
+  remove_pending(block);
   blocks_.recycle(block);
   if (seg->prev != nullptr) seg->prev->next = seg->next;
   if (seg->next != nullptr) seg->next->prev = seg->prev;

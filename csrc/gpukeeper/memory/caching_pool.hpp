@@ -7,8 +7,12 @@
 // Requests up to PoolOptions::small_size come from small segments and never split a
 // large one. Free blocks are kept per stream: a block freed on stream A is reused on A
 // at once and by another stream only once an event shows A's queued work is done.
-// Neighbouring free blocks of a segment are merged; whole free segments go back to the
-// upstream on emergency_cleanup(), trim(), a limit change, or when the upstream runs out.
+// Neighbouring free blocks of a segment are merged a little late: a freed block is
+// reusable at its size at once, and the few blocks whose merge is pending are merged
+// together once there are more than kMergeWindow of them, or when a request finds
+// nothing that fits. A repeated size thus costs no split and merge, while free runs
+// still coalesce almost as if merged at once (which keeps fragmentation down). Whole free segments go back to the upstream on
+// emergency_cleanup(), trim(), a limit change, or when the upstream runs out.
 // All members are thread-safe. Prefer ManagedBuffer (managed_buffer.hpp) to raw calls.
 #pragma once
 
@@ -50,6 +54,8 @@ class CachingPool {
   static constexpr std::size_t kAlignment = 256;
   // Larger requests are refused as input errors: no machine has a petabyte to give.
   static constexpr std::size_t kMaxRequest = std::size_t{1} << 50;
+  // Freed blocks that may stay unmerged with their free neighbours at a time.
+  static constexpr std::size_t kMergeWindow = 4;
 
   // Returns the bytes it released (a guess is fine); `needed` is the failed request.
   using ReclaimCallback = std::function<std::size_t(std::size_t needed)>;
@@ -147,6 +153,10 @@ class CachingPool {
   detail::Block* carve(detail::Block* block, std::size_t size, std::size_t requested,
                        stream_t stream);
   void insert_free(detail::Block* block);
+  void add_pending(detail::Block* block) noexcept;
+  void remove_pending(detail::Block* block) noexcept;
+  void merge_pending();
+  detail::Block* merge_neighbours(detail::Block* block);
   void refresh_largest() const noexcept;
   std::size_t release_free_segments(std::size_t keep_reserved);
   void release_segment(detail::Segment* segment);
@@ -167,6 +177,8 @@ class CachingPool {
   detail::RecordArena<detail::Block> blocks_;
   detail::RecordArena<detail::Segment> segment_records_;
   detail::Segment* segments_ = nullptr;
+  detail::Block* pending_ = nullptr;  // freed blocks not yet merged
+  std::size_t pending_count_ = 0;
   detail::PtrMap<detail::Block> live_;
   std::vector<std::unique_ptr<StreamFree>> streams_;
   StreamFree* last_stream_ = nullptr;
