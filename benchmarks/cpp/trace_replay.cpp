@@ -397,6 +397,7 @@ void usage() {
       "                    [--no-async-reference] [--no-min-capacity] [--json PATH] TRACE...\n"
       "  --mode        sim: simulated upstream only; device: cudaMalloc upstream only;\n"
       "                all (default): sim, plus device when CUDA is usable\n"
+      "  --slack X     expandable segments: spare pages kept, as a fraction of the live peak\n"
       "  --segments    the pool's segments: fixed, expandable (PoolOptions::expandable), or\n"
       "                both (default where the core has expandable segments)\n"
       "  --passes N    warm passes after the first (default 5)\n"
@@ -444,6 +445,8 @@ int main(int argc, char** argv) {
       json_path = v;
     } else if (arg == "--no-async-reference") {
       async_reference = false;
+    } else if (take_arg(argc, argv, &i, "--slack", &v)) {
+      g_expandable_slack = std::atof(v.c_str());
     } else if (take_arg(argc, argv, &i, "--segments", &v)) {
       segments = v;
       if (segments != "fixed" && segments != "expandable" && segments != "both") {
@@ -678,6 +681,7 @@ int main(int argc, char** argv) {
           m.integer("cache_misses", r.stats_all.cache_misses);
           m.integer("upstream_allocations", r.stats_all.upstream_allocations);
           m.integer("upstream_frees", r.stats_all.upstream_frees);
+          m.integer("pages_moved", r.stats_all.pages_moved);
           m.integer("oom_events", r.stats_all.oom_events);
           m.integer("upstream_allocations_first_pass", r.stats_first.upstream_allocations);
           m.boolean("books_consistent", r.books_consistent);

@@ -67,7 +67,7 @@ CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions o
     }
     std::size_t range = options_.expandable_range;
     if (range == 0) range = 2 * std::max<std::size_t>(upstream_->memory_info().total, 1u << 30);
-    paged_ = std::make_unique<detail::PagedMemory>(*vm, range);
+    paged_ = std::make_unique<detail::PagedMemory>(*vm, range, options_.expandable_slack);
   }
 }
 

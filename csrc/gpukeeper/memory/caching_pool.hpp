@@ -47,6 +47,9 @@ struct PoolOptions {
   // ones are made (needs upstream().virtual_memory(): device and host kinds).
   bool expandable = false;
   std::size_t expandable_range = 0;  // bytes of addresses per range; 0: twice the memory
+  // Spare pages kept mapped, as a fraction of the most pages live blocks touched at once:
+  // 0 holds the fewest pages but moves one for nearly every placement change.
+  double expandable_slack = 0.03;
 };
 
 class CachingPool {

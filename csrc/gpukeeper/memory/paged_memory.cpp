@@ -7,9 +7,23 @@
 
 namespace gpukeeper::detail {
 
-PagedMemory::PagedMemory(VirtualMemory& vm, std::size_t range_bytes)
-    : vm_(vm), page_(vm.page_size()), range_((range_bytes + page_ - 1) / page_ * page_) {
+PagedMemory::PagedMemory(VirtualMemory& vm, std::size_t range_bytes, double slack)
+    : vm_(vm),
+      page_(vm.page_size()),
+      range_((range_bytes + page_ - 1) / page_ * page_),
+      slack_(slack) {
   if (page_ == 0 || range_ == 0) throw InvalidInputError("PagedMemory: empty page or range");
+  if (!(slack_ >= 0.0 && slack_ <= 1.0)) throw InvalidInputError("PagedMemory: slack not in [0, 1]");
+}
+
+void PagedMemory::ref(PageTable::Page& page) noexcept {
+  if (page.refs++ == 0 && ++live_ > peak_live_) peak_live_ = live_;
+}
+
+// Whether one more page keeps the pages held within the slack over the live peak.
+bool PagedMemory::within_slack() const noexcept {
+  const double peak = static_cast<double>(std::max(peak_live_, live_ + 1));
+  return static_cast<double>(mapped_pages_ + 1) <= peak * (1.0 + slack_);
 }
 
 PagedMemory::~PagedMemory() {
@@ -79,7 +93,7 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
   const std::size_t last = (addr + size - 1 - table->base) / page_;
   // Count the block on its mapped pages first, so that none of them is moved into a hole.
   for (std::size_t i = first; i <= last; ++i) {
-    if (table->pages[i].handle != 0) ++table->pages[i].refs;
+    if (table->pages[i].handle != 0) ref(table->pages[i]);
   }
   std::vector<Slot> skipped;
   bool ok = true;
@@ -87,10 +101,16 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
   for (; i <= last; ++i) {
     PageTable::Page& page = table->pages[i];
     if (page.handle != 0) continue;  // mapped before this call (counted above) or just now
-    VirtualMemory::page_t handle = take_movable(done, skipped);
-    if (handle == 0 && may_create()) {
-      handle = vm_.create_page();
-      if (handle != 0) ++created_;
+    VirtualMemory::page_t handle = 0;
+    if (within_slack() && may_create()) handle = vm_.create_page();
+    if (handle != 0) {
+      ++created_;
+    } else {
+      handle = take_movable(done, skipped);
+      if (handle == 0 && may_create()) {
+        handle = vm_.create_page();
+        if (handle != 0) ++created_;
+      }
     }
     if (handle == 0) {
       ok = false;
@@ -110,7 +130,8 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
       throw;
     }
     page.handle = handle;
-    page.refs = 1;
+    page.refs = 0;
+    ref(page);
     page.streams = 0;
     ++table->mapped;
     ++mapped_pages_;
@@ -131,7 +152,9 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
 void PagedMemory::unref(PageTable* table, std::size_t index, std::uint64_t stream_bits) {
   PageTable::Page& page = table->pages[index];
   page.streams |= stream_bits;
-  if (--page.refs == 0 && !page.listed && page.handle != 0) {
+  if (--page.refs != 0) return;
+  --live_;
+  if (!page.listed && page.handle != 0) {
     page.listed = true;
     movable_.push_back({table, index});
   }

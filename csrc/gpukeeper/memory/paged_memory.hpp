@@ -3,9 +3,12 @@
 // Each expandable segment is a reserved address range (a PageTable) whose blocks are
 // laid out as in any segment, while physical pages are mapped only under blocks that are
 // allocated. A page counts the allocated blocks on it; when the count drops to zero the
-// page becomes movable. When a block needs a page, a movable page (from anywhere) is
-// unmapped and mapped under it before a new one is made, so the physical memory held is
-// close to the pages allocated blocks touch, however the address space fragments.
+// page becomes movable. When a block needs a page, a new page is made while the pages
+// held stay within `slack` of the most pages live blocks have touched at once; beyond
+// that a movable page (from anywhere) is unmapped and mapped under the block instead.
+// The memory held thus follows the pages allocated blocks touch, however the address
+// space fragments, and the spare pages within the slack spare most moves (each costs
+// driver calls) when block positions shift from one step to the next.
 #pragma once
 
 #include <cstddef>
@@ -38,7 +41,7 @@ class PagedMemory {
   // Says whether all streams in a mask of stream slots are done with their work.
   using StreamsDone = std::function<bool(std::uint64_t streams)>;
 
-  PagedMemory(VirtualMemory& vm, std::size_t range_bytes);
+  PagedMemory(VirtualMemory& vm, std::size_t range_bytes, double slack);
   ~PagedMemory();
   PagedMemory(const PagedMemory&) = delete;
   PagedMemory& operator=(const PagedMemory&) = delete;
@@ -48,6 +51,8 @@ class PagedMemory {
   std::size_t mapped_bytes() const noexcept { return mapped_pages_ * page_; }
   std::uint64_t pages_moved() const noexcept { return moved_; }
   std::uint64_t pages_created() const noexcept { return created_; }
+  std::size_t live_pages() const noexcept { return live_; }
+  std::size_t peak_live_pages() const noexcept { return peak_live_; }
 
   // A new address range of range_bytes(), or nullptr when no address space is left.
   PageTable* reserve();
@@ -83,6 +88,8 @@ class PagedMemory {
     return t->base + i * page_;
   }
   void unref(PageTable* table, std::size_t index, std::uint64_t stream_bits);
+  void ref(PageTable::Page& page) noexcept;
+  bool within_slack() const noexcept;
   VirtualMemory::page_t take_movable(const StreamsDone& done, std::vector<Slot>& skipped);
 
   VirtualMemory& vm_;
@@ -90,7 +97,10 @@ class PagedMemory {
   std::size_t range_;
   std::vector<std::unique_ptr<PageTable>> tables_;
   std::deque<Slot> movable_;  // may hold stale entries; validated when taken
+  double slack_;
   std::size_t mapped_pages_ = 0;
+  std::size_t live_ = 0;       // pages with allocated blocks on them
+  std::size_t peak_live_ = 0;
   std::uint64_t moved_ = 0;
   std::uint64_t created_ = 0;
 };
