@@ -192,6 +192,24 @@ void init_buffer(py::module_& m) {
           py::arg("dl_device") = py::none(), py::arg("copy") = py::none())
       .def("__dlpack_device__", [](const PyBuffer& b) { return dlpack_device(b); })
       .def(
+          "__array__",
+          [](py::object self, py::object dtype, py::object copy) {
+            PyBuffer& b = self.cast<PyBuffer&>();
+            // numpy swallows buffer-protocol errors and would build a 0-d object array.
+            b.require_live("__array__");
+            if (!host_visible(b.kind)) {
+              throw InvalidInputError("device memory does not become a numpy array without a "
+                                      "copy: use to_bytes(), cupy.asarray or torch.from_dlpack");
+            }
+            py::object np = py::module_::import("numpy");
+            py::object array = np.attr("asarray")(py::memoryview(self));
+            if (!dtype.is_none()) array = array.attr("astype")(dtype, py::arg("copy") = false);
+            if (!copy.is_none() && copy.cast<bool>()) array = array.attr("copy")();
+            return array;
+          },
+          py::arg("dtype") = py::none(), py::kw_only(), py::arg("copy") = py::none(),
+          "A numpy view of host-visible memory (no copy); it keeps the memory alive.")
+      .def(
           "copy_from_host",
           [](PyBuffer& b, py::buffer data) {
             b.require_live("copy_from_host");

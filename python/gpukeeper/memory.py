@@ -13,7 +13,7 @@ stream at once; whole free segments go back to the driver on ``emergency_cleanup
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Set, Tuple
 
 from gpukeeper import _core
 from gpukeeper._core import ManagedBuffer, PoolStats, Precision
@@ -44,6 +44,9 @@ class MemoryPool(_core._MemoryPoolBase):
 
     def __init__(self, kind: str = "auto", expandable: bool = False) -> None:
         super().__init__(kind, expandable)
+        # Pointers handed out by get_buffer and not yet returned: return_buffer takes back
+        # only these, never a block a ManagedBuffer owns (a stale pointer can alias one).
+        self._raw_buffers: Set[Tuple[int, int]] = set()
 
     def get_buffer(
         self, device_id: int, size: int, precision: Any = Precision.Fp32, stream: Any = None
@@ -60,13 +63,26 @@ class MemoryPool(_core._MemoryPoolBase):
             DeprecationWarning,
             stacklevel=2,
         )
-        return int(self._get_buffer(device_id, size, precision, stream))
+        ptr = int(self._get_buffer(device_id, size, precision, stream))
+        self._raw_buffers.add((_device_id(device_id), ptr))
+        return ptr
 
     def return_buffer(
         self, device_id: int, buffer: int, size: int, precision: Any = Precision.Fp32
     ) -> None:
-        """Returns a pointer from ``get_buffer``; size and precision must match."""
+        """Returns a pointer from ``get_buffer``; size and precision must match.
+
+        A pointer that ``get_buffer`` did not hand out, or that was returned already,
+        raises ``InvalidInputError`` and changes nothing.
+        """
+        key = (_device_id(device_id), buffer if isinstance(buffer, int) else -1)
+        if key not in self._raw_buffers:
+            raise InvalidInputError(
+                f"pointer {buffer!r} on device {device_id} was not handed out by get_buffer, "
+                "or was returned already; nothing was freed"
+            )
         self._return_buffer(device_id, buffer, size, precision)
+        self._raw_buffers.discard(key)
 
     def create_buffer_batch(self, device_id: int, stream: Any = None) -> "BufferBatch":
         """A ``BufferBatch`` whose buffers come from this pool on ``device_id``."""
@@ -75,6 +91,15 @@ class MemoryPool(_core._MemoryPoolBase):
     def __repr__(self) -> str:
         extra = ", expandable=True" if self.expandable else ""
         return f"MemoryPool(kind={self.kind!r}{extra}, devices={self.devices()})"
+
+
+def _device_id(device_id: Any) -> int:
+    """A device id as an int; InvalidInputError for bools, non-integers and negatives."""
+    if isinstance(device_id, bool) or not isinstance(device_id, int):
+        raise InvalidInputError(f"device_id must be an int, got {type(device_id).__name__}")
+    if device_id < 0:
+        raise InvalidInputError(f"device_id must not be negative, got {device_id}")
+    return device_id
 
 
 class BufferBatch:
@@ -86,7 +111,8 @@ class BufferBatch:
     """
 
     def __init__(self, pool: MemoryPool, device_id: int, stream: Any = None) -> None:
-        if device_id is None or device_id >= pool.device_count or device_id < 0:
+        device_id = _device_id(device_id)
+        if device_id >= pool.device_count:
             raise InvalidInputError(
                 f"device {device_id!r} does not exist for {pool.kind} memory "
                 f"(valid ids: 0..{pool.device_count - 1})"
@@ -121,6 +147,8 @@ class BufferBatch:
                 "add_buffer: data must be an element count or host data with the buffer "
                 f"protocol, got {type(data).__name__}"
             ) from None
+        if not view.c_contiguous:
+            raise InvalidInputError("add_buffer: data must be C-contiguous (copy it first)")
         nbytes = view.nbytes
         if count is None:
             if nbytes % prec.itemsize:

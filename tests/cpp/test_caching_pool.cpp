@@ -224,11 +224,16 @@ TEST_CASE("pool: segment sizes follow the options", "[caching_pool]") {
   REQUIRE(s.reserved_bytes == 20 * MiB);
   REQUIRE(s.upstream_allocations == 1);
   REQUIRE(addr(b) == addr(a) + 3 * MiB);
-  // ... bigger ones get their own, rounded to segment_granularity.
-  void* c = pool->allocate(11 * MiB);
+  // ... bigger ones get their own, rounded to segment_granularity (unless a cached block
+  // fits: 11 MiB fits in the 14 MiB left of the first segment).
+  void* c = pool->allocate(15 * MiB + 1);
   s = pool->stats();
-  REQUIRE(s.reserved_bytes == 20 * MiB + 12 * MiB);
+  REQUIRE(s.reserved_bytes == 20 * MiB + 16 * MiB);
   REQUIRE(s.segment_count == 2);
+  void* d = pool->allocate(11 * MiB);
+  REQUIRE(addr(d) == addr(b) + 3 * MiB);
+  REQUIRE(pool->stats().segment_count == 2);
+  pool->deallocate(d);
   for (void* p : {a, b, c}) pool->deallocate(p);
 
   SECTION("custom options") {
@@ -241,10 +246,10 @@ TEST_CASE("pool: segment sizes follow the options", "[caching_pool]") {
     auto custom = make_pool(kind, o);
     void* x = custom->allocate(64 * KiB);        // small
     void* y = custom->allocate(64 * KiB + 1);    // large, up to the cutoff
-    void* z = custom->allocate(2 * MiB + 1);     // large beyond the cutoff: 3 MiB
+    void* z = custom->allocate(4 * MiB + 1);     // large beyond the cutoff: 5 MiB
     PoolStats t = custom->stats();
     REQUIRE(t.segment_count == 3);
-    REQUIRE(t.reserved_bytes == 512 * KiB + 4 * MiB + 3 * MiB);
+    REQUIRE(t.reserved_bytes == 512 * KiB + 4 * MiB + 5 * MiB);
     for (void* p : {x, y, z}) custom->deallocate(p);
     REQUIRE(custom->validate() == "");
   }
@@ -258,12 +263,13 @@ TEST_CASE("pool: emergency_cleanup returns free segments and keeps those in use"
 
   void* kept = pool->allocate(4 * KiB);  // keeps its 2 MiB small segment
   void* large = pool->allocate(4 * MiB);  // 20 MiB segment
-  void* huge = pool->allocate(12 * MiB);  // 12 MiB segment
+  void* huge = pool->allocate(18 * MiB);  // 18 MiB segment (the 16 MiB tail is too small)
   pool->deallocate(large);
   pool->deallocate(huge);
-  REQUIRE(pool->stats().reserved_bytes == 34 * MiB);
+  REQUIRE(pool->stats().reserved_bytes == 40 * MiB);
+  REQUIRE(pool->stats().segment_count == 3);
 
-  REQUIRE(pool->emergency_cleanup() == 32 * MiB);
+  REQUIRE(pool->emergency_cleanup() == 38 * MiB);
   PoolStats s = pool->stats();
   REQUIRE(s.reserved_bytes == 2 * MiB);
   REQUIRE(s.segment_count == 1);
@@ -400,13 +406,13 @@ TEST_CASE("pool: peaks follow the highest usage until reset", "[caching_pool]") 
   REQUIRE(s.allocated_bytes == 3 * MiB);
   REQUIRE(s.peak_allocated_bytes == 8 * MiB);
   pool->emergency_cleanup();  // a is live: nothing released
-  void* c = pool->allocate(12 * MiB);
+  void* c = pool->allocate(18 * MiB);  // its own segment: 17 MiB are free in the first
   pool->deallocate(c);
   pool->emergency_cleanup();
   s = pool->stats();
   REQUIRE(s.reserved_bytes == 20 * MiB);
-  REQUIRE(s.peak_reserved_bytes == 32 * MiB);
-  REQUIRE(s.peak_allocated_bytes == 15 * MiB);
+  REQUIRE(s.peak_reserved_bytes == 38 * MiB);
+  REQUIRE(s.peak_allocated_bytes == 21 * MiB);
 
   pool->reset_peaks();
   s = pool->stats();

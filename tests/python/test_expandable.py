@@ -105,5 +105,6 @@ def test_expandable_device_pool_with_torch():
         t = torch.from_dlpack(buf)
         t.copy_(torch.arange(t.numel(), device="cuda", dtype=torch.float32))
         assert float(t.sum()) == pytest.approx(t.numel() * (t.numel() - 1) / 2, rel=1e-6)
+        del t  # the DLPack view holds the block until it is gone
     pool.emergency_cleanup(0)
     assert pool.stats(0).reserved_bytes == 0

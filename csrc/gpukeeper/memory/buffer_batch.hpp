@@ -18,8 +18,8 @@ class BufferBatch {
  public:
   explicit BufferBatch(std::shared_ptr<CachingPool> pool, stream_t stream = 0);
 
-  BufferBatch(BufferBatch&&) noexcept = default;
-  BufferBatch& operator=(BufferBatch&&) noexcept = default;
+  BufferBatch(BufferBatch&& other) noexcept;
+  BufferBatch& operator=(BufferBatch&& other) noexcept;
 
   // Allocates one more buffer; on failure the batch is unchanged. Returns its index.
   std::size_t add(std::size_t bytes);

@@ -96,6 +96,8 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
   }
   const std::size_t size = round_up(bytes, kAlignment);
   const bool small = size <= options_.small_size;
+  // Host memory knows no streams: one free list, so that all neighbours can merge.
+  if (!upstream_->stream_ordered()) stream = 0;
 
   Block* block = nullptr;
   bool grew = false;
@@ -107,7 +109,8 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
       count(oom_events_, 1);
       // Bigger than the limit or than the whole memory: dropping the cache cannot help.
       const std::size_t limit = limit_.load(std::memory_order_relaxed);
-      hopeless = (limit != 0 && size > limit) || size > upstream_->memory_info().total;
+      const std::size_t total = upstream_->memory_info().total;  // 0: unknown
+      hopeless = (limit != 0 && size > limit) || (total != 0 && size > total);
       if (!hopeless && release_free_segments(0) > 0) {
         block = try_allocate(size, bytes, small, stream, grew);
       }
@@ -133,10 +136,6 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
 Block* CachingPool::try_allocate(std::size_t size, std::size_t requested, bool small,
                                  stream_t stream, bool& grew) {
   Block* block = take_cached(size, small, stream);
-  if (block == nullptr && pending_ != nullptr) {
-    merge_pending();
-    block = take_cached(size, small, stream);
-  }
   if (block != nullptr) {
     Block* taken = carve(block, size, requested, stream);
     if (taken != nullptr) count(cache_hits_, 1);
@@ -172,7 +171,14 @@ FreeIndex& CachingPool::index_of(const Block* block) {
 // Removes and returns a cached free block of at least `size` usable on `stream`.
 Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
   FreeIndex& own = stream_free(stream).index(small);
-  if (Block* block = own.best_fit(size)) {
+  Block* block = own.best_fit(size);
+  // Unmerged blocks serve only their own size: a request that would split a block is
+  // placed as if every free run were merged, which keeps large runs whole.
+  if (pending_ != nullptr && (block == nullptr || block->size != size)) {
+    merge_pending();
+    block = own.best_fit(size);
+  }
+  if (block != nullptr) {
     own.remove(block);
     remove_pending(block);
     return block;
@@ -181,7 +187,7 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
   for (auto& sf : streams_) {
     if (sf->stream == stream) continue;
     FreeIndex& other = sf->index(small);
-    Block* block = other.best_fit(size);
+    block = other.best_fit(size);
     if (block == nullptr || !events_.done(sf->stream)) continue;
     other.remove(block);
     remove_pending(block);
@@ -337,7 +343,7 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
   count(requested_, -static_cast<std::ptrdiff_t>(block->requested));
   block->free = true;
   block->requested = 0;
-  if (has_stream) block->stream = stream;
+  if (has_stream && upstream_->stream_ordered()) block->stream = stream;
   if (block->segment->table != nullptr) {
     paged_->release(block->segment->table, block->addr, block->size,
                     stream_free(block->stream).bit);
@@ -354,6 +360,7 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
 
 void CachingPool::add_pending(Block* block) noexcept {
   if (block->pending) return;
+  largest_stale_.store(true, std::memory_order_relaxed);  // a merge may make a larger block
   block->pending = true;
   ++pending_count_;
   block->pending_prev = nullptr;
@@ -532,6 +539,9 @@ void CachingPool::set_limit(std::size_t bytes) {
 
 PoolStats CachingPool::stats() const noexcept {
   if (largest_stale_.load(std::memory_order_relaxed) && mutex_.try_lock()) {
+    // Tidying, not a change of what the pool holds: merged free runs make the largest
+    // free block (and fragmentation) what a request would see.
+    const_cast<CachingPool*>(this)->merge_pending();
     refresh_largest();
     mutex_.unlock();
   }

@@ -8,10 +8,10 @@
 // large one. Free blocks are kept per stream: a block freed on stream A is reused on A
 // at once and by another stream only once an event shows A's queued work is done.
 // Neighbouring free blocks of a segment are merged a little late: a freed block is
-// reusable at its size at once, and the few blocks whose merge is pending are merged
-// together once there are more than kMergeWindow of them, or when a request finds
-// nothing that fits. A repeated size thus costs no split and merge, while free runs
-// still coalesce almost as if merged at once (which keeps fragmentation down). Whole free segments go back to the upstream on
+// reusable at its own size at once, and the few blocks whose merge is pending are
+// merged before any request that would split a block, once there are more than
+// kMergeWindow of them, and before stats are read. A repeated size thus costs no split
+// and merge, while every other placement sees free runs merged. Whole free segments go back to the upstream on
 // emergency_cleanup(), trim(), a limit change, or when the upstream runs out.
 // All members are thread-safe. Prefer ManagedBuffer (managed_buffer.hpp) to raw calls.
 #pragma once
@@ -194,9 +194,9 @@ class CachingPool {
       oom_events_{0}, callback_errors_{0}, pages_moved_{0};
   std::atomic<std::size_t> limit_{0};
   mutable std::atomic<std::size_t> largest_free_{0};
-  // Set when the largest free block was handed out: largest_free_ may then be too high
-  // until the next refresh (slow paths, or stats() when the lock is free). Keeps the
-  // scan for the new largest block off the allocation fast path.
+  // Set when the largest free block was handed out or a merge is pending: largest_free_
+  // may then be off until the next refresh (slow paths, or stats() when the lock is
+  // free). Keeps the scan for the new largest block off the allocation fast path.
   mutable std::atomic<bool> largest_stale_{false};
 
   std::mutex callbacks_mutex_;  // guards the callback lists; never held with mutex_

@@ -13,6 +13,13 @@ std::shared_ptr<CachingPool> PoolRegistry::pool(int device) {
     return pools_[device];
   }
   int count = resource_device_count(kind_);
+  std::string why;
+  // Device 0 of a kind this machine lacks: the kind is unavailable (other ids are plain
+  // input errors, as they would be on any machine).
+  if (count == 0 && device == 0 && !resource_available(kind_, device, &why)) {
+    throw DeviceError(std::string("PoolRegistry::pool(") + to_string(kind_) + ")", 0,
+                      "unavailable", why);
+  }
   if (device < 0 || device >= count) {
     throw InvalidInputError("device " + std::to_string(device) + " does not exist for " +
                             to_string(kind_) + " memory (valid ids: 0.." +
