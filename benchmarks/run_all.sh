@@ -9,6 +9,8 @@
 #   GPUKEEPER_BENCH_BUILD   the CMake build folder (default build/bench)
 #   GPUKEEPER_BENCH_QUICK=1 a smoke test: short timings, few training steps
 #   GPUKEEPER_BENCH_TRACES  extra trace files to replay (space-separated)
+#   GPUKEEPER_BENCH_RECORD=0  do not record new PyTorch traces (replay benchmarks/traces/)
+#   GPUKEEPER_BENCH_REPLAY_ARGS  extra trace_replay flags (e.g. --no-min-capacity)
 #
 # Steps (each runs even if an earlier one failed; the exit status is 1 if any failed):
 #   1. build      cmake -DGPUKEEPER_BUILD_BENCHMARKS=ON -DGPUKEEPER_BUILD_PYTHON=OFF
@@ -78,7 +80,11 @@ step roundtrip "$py" "$here/python/alloc_roundtrip.py" --json "$out/alloc_roundt
 mkdir -p "$out/traces/synth"
 rm -f "$out"/traces/*.trace "$out"/traces/synth/*.trace
 step traces_synth "$py" "$here/python/synth_trace.py" --kind all --out-dir "$out/traces/synth"
-if "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+if [ "${GPUKEEPER_BENCH_RECORD:-1}" = 0 ]; then
+  echo
+  echo "==== traces_torch: not recorded (GPUKEEPER_BENCH_RECORD=0); replaying benchmarks/traces/"
+  cp "$here"/traces/*.trace "$here"/traces/*.json "$out/traces/" 2>/dev/null || true
+elif "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
   step traces_torch "$py" "$here/python/record_traces.py" --out-dir "$out/traces" "${record_steps[@]}"
 else
   echo
@@ -99,7 +105,9 @@ elif [ ${#traces[@]} -eq 0 ]; then
 else
   passes=5
   [ "$quick" = 1 ] && passes=2
-  step replay "$bin/trace_replay" --passes "$passes" --json "$out/trace_replay.json" "${traces[@]}"
+  # shellcheck disable=SC2086
+  step replay "$bin/trace_replay" --passes "$passes" ${GPUKEEPER_BENCH_REPLAY_ARGS:-} \
+    --json "$out/trace_replay.json" "${traces[@]}"
 fi
 
 # ---------------------------------------------------------------- summary

@@ -80,8 +80,8 @@ def _check_runtime(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
     return f"{status.device_count} CUDA device(s), driver {status.driver_version}", data
 
 
-def _check_pool(kind: str) -> "tuple[str, Dict[str, Any]]":
-    pool = MemoryPool(kind)
+def _check_pool(kind: str, expandable: bool = False) -> "tuple[str, Dict[str, Any]]":
+    pool = MemoryPool(kind, expandable=expandable)
     sizes = [64, 16 << 10, 256 << 10, 2 << 20]  # fp32 elements: 256 B .. 8 MiB
     buffers = []
     for i, count in enumerate(sizes * 2):
@@ -135,3 +135,5 @@ def run_checks(require_gpu: bool = False) -> Iterator[CheckResult]:
         kinds += ["device", "async", "pinned"]
     for kind in kinds:
         yield _timed(f"pool[{kind}]", lambda kind=kind: _check_pool(kind))
+    expandable_kind = "device" if status else "host"
+    yield _timed(f"pool[{expandable_kind}+exp]", lambda: _check_pool(expandable_kind, True))
