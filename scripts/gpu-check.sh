@@ -39,10 +39,10 @@ step "C++ tests"
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 if cmake -S . -B build/gpu-tests "${GEN[@]}" -DGPUKEEPER_BUILD_TESTS=ON -DGPUKEEPER_BUILD_PYTHON=OFF \
      >"$LOG/cpp-configure.txt" 2>&1 && cmake --build build/gpu-tests -j >"$LOG/cpp-build.txt" 2>&1; then
-  ctest --test-dir build/gpu-tests --output-on-failure 2>&1 | tee "$LOG/ctest.txt"
-  rc=${PIPESTATUS[0]}
-  build/gpu-tests/tests/cpp/gpukeeper_cpp_tests --durations yes >"$LOG/catch2.txt" 2>&1 || true
-  summary "C++: $(grep -E 'tests passed|tests failed' "$LOG/ctest.txt" | tail -1); catch2: $(grep -E '^(All tests passed|test cases:)' "$LOG/catch2.txt" | tail -1)"
+  ctest --test-dir build/gpu-tests -V > "$LOG/ctest.txt" 2>&1
+  rc=$?
+  grep -E "Test +#|tests passed|tests failed|test cases:|All tests passed" "$LOG/ctest.txt"
+  summary "C++: $(grep -E 'tests passed|tests failed' "$LOG/ctest.txt" | tail -1); cases: $(grep -E 'All tests passed|test cases:' "$LOG/ctest.txt" | sed 's/^[0-9]*: //' | sort | uniq -c | tr '\n' ';')"
   [ "$rc" = 0 ] || status=1
 else
   tail -30 "$LOG/cpp-configure.txt" "$LOG/cpp-build.txt"; summary "C++: BUILD FAILED"; status=1
