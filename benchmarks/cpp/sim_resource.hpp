@@ -101,6 +101,7 @@ class SimulatedVirtualMemory final : public gpukeeper::VirtualMemory {
     free_ids_.push_back(page);
   }
   void map(std::uintptr_t, page_t) override { ++maps_; }
+  void set_access(std::uintptr_t, std::size_t) override {}
   void unmap(std::uintptr_t) noexcept override { ++unmaps_; }
   ~SimulatedVirtualMemory() override {
     for (auto& r : ranges_) {

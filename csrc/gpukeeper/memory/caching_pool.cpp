@@ -68,6 +68,11 @@ CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions o
     std::size_t range = options_.expandable_range;
     if (range == 0) range = 2 * std::max<std::size_t>(upstream_->memory_info().total, 1u << 30);
     paged_ = std::make_unique<detail::PagedMemory>(*vm, range, options_.expandable_slack);
+    streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
+    may_create_page_fn_ = [this] {
+      const std::size_t limit = limit_.load(std::memory_order_relaxed);
+      return limit == 0 || paged_->mapped_bytes() + paged_->page_size() <= limit;
+    };
   }
 }
 
@@ -820,13 +825,12 @@ Block* CachingPool::grow_expandable(std::size_t size, bool small, stream_t strea
 
 // Maps the pages under the first `size` bytes of `block` (not on any index).
 bool CachingPool::map_pages(Block* block, std::size_t size) {
-  const std::size_t limit = limit_.load(std::memory_order_relaxed);
-  const std::size_t page = paged_->page_size();
-  bool ok = paged_->acquire(
-      block->segment->table, block->addr, size,
-      [this](std::uint64_t bits) { return streams_done(bits); },
-      [this, limit, page] { return limit == 0 || paged_->mapped_bytes() + page <= limit; });
-  sync_reserved();
+  const std::uint64_t mapped_before = paged_->mapped_bytes(), moved_before = paged_->pages_moved();
+  bool ok = paged_->acquire(block->segment->table, block->addr, size, streams_done_fn_,
+                            may_create_page_fn_);
+  if (paged_->mapped_bytes() != mapped_before || paged_->pages_moved() != moved_before) {
+    sync_reserved();
+  }
   return ok;
 }
 

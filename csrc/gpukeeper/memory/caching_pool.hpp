@@ -174,6 +174,9 @@ class CachingPool {
   std::unique_ptr<MemoryResource> upstream_;
   PoolOptions options_;
   std::unique_ptr<detail::PagedMemory> paged_;  // expandable mode only; dies before upstream_
+  // Made once: building them per allocation would allocate on the hot path.
+  detail::PagedMemory::StreamsDone streams_done_fn_;
+  std::function<bool()> may_create_page_fn_;
   detail::Segment* expandable_[2] = {nullptr, nullptr};  // growing range: [0] small, [1] large
 
   mutable SpinMutex mutex_;  // guards everything below up to the counters

@@ -116,11 +116,11 @@ class CudaVirtualMemory final : public VirtualMemory {
     auto va = static_cast<CUdeviceptr>(address);
     CUresult status = driver().map(va, page_size_, 0, static_cast<CUmemGenericAllocationHandle>(page), 0);
     if (status != CUDA_SUCCESS) throw_driver(status, "cuMemMap");
-    status = driver().set_access(va, page_size_, &access_, 1);
-    if (status != CUDA_SUCCESS) {
-      driver().unmap(va, page_size_);
-      throw_driver(status, "cuMemSetAccess");
-    }
+  }
+
+  void set_access(std::uintptr_t address, std::size_t bytes) override {
+    CUresult status = driver().set_access(static_cast<CUdeviceptr>(address), bytes, &access_, 1);
+    if (status != CUDA_SUCCESS) throw_driver(status, "cuMemSetAccess");
   }
 
   void unmap(std::uintptr_t address) noexcept override {

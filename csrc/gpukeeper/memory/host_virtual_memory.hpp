@@ -21,6 +21,7 @@ class HostVirtualMemory final : public VirtualMemory {
   page_t create_page() override;
   void release_page(page_t page) noexcept override;
   void map(std::uintptr_t address, page_t page) override;
+  void set_access(std::uintptr_t, std::size_t) override {}  // map() grants it already
   void unmap(std::uintptr_t address) noexcept override;
 
  private:

@@ -92,61 +92,102 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
   const std::size_t first = (addr - table->base) / page_;
   const std::size_t last = (addr + size - 1 - table->base) / page_;
   // Count the block on its mapped pages first, so that none of them is moved into a hole.
+  std::size_t unmapped = 0;
   for (std::size_t i = first; i <= last; ++i) {
-    if (table->pages[i].handle != 0) ref(table->pages[i]);
-  }
-  std::vector<Slot> skipped;
-  bool ok = true;
-  std::size_t i = first;
-  for (; i <= last; ++i) {
-    PageTable::Page& page = table->pages[i];
-    if (page.handle != 0) continue;  // mapped before this call (counted above) or just now
-    VirtualMemory::page_t handle = 0;
-    if (within_slack() && may_create()) handle = vm_.create_page();
-    if (handle != 0) {
-      ++created_;
+    if (table->pages[i].handle != 0) {
+      ref(table->pages[i]);
     } else {
-      handle = take_movable(done, skipped);
-      if (handle == 0 && may_create()) {
-        handle = vm_.create_page();
-        if (handle != 0) ++created_;
-      }
+      ++unmapped;
     }
-    if (handle == 0) {
-      ok = false;
-      break;
-    }
-    try {
-      vm_.map(address_of(table, i), handle);
-    } catch (...) {
-      vm_.release_page(handle);
-      for (const Slot& s : skipped) {
-        s.table->pages[s.index].listed = true;
-        movable_.push_back(s);
-      }
-      for (std::size_t j = first; j <= last; ++j) {
-        if (table->pages[j].handle != 0) unref(table, j, 0);
-      }
-      throw;
-    }
-    page.handle = handle;
-    page.refs = 0;
-    ref(page);
-    page.streams = 0;
-    ++table->mapped;
-    ++mapped_pages_;
   }
-  for (const Slot& s : skipped) {
-    s.table->pages[s.index].listed = true;
-    movable_.push_back(s);
-  }
-  if (!ok) {
-    // Undo the counts; pages mapped by this call stay mapped and become movable.
+  if (unmapped == 0) return true;  // the cached case: nothing to map
+
+  std::vector<Slot> skipped;
+  auto relist_skipped = [&] {
+    for (const Slot& s : skipped) {
+      s.table->pages[s.index].listed = true;
+      movable_.push_back(s);
+    }
+  };
+  auto undo = [&] {
+    relist_skipped();
+    // Pages mapped by this call stay mapped and become movable.
     for (std::size_t j = first; j <= last; ++j) {
       if (table->pages[j].handle != 0) unref(table, j, 0);
     }
+  };
+  // Runs of pages mapped by this call get their access in one call each.
+  std::size_t run_start = 0, run_length = 0;
+  auto flush_run = [&] {
+    if (run_length == 0) return;
+    const std::size_t count = run_length;
+    run_length = 0;
+    try {
+      vm_.set_access(address_of(table, run_start), count * page_);
+    } catch (...) {
+      // Pages nobody may access must not stay mapped: a later block would fault on them.
+      for (std::size_t k = run_start; k < run_start + count; ++k) {
+        PageTable::Page& p = table->pages[k];
+        vm_.unmap(address_of(table, k));
+        vm_.release_page(p.handle);
+        p.handle = 0;
+        p.refs = 0;
+        --live_;
+        --table->mapped;
+        --mapped_pages_;
+      }
+      throw;
+    }
+  };
+  try {
+    for (std::size_t i = first; i <= last; ++i) {
+      PageTable::Page& page = table->pages[i];
+      if (page.handle != 0) {  // mapped before this call (counted above)
+        flush_run();
+        continue;
+      }
+      VirtualMemory::page_t handle = 0;
+      if (within_slack() && may_create()) handle = vm_.create_page();
+      if (handle != 0) {
+        ++created_;
+      } else {
+        handle = take_movable(done, skipped);
+        if (handle == 0 && may_create()) {
+          handle = vm_.create_page();
+          if (handle != 0) ++created_;
+        }
+      }
+      if (handle == 0) {
+        flush_run();
+        undo();
+        return false;
+      }
+      try {
+        vm_.map(address_of(table, i), handle);
+      } catch (...) {
+        vm_.release_page(handle);
+        throw;
+      }
+      page.handle = handle;
+      page.refs = 0;
+      ref(page);
+      page.streams = 0;
+      ++table->mapped;
+      ++mapped_pages_;
+      if (run_length == 0) run_start = i;
+      ++run_length;
+    }
+    flush_run();
+  } catch (...) {
+    try {
+      flush_run();
+    } catch (...) {
+    }
+    undo();
+    throw;
   }
-  return ok;
+  relist_skipped();
+  return true;
 }
 
 void PagedMemory::unref(PageTable* table, std::size_t index, std::uint64_t stream_bits) {

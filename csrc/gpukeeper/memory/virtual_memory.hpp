@@ -29,9 +29,12 @@ class VirtualMemory {
   virtual page_t create_page() = 0;
   virtual void release_page(page_t page) noexcept = 0;
 
-  // Maps `page` at `address` (page-aligned, inside a reserved range, unmapped) for reading
-  // and writing by the device that owns the memory.
+  // Maps `page` at `address` (page-aligned, inside a reserved range, unmapped). It is
+  // usable once set_access() has covered it.
   virtual void map(std::uintptr_t address, page_t page) = 0;
+  // Grants read and write access to `bytes` of mapped pages from `address` (one call
+  // may cover many pages mapped one by one).
+  virtual void set_access(std::uintptr_t address, std::size_t bytes) = 0;
   // The caller guarantees that no work touches the page any more.
   virtual void unmap(std::uintptr_t address) noexcept = 0;
 };
