@@ -304,7 +304,6 @@ int main(int argc, char** argv) {
   pools_measured.push_back({"gpukeeper_pool_host", "gpukeeper pool, host upstream (C++)", host_pool, 0});
   auto add_expandable = [&](gpukeeper::ResourceKind kind, const char* key, const char* label,
                             gpukeeper::stream_t s) {
-    if (!kHaveExpandable) return;
     try {
       auto pool = std::make_shared<gpukeeper::CachingPool>(gpukeeper::make_resource(kind, 0),
                                                            pool_options(true));
@@ -531,7 +530,7 @@ int main(int argc, char** argv) {
   bool any_checked = false;
   std::printf("\nTargets (issue 2): pool pair <= 50 ns median, >= 10x faster than cudaMallocAsync\n");
   std::vector<std::string> target_pools = {have_cuda ? "gpukeeper_pool_device" : "gpukeeper_pool_host"};
-  if (kHaveExpandable) {
+  {
     target_pools.push_back(have_cuda ? "gpukeeper_pool_device_expandable"
                                      : "gpukeeper_pool_host_expandable");
   }
@@ -607,7 +606,6 @@ int main(int argc, char** argv) {
     config.str("cudaMallocAsync_setup",
                "created non-blocking stream; default mempool, cudaMemPoolAttrReleaseThreshold=UINT64_MAX; stream synchronized (untimed) after each batch");
     config.str("pool_stream", have_cuda ? "the same created stream" : "0");
-    config.boolean("core_has_expandable_segments", kHaveExpandable);
 
     JsonObject root;
     root.str("benchmark", "alloc_pair");

@@ -28,26 +28,13 @@ namespace gkbench {
 
 using Clock = std::chrono::steady_clock;
 
-// Expandable segments (PoolOptions::expandable) where the core has them; the program
-// builds against a core without them too, and then replays fixed segments only.
-template <typename O, typename = void>
-struct has_expandable : std::false_type {};
-template <typename O>
-struct has_expandable<O, std::void_t<decltype(std::declval<O&>().expandable)>> : std::true_type {};
-inline constexpr bool kHaveExpandable = has_expandable<gpukeeper::PoolOptions>::value;
-
 // Spare-page slack of expandable segments for this run; negative: the core's default.
 inline double g_expandable_slack = -1.0;
 
-template <typename O = gpukeeper::PoolOptions>
-O pool_options(bool expandable) {
-  O o;  // a template, so that the discarded branch is not compiled without the member
-  if constexpr (has_expandable<O>::value) {
-    o.expandable = expandable;
-    if (g_expandable_slack >= 0.0) o.expandable_slack = g_expandable_slack;
-  } else {
-    (void)expandable;
-  }
+inline gpukeeper::PoolOptions pool_options(bool expandable) {
+  gpukeeper::PoolOptions o;
+  o.expandable = expandable;
+  if (g_expandable_slack >= 0.0) o.expandable_slack = g_expandable_slack;
   return o;
 }
 

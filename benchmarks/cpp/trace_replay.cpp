@@ -427,7 +427,7 @@ int main(int argc, char** argv) {
   std::uint64_t capacity = std::uint64_t{80} << 30;
   bool async_reference = true;
   bool search_min_capacity = true;
-  std::string segments = kHaveExpandable ? "both" : "fixed";
+  std::string segments = "both";
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     std::string v, arg = argv[i];
@@ -453,10 +453,6 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "--segments must be fixed, expandable or both\n");
         return 2;
       }
-      if (segments != "fixed" && !kHaveExpandable) {
-        std::fprintf(stderr, "this build of the core has no expandable segments\n");
-        return 2;
-      }
     } else if (arg == "--no-min-capacity") {
       search_min_capacity = false;
     } else if (arg == "-h" || arg == "--help") {
@@ -480,8 +476,7 @@ int main(int argc, char** argv) {
   if (segments != "fixed") segment_kinds.push_back(true);
 
   std::printf("gpukeeper trace replay\n%s", environment_line().c_str());
-  std::printf("segments: %s%s\n", segments.c_str(),
-              kHaveExpandable ? "" : " (this core has no expandable segments)");
+  std::printf("segments: %s\n", segments.c_str());
   const gpukeeper::CudaStatus cuda = gpukeeper::cuda_status();
   const bool want_device = mode == "device" || mode == "all";
   const bool run_device = want_device && cuda.available;
@@ -738,7 +733,6 @@ int main(int argc, char** argv) {
     config.boolean("async_reference", async_reference);
     config.boolean("min_capacity_search", search_min_capacity);
     config.str("segments", segments);
-    config.boolean("core_has_expandable_segments", kHaveExpandable);
     config.str("peak_requested", "peak of the sum of live requested sizes, from the trace");
     config.str("peak_allocated", "pool: peak of live block bytes (256-byte rounding); cudaMallocAsync: UsedMemHigh");
     config.str("peak_reserved", "pool: peak of segment bytes held from the upstream; cudaMallocAsync: ReservedMemHigh");

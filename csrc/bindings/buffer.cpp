@@ -228,7 +228,7 @@ void init_buffer(py::module_& m) {
             }
             if (!contiguous) throw InvalidInputError("copy_from_host needs contiguous data");
             py::gil_scoped_release nogil;
-            write_block(b.kind, b.device, b.buffer.stream(), b.buffer.data(), info.ptr, bytes);
+            copy_block(b.kind, b.device, b.buffer.stream(), b.buffer.data(), info.ptr, bytes);
           },
           py::arg("data"),
           "Copies host data (bytes, bytearray, numpy array, anything with the buffer "
@@ -240,7 +240,7 @@ void init_buffer(py::module_& m) {
             std::string out(b.nbytes(), '\0');
             {
               py::gil_scoped_release nogil;
-              read_block(b.kind, b.device, b.buffer.stream(), out.data(), b.buffer.data(),
+              copy_block(b.kind, b.device, b.buffer.stream(), out.data(), b.buffer.data(),
                          out.size());
             }
             return py::bytes(out);

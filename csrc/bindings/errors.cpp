@@ -69,17 +69,12 @@ void init_errors(py::module_& m) {
                        "and its text.",
                        device_bases.ptr());
 
+  // Ours only: anything else falls through to pybind11's own translators.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const InvalidInputError& e) {
-      PyErr_SetString(g_invalid_input, e.what());
-    } catch (const AllocationError& e) {
-      PyErr_SetString(g_allocation, e.what());
-    } catch (const DeviceError& e) {
-      PyErr_SetString(g_device, e.what());
-    } catch (const GpuError& e) {
-      PyErr_SetString(g_gpu_error, e.what());
+    } catch (const GpuError&) {
+      set_python_error();
     }
   });
 }

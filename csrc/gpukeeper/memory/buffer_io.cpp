@@ -22,23 +22,7 @@ void copy_ordered(int device, stream_t stream, void* dst, const void* src, std::
 }  // namespace
 #endif
 
-void write_block(ResourceKind kind, int device, stream_t stream, void* dst, const void* src,
-                 std::size_t bytes) {
-  if (bytes == 0) return;
-  if (kind == ResourceKind::host) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#ifdef GPUKEEPER_WITH_CUDA
-  copy_ordered(device, stream, dst, src, bytes);
-#else
-  (void)device;
-  (void)stream;
-  throw DeviceError("write_block", 0, "unavailable", "built without CUDA");
-#endif
-}
-
-void read_block(ResourceKind kind, int device, stream_t stream, void* dst, const void* src,
+void copy_block(ResourceKind kind, int device, stream_t stream, void* dst, const void* src,
                 std::size_t bytes) {
   if (bytes == 0) return;
   if (kind == ResourceKind::host) {
@@ -50,7 +34,7 @@ void read_block(ResourceKind kind, int device, stream_t stream, void* dst, const
 #else
   (void)device;
   (void)stream;
-  throw DeviceError("read_block", 0, "unavailable", "built without CUDA");
+  throw DeviceError("copy_block", 0, "unavailable", "built without CUDA");
 #endif
 }
 

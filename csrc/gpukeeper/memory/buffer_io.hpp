@@ -8,13 +8,9 @@
 
 namespace gpukeeper {
 
-// Copies `bytes` from host memory `src` into `dst` (a block of `kind` on `device`,
-// ordered on `stream`). Returns once `src` may be reused.
-void write_block(ResourceKind kind, int device, stream_t stream, void* dst, const void* src,
-                 std::size_t bytes);
-
-// Copies `bytes` of block `src` into host memory `dst`, after the work queued on `stream`.
-void read_block(ResourceKind kind, int device, stream_t stream, void* dst, const void* src,
+// Copies `bytes` between host memory and a block of `kind` on `device` (either way),
+// after the work queued on the block's `stream`, and returns once the copy is complete.
+void copy_block(ResourceKind kind, int device, stream_t stream, void* dst, const void* src,
                 std::size_t bytes);
 
 // Makes work queued on `consumer` from now on wait for the work queued on `producer` so

@@ -226,33 +226,40 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
       throw DeviceError(std::string(to_string(upstream_->kind())) + " upstream allocate", 0,
                         "misaligned", "returned " + hex(raw) + ", not 256-byte aligned");
     }
-    Segment* seg = segment_records_.make();
-    seg->base = reinterpret_cast<std::uintptr_t>(raw);
-    seg->size = seg_size;
-    seg->alloc_stream = stream;
-    seg->small = small;
-    seg->next = segments_;
-    if (segments_ != nullptr) segments_->prev = seg;
-    segments_ = seg;
-    Block* block = blocks_.make();
-    block->addr = seg->base;
-    block->size = seg_size;
-    block->segment = seg;
-    block->stream = stream;
-    block->free = true;
-    seg->first = block;
-    seg->last = block;
-
+    Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(raw), seg_size, stream, small,
+                               nullptr);
     count(reserved_, static_cast<std::ptrdiff_t>(seg_size));
-    count(segment_count_, 1);
     count(upstream_allocations_, 1);
     std::size_t now = reserved_.load(std::memory_order_relaxed);
     if (now > peak_reserved_.load(std::memory_order_relaxed)) {
       peak_reserved_.store(now, std::memory_order_relaxed);
     }
-    return block;
+    return seg->first;
   }
   return nullptr;
+}
+
+// Links a new segment of `size` bytes at `base`, holding one free block (on no index).
+Segment* CachingPool::add_segment(std::uintptr_t base, std::size_t size, stream_t stream,
+                                  bool small, detail::PageTable* table) {
+  Segment* seg = segment_records_.make();
+  seg->base = base;
+  seg->size = size;
+  seg->alloc_stream = stream;
+  seg->small = small;
+  seg->table = table;
+  seg->next = segments_;
+  if (segments_ != nullptr) segments_->prev = seg;
+  segments_ = seg;
+  Block* block = blocks_.make();
+  block->addr = base;
+  block->size = size;
+  block->segment = seg;
+  block->stream = stream;
+  block->free = true;
+  seg->first = seg->last = block;
+  count(segment_count_, 1);
+  return seg;
 }
 
 // Hands out the front of a free block (not on any index), putting the rest back.
@@ -802,25 +809,8 @@ Block* CachingPool::grow_expandable(std::size_t size, bool small, stream_t strea
   detail::PageTable* table = paged_->reserve();
   if (table == nullptr) return nullptr;
   paged_->extend(table, first_size);
-  Segment* seg = segment_records_.make();
-  seg->base = table->base;
-  seg->size = first_size;
-  seg->alloc_stream = stream;
-  seg->small = small;
-  seg->table = table;
-  seg->next = segments_;
-  if (segments_ != nullptr) segments_->prev = seg;
-  segments_ = seg;
-  Block* block = blocks_.make();
-  block->addr = seg->base;
-  block->size = first_size;
-  block->segment = seg;
-  block->stream = stream;
-  block->free = true;
-  seg->first = seg->last = block;
-  current = seg;
-  count(segment_count_, 1);
-  return block;
+  current = add_segment(table->base, first_size, stream, small, table);
+  return current->first;
 }
 
 // Maps the pages under the first `size` bytes of `block` (not on any index).

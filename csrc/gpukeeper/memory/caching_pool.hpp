@@ -149,6 +149,8 @@ class CachingPool {
                               stream_t stream, bool& grew);
   detail::Block* grow(std::size_t size, bool small, stream_t stream);
   detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
+  detail::Segment* add_segment(std::uintptr_t base, std::size_t size, stream_t stream,
+                               bool small, detail::PageTable* table);
   bool map_pages(detail::Block* block, std::size_t size);
   bool streams_done(std::uint64_t bits);
   void sync_reserved() noexcept;
