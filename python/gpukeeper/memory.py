@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Iterator, List, Set, Tuple
 
-from gpukeeper import _core
+from gpukeeper import _core, frameworks
 from gpukeeper._core import ManagedBuffer, PoolStats, Precision
 from gpukeeper.errors import InvalidInputError
 
@@ -47,6 +47,7 @@ class MemoryPool(_core._MemoryPoolBase):
         # Pointers handed out by get_buffer and not yet returned: return_buffer takes back
         # only these, never a block a ManagedBuffer owns (a stale pointer can alias one).
         self._raw_buffers: Set[Tuple[int, int]] = set()
+        frameworks.register_pool(self)
 
     def get_buffer(
         self, device_id: int, size: int, precision: Any = Precision.Fp32, stream: Any = None
