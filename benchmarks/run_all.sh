@@ -16,6 +16,7 @@
 #   1. build      cmake -DGPUKEEPER_BUILD_BENCHMARKS=ON -DGPUKEEPER_BUILD_PYTHON=OFF
 #   2. alloc_pair C++ alloc+free pair latency           -> alloc_pair.json
 #   3. roundtrip  Python allocation round trip          -> alloc_roundtrip.json
+#      torch_allocator, cleanup_bench, report_bench      -> <name>.json
 #   4. traces     record PyTorch traces (GPU only)      -> traces/*.trace, traces/record_traces.json
 #                 and synthetic traces (always)         -> traces/synth/*.trace
 #   5. replay     trace_replay over all of them         -> trace_replay.json
@@ -75,6 +76,14 @@ fi
 
 # ---------------------------------------------------------------- 3. Python round trip
 step roundtrip "$py" "$here/python/alloc_roundtrip.py" --json "$out/alloc_roundtrip.json" "${quick_flag[@]}"
+
+# ---------------------------------------------------------------- 3b. issue 3: frameworks on the pool, cleanup, report
+step torch_allocator "$py" "$here/python/torch_allocator_bench.py" --json "$out/torch_allocator.json" "${quick_flag[@]}"
+for bench in cleanup_bench report_bench; do
+  if [ -f "$here/python/$bench.py" ]; then
+    step "$bench" "$py" "$here/python/$bench.py" --json "$out/$bench.json" "${quick_flag[@]}"
+  fi
+done
 
 # ---------------------------------------------------------------- 4. traces
 mkdir -p "$out/traces/synth"

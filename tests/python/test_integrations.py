@@ -1,0 +1,115 @@
+"""PyTorch and CuPy allocating through gpukeeper's pool."""
+
+import ctypes
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpukeeper
+from gpukeeper import _core, frameworks
+from gpukeeper.errors import GpuError
+from gpukeeper.integrations import torch_allocator
+
+CHILD = Path(__file__).with_name("torch_allocator_child.py")
+needs_cuda = pytest.mark.skipif(not gpukeeper.cuda_available(), reason="needs a CUDA device")
+
+
+def run_child(mode: str) -> dict:
+    done = subprocess.run([sys.executable, str(CHILD), mode], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_module_exports_the_pluggable_allocator_symbols():
+    lib = ctypes.CDLL(_core.__file__)
+    malloc = lib.gpukeeper_torch_malloc
+    malloc.restype = ctypes.c_void_p
+    malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    assert malloc(0, 0, None) is None  # empty tensors get no memory
+    if not gpukeeper.cuda_available():
+        # No device: the failure must come back as NULL (PyTorch's OOM), never as a crash.
+        assert malloc(1024, 0, None) is None
+        assert malloc(1024, -1, None) is None
+    else:
+        ptr = malloc(1024, 0, None)
+        assert ptr is not None
+        assert torch_allocator.stats(0).allocated_bytes >= 1024
+        lib.gpukeeper_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                             ctypes.c_void_p]
+        lib.gpukeeper_torch_free(ptr, 1024, 0, None)
+        lib.gpukeeper_torch_free(ptr, 1024, 0, None)  # a second free is ignored, not a crash
+        assert _core._torch_pool_validate(0) == ""
+
+
+def test_use_torch_allocator_without_cuda_says_why():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("PyTorch has CUDA here")
+    with pytest.raises(GpuError, match="no CUDA device"):
+        torch_allocator.use_torch_allocator()
+    assert not torch_allocator.is_active()
+    assert torch_allocator.stats(0) is None
+    assert torch_allocator.pool_usage(0) == (0, 0)
+    assert torch_allocator.release() == 0
+
+
+def test_use_cupy_allocator_without_cupy_says_why():
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(GpuError, match="needs CuPy"):
+        gpukeeper.integrations.use_cupy_allocator()
+
+
+def test_host_pools_are_not_counted_as_device_memory():
+    pool = gpukeeper.MemoryPool("host")
+    with pool.get_managed_buffer(0, 1 << 20, gpukeeper.Precision.Uint8):
+        report = frameworks.memory_by_framework(0)
+        assert report["gpukeeper"].allocated == 0
+        assert pool in frameworks.live_pools()
+
+
+@needs_cuda
+def test_torch_trains_the_same_on_gpukeeper_and_books_match_live_tensors():
+    ours = run_child("gpukeeper")
+    theirs = run_child("torch")
+    assert ours["requested"] == ours["tensor_bytes"]
+    assert ours["torch_view"] == ours["pool_allocated"] >= ours["tensor_bytes"]
+    assert ours["requested_after_del"] == 0
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-6, abs=1e-7)
+    assert ours["losses"][-1] < ours["losses"][0]  # it did train
+    assert ours["validate"] == ""
+    assert ours["released"] > 0
+    assert ours["reserved_after_release"] < 4 << 20  # only the still-live workspaces stay
+
+
+@needs_cuda
+def test_use_torch_allocator_after_the_first_tensor_is_a_clear_error():
+    late = run_child("late")
+    assert late["error"] and "before the first CUDA tensor" in late["error"]
+
+
+@needs_cuda
+def test_cupy_allocates_on_a_gpukeeper_pool():
+    cupy = pytest.importorskip("cupy")
+    from gpukeeper.integrations import restore_cupy_allocator, use_cupy_allocator
+
+    pool = use_cupy_allocator()
+    try:
+        a = cupy.arange(1 << 20, dtype=cupy.float64)
+        assert pool.stats(0).allocated_bytes >= 8 << 20
+        assert float(a.sum()) == pytest.approx((1 << 20) * ((1 << 20) - 1) / 2)
+        assert frameworks.memory_by_framework(0)["gpukeeper"].allocated >= 8 << 20
+        del a
+        assert pool.stats(0).allocated_bytes == 0
+        assert pool.validate(0) == ""
+    finally:
+        restore_cupy_allocator()
+    pool.emergency_cleanup(0)
+    assert pool.stats(0).reserved_bytes == 0
