@@ -1,0 +1,755 @@
+"""One account of a device: who holds its memory (``memory_report``).
+
+>>> report = memory_report()          # the current CUDA device; host memory in CPU mode
+>>> print(report)                     # a readable table
+>>> report.frameworks["torch"].reserved
+>>> report.context_and_libraries_bytes
+>>> report.to_json()                  # or to_dict(); MemoryReport.from_dict() reads it back
+
+The report splits this process's device memory into
+
+* each framework's **allocated** bytes (live tensors, arrays, buffers) and **reserved**
+  bytes (held from the driver, cache included): PyTorch, CuPy, JAX and gpukeeper's own
+  pools, read through :mod:`gpukeeper.frameworks` (nothing is imported to read it);
+* the **CUDA context and libraries**: this process's device memory as NVML sees it minus
+  what the frameworks reserved (the context itself, loaded kernels, cuBLAS/cuDNN
+  handles and anything allocated behind the frameworks' backs);
+* **other processes** on the device (NVML's per-process list), and the device's **free**
+  and **total** memory.
+
+NVML comes from nvidia-ml-py (``import pynvml``), imported and initialised once, lazily.
+Without it, or when NVML fails, the report says so in its ``nvml`` field (e.g.
+``"unavailable: No module named 'pynvml' (install nvidia-ml-py)"``) and fills what it
+can: frameworks, free and total (from ``cudaMemGetInfo``); the process figure, the
+context and the other processes are then ``None``. No call here raises for a missing
+or failing NVML.
+
+Without CUDA (CPU-only build, no driver, no device) the report is in **CPU mode**:
+``mode == "cpu"``, free and total are the host's (``MemAvailable`` and physical
+memory), ``frameworks`` holds gpukeeper's host pools, ``process_bytes`` is this
+process's resident set size, and ``notes`` says why CUDA is unavailable.
+
+Device numbers are CUDA's (after ``CUDA_VISIBLE_DEVICES``); the matching NVML device is
+found by PCI bus id (when CuPy is loaded), by UUID (when PyTorch has initialised CUDA),
+else through ``CUDA_VISIBLE_DEVICES``, else by the same index, which assumes CUDA's
+device order is NVML's (true for identical GPUs, or with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from gpukeeper import _core, frameworks
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.frameworks import FrameworkMemory
+
+__all__ = ["MemoryReport", "ProcessMemory", "memory_report", "memory_reports", "nvml_status"]
+
+_INSTALL_HINT = "install nvidia-ml-py"
+
+
+# --------------------------------------------------------------------- NVML, once
+
+
+class _Nvml:
+    """pynvml, imported and initialised once per process (thread-safe).
+
+    ``get()`` returns ``(module, "")`` when NVML works, else ``(None, reason)``. The
+    result is kept: a failed nvmlInit is not retried on every report (it costs ~ms).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tried = False
+        self._module: Any = None
+        self._reason = ""
+        self.driver = ""
+        # CUDA device index -> (NVML handle, how it was found); filled lazily.
+        self.handles: Dict[int, Tuple[Any, str]] = {}
+
+    def get(self) -> Tuple[Any, str]:
+        if self._tried:
+            return self._module, self._reason
+        with self._lock:
+            if not self._tried:
+                self._module, self._reason = self._load()
+                self._tried = True
+        return self._module, self._reason
+
+    def _load(self) -> Tuple[Any, str]:
+        try:
+            import pynvml  # type: ignore[import-not-found]
+        except ImportError as exc:
+            return None, f"unavailable: {exc} ({_INSTALL_HINT})"
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+            return None, f"unavailable: nvmlInit failed: {_nvml_text(exc)}"
+        try:
+            self.driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        except Exception:
+            self.driver = ""  # only decorates the status line
+        return pynvml, ""
+
+    def status(self) -> str:
+        module, reason = self.get()
+        if module is None:
+            return reason
+        return f"ok (driver {self.driver})" if self.driver else "ok"
+
+    def reset(self) -> None:
+        """Forgets the loaded state (tests swap pynvml for a fake)."""
+        with self._lock:
+            self._tried = False
+            self._module = None
+            self._reason = ""
+            self.driver = ""
+            self.handles = {}
+
+
+_NVML = _Nvml()
+
+
+def nvml_status() -> str:
+    """``"ok (driver X)"`` when NVML works, else ``"unavailable: <why>"``."""
+    return _NVML.status()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvml_text(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # NVMLError.__str__ itself calls into NVML
+        return type(exc).__name__
+
+
+# --------------------------------------------------------------------- CUDA device -> NVML
+
+
+def _cuda_visible_entry(device: int) -> Optional[str]:
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    entries = [e.strip() for e in value.split(",")]
+    # CUDA stops at the first invalid entry; a valid one is an index or a UUID prefix.
+    return entries[device] if device < len(entries) and entries[device] else None
+
+
+def _torch_uuid(device: int) -> Optional[str]:
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None  # reading properties could initialise CUDA: not for a report
+        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    except Exception:
+        return None
+    return str(uuid) if uuid else None
+
+
+def _cupy_pci_bus_id(device: int) -> Optional[str]:
+    cupy = sys.modules.get("cupy")
+    try:
+        if cupy is None:
+            return None
+        return _text(cupy.cuda.runtime.deviceGetPCIBusId(device))
+    except Exception:
+        return None
+
+
+def _nvml_handle(nvml: Any, device: int) -> Tuple[Any, str]:
+    """The NVML handle of CUDA device ``device`` and how it was matched (cached)."""
+    cached = _NVML.handles.get(device)
+    if cached is not None:
+        return cached
+    found: Optional[Tuple[Any, str]] = None
+    bus_id = _cupy_pci_bus_id(device)
+    if bus_id:
+        try:
+            found = (nvml.nvmlDeviceGetHandleByPciBusId(bus_id), f"PCI bus id {bus_id}")
+        except Exception:
+            found = None
+    if found is None:
+        uuid = _torch_uuid(device)
+        for candidate in ([f"GPU-{uuid}", f"MIG-{uuid}", uuid] if uuid else []):
+            try:
+                found = (nvml.nvmlDeviceGetHandleByUUID(candidate), f"UUID {candidate}")
+                break
+            except Exception:
+                continue
+    if found is None:
+        entry = _cuda_visible_entry(device)
+        if entry is not None and entry.isdigit():
+            found = (nvml.nvmlDeviceGetHandleByIndex(int(entry)), f"CUDA_VISIBLE_DEVICES={entry}")
+        elif entry is not None:
+            found = _handle_by_uuid_prefix(nvml, entry)
+        else:
+            found = (nvml.nvmlDeviceGetHandleByIndex(device), "same index")
+    _NVML.handles[device] = found
+    return found
+
+
+def _handle_by_uuid_prefix(nvml: Any, prefix: str) -> Tuple[Any, str]:
+    # CUDA accepts any unique prefix of a UUID in CUDA_VISIBLE_DEVICES; NVML wants it whole.
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        if _text(nvml.nvmlDeviceGetUUID(handle)).startswith(prefix):
+            return handle, f"CUDA_VISIBLE_DEVICES={prefix}"
+    raise LookupError(f"no NVML device matches CUDA_VISIBLE_DEVICES entry {prefix!r}")
+
+
+# --------------------------------------------------------------------- the report
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process on the device as NVML lists it. ``used_bytes`` is None where NVML
+    cannot tell (e.g. insufficient permissions); ``name`` is None where the process is
+    not visible from here (another PID namespace)."""
+
+    pid: int
+    name: Optional[str]
+    used_bytes: Optional[int]
+
+
+@dataclass
+class MemoryReport:
+    """Who holds a device's memory (see the module's docstring for each figure).
+
+    All sizes are in bytes. ``None`` means unknown, with the reason in ``nvml`` or
+    ``notes``, never a guess.
+    """
+
+    mode: str  # "cuda" or "cpu"
+    device: Optional[int]  # CUDA device index; None in CPU mode
+    name: str
+    total_bytes: int
+    free_bytes: int
+    memory_source: str  # "nvml", "cudaMemGetInfo" or "host"
+    frameworks: Dict[str, FrameworkMemory]
+    process_bytes: Optional[int]  # NVML's figure for this process; RSS in CPU mode
+    process_source: str
+    this_process: str  # how this process was found in NVML's list, or why not
+    other_processes: List[ProcessMemory]
+    nvml: str
+    host: Dict[str, Optional[int]]
+    pid: int = field(default_factory=os.getpid)
+    notes: List[str] = field(default_factory=list)
+    timestamp: float = field(default_factory=time.time)
+
+    # ----------------------------------------------------------------- derived figures
+
+    @property
+    def used_bytes(self) -> int:
+        """Device-wide used memory (total - free), every process included."""
+        return self.total_bytes - self.free_bytes
+
+    @property
+    def frameworks_allocated_bytes(self) -> Optional[int]:
+        """Sum of the frameworks' allocated bytes; None if any framework cannot tell."""
+        return _sum(m.allocated for m in self.frameworks.values())
+
+    @property
+    def frameworks_reserved_bytes(self) -> Optional[int]:
+        """Sum of the frameworks' reserved bytes; None if any framework cannot tell."""
+        return _sum(m.reserved for m in self.frameworks.values())
+
+    @property
+    def context_and_libraries_bytes(self) -> Optional[int]:
+        """This process's device memory (NVML) minus what the frameworks reserved: the
+        CUDA context, loaded modules and library workspaces. None in CPU mode or when
+        either figure is unknown."""
+        reserved = self.frameworks_reserved_bytes
+        if self.mode != "cuda" or self.process_bytes is None or reserved is None:
+            return None
+        return self.process_bytes - reserved
+
+    @property
+    def other_processes_bytes(self) -> Optional[int]:
+        """Device memory of the other processes; None when this process could not be
+        told apart from them, or NVML does not say how much one of them uses."""
+        if self.mode != "cuda":
+            return 0
+        if self.this_process.startswith("unknown"):
+            return None
+        return _sum(p.used_bytes for p in self.other_processes)
+
+    # ----------------------------------------------------------------- conversions
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The report as JSON-ready builtins; derived figures included."""
+        return {
+            "mode": self.mode,
+            "device": self.device,
+            "name": self.name,
+            "pid": self.pid,
+            "timestamp": self.timestamp,
+            "nvml": self.nvml,
+            "memory_source": self.memory_source,
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes,
+            "used_bytes": self.used_bytes,
+            "frameworks": {
+                name: {"allocated_bytes": m.allocated, "reserved_bytes": m.reserved}
+                for name, m in self.frameworks.items()
+            },
+            "frameworks_allocated_bytes": self.frameworks_allocated_bytes,
+            "frameworks_reserved_bytes": self.frameworks_reserved_bytes,
+            "process_bytes": self.process_bytes,
+            "process_source": self.process_source,
+            "context_and_libraries_bytes": self.context_and_libraries_bytes,
+            "this_process": self.this_process,
+            "other_processes": [
+                {"pid": p.pid, "name": p.name, "used_bytes": p.used_bytes}
+                for p in self.other_processes
+            ],
+            "other_processes_bytes": self.other_processes_bytes,
+            "host": dict(self.host),
+            "notes": list(self.notes),
+        }
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        """``to_dict()`` as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "MemoryReport":
+        """Reads back ``to_dict()`` (or parsed ``to_json()``); derived keys are ignored."""
+        return cls(
+            mode=data["mode"],
+            device=data["device"],
+            name=data["name"],
+            total_bytes=data["total_bytes"],
+            free_bytes=data["free_bytes"],
+            memory_source=data["memory_source"],
+            frameworks={
+                name: FrameworkMemory(name, m["allocated_bytes"], m["reserved_bytes"])
+                for name, m in data["frameworks"].items()
+            },
+            process_bytes=data["process_bytes"],
+            process_source=data["process_source"],
+            this_process=data["this_process"],
+            other_processes=[
+                ProcessMemory(p["pid"], p["name"], p["used_bytes"])
+                for p in data["other_processes"]
+            ],
+            nvml=data["nvml"],
+            host=dict(data["host"]),
+            pid=data["pid"],
+            notes=list(data["notes"]),
+            timestamp=data["timestamp"],
+        )
+
+    def table(self) -> str:
+        """A readable table: one row per holder, then used, free and total."""
+        if self.mode == "cpu":
+            title = "gpukeeper memory report: CPU mode, host memory"
+        else:
+            title = f"gpukeeper memory report: CUDA device {self.device} ({self.name})"
+        rows: List[Tuple[str, str, str]] = []
+        for name, m in self.frameworks.items():
+            label = "gpukeeper pools" if name == "gpukeeper" else name
+            if self.mode == "cpu" and name == "gpukeeper":
+                label = "gpukeeper host pools"
+            rows.append((f"  {label}", _fmt(m.allocated), _fmt(m.reserved)))
+        if not self.frameworks:
+            rows.append(("  (no framework holds memory)", "", ""))
+        allocated, reserved = self.frameworks_allocated_bytes, self.frameworks_reserved_bytes
+        rows.append(("frameworks", _fmt(allocated), _fmt(reserved)))
+        if self.mode == "cuda":
+            rows.append(("CUDA context + libraries", "", _fmt(self.context_and_libraries_bytes)))
+            rows.append((f"this process (pid {self.pid}, NVML)", "", _fmt(self.process_bytes)))
+            others = f"other processes ({len(self.other_processes)})"
+            rows.append((others, "", _fmt(self.other_processes_bytes)))
+            for p in self.other_processes:
+                rows.append((f"  pid {p.pid} {p.name or '?'}", "", _fmt(p.used_bytes)))
+        else:
+            rows.append((f"this process (pid {self.pid}, resident)", "", _fmt(self.process_bytes)))
+        whole = "used (whole device)" if self.mode == "cuda" else "used (whole host)"
+        rows.append((whole, "", _fmt(self.used_bytes)))
+        rows.append(("free" if self.mode == "cuda" else "available", "", _fmt(self.free_bytes)))
+        rows.append(("total", "", _fmt(self.total_bytes)))
+        width = max(len(r[0]) for r in rows) + 2
+        lines = [title, f"{'':<{width}}{'allocated':>12}{'reserved':>12}"]
+        lines += [f"{a:<{width}}{b:>12}{c:>12}" for a, b, c in rows]
+        lines.append(f"NVML: {self.nvml}; free/total from {self.memory_source}")
+        if self.mode == "cuda":
+            lines.append(f"this process in NVML's list: {self.this_process}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _sum(values: Any) -> Optional[int]:
+    total = 0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total
+
+
+def _fmt(n: Optional[int]) -> str:
+    if n is None:
+        return "unknown"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{sign}{n / scale:.2f} {unit}"
+    return f"{sign}{n} B"
+
+
+# --------------------------------------------------------------------- gathering
+
+
+def _cuda_state() -> Tuple[int, str]:
+    """(visible CUDA devices, why none) without creating a context."""
+    status = _core.cuda_status()
+    if not status["available"]:
+        return 0, str(status["reason"])
+    return int(status["device_count"]), ""
+
+
+def _current_device() -> int:
+    """The device a framework in use considers current: PyTorch's once it has
+    initialised CUDA, else CuPy's, else 0."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except Exception:
+        pass
+    cupy = sys.modules.get("cupy")
+    try:
+        if cupy is not None:
+            return int(cupy.cuda.runtime.getDevice())
+    except Exception:
+        pass
+    return 0
+
+
+def _parse_device(device: Any) -> Optional[Any]:
+    """None, "cpu", or a non-negative CUDA index from an int, "cuda[:N]" or a
+    torch.device-like object (``.type``/``.index``)."""
+    if device is None:
+        return None
+    if hasattr(device, "type") and hasattr(device, "index") and not isinstance(device, (str, int)):
+        if device.type == "cpu":
+            return "cpu"
+        if device.type != "cuda":
+            raise InvalidInputError(f"device must be a CUDA device or 'cpu', got {device!r}")
+        return None if device.index is None else _parse_device(int(device.index))
+    if isinstance(device, str):
+        text = device.strip().lower()
+        if text == "cpu":
+            return "cpu"
+        if text == "cuda":
+            return None
+        if text.startswith("cuda:"):
+            text = text[5:]
+        if not text.isdigit():
+            raise InvalidInputError(f"device must be an index, 'cuda[:N]' or 'cpu', got {device!r}")
+        return int(text)
+    if isinstance(device, bool) or not isinstance(device, numbers.Integral):
+        raise InvalidInputError(
+            f"device must be an int, a str or None, got {type(device).__name__}"
+        )
+    if device < 0:
+        raise InvalidInputError(f"device must not be negative, got {device}")
+    return int(device)
+
+
+def _resolve_device(device: Any) -> Tuple[Optional[int], str]:
+    """(CUDA device index, "") or (None, why CPU mode). InvalidInputError for a bad id."""
+    parsed = _parse_device(device)
+    count, reason = _cuda_state()
+    if parsed == "cpu":
+        return None, "device 'cpu' was asked for"
+    if count == 0:
+        return None, f"CUDA unavailable: {reason}"
+    index = _current_device() if parsed is None else parsed
+    if index >= count:
+        raise InvalidInputError(f"device {index} does not exist ({count} CUDA device(s) visible)")
+    return index, ""
+
+
+def _rss_bytes() -> Optional[int]:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except Exception:
+        return None  # not Linux: the host section says unknown
+
+
+def _process_name(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().decode(errors="replace").strip() or None
+    except Exception:
+        return None  # not visible from this PID namespace, or gone
+
+
+def _host_pools() -> Tuple[int, int]:
+    """(allocated, reserved) of gpukeeper's host and pinned pools (host memory)."""
+    allocated = reserved = 0
+    for pool in frameworks.live_pools():
+        if getattr(pool, "kind", "device") not in ("host", "pinned"):
+            continue
+        for d in pool.devices():
+            stats = pool.stats(d)
+            if stats is not None:
+                allocated += stats.allocated_bytes
+                reserved += stats.reserved_bytes
+    return allocated, reserved
+
+
+def _host_section() -> Dict[str, Optional[int]]:
+    available, total = _core.host_memory_info()
+    allocated, reserved = _host_pools()
+    return {
+        "total_bytes": int(total),
+        "available_bytes": int(available),
+        "process_rss_bytes": _rss_bytes(),
+        "gpukeeper_pools_allocated_bytes": allocated,
+        "gpukeeper_pools_reserved_bytes": reserved,
+    }
+
+
+def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
+    host = _host_section()
+    pools = [p for p in frameworks.live_pools() if getattr(p, "kind", "") in ("host", "pinned")]
+    framework_memory: Dict[str, FrameworkMemory] = {}
+    if pools:
+        framework_memory["gpukeeper"] = FrameworkMemory(
+            "gpukeeper",
+            host["gpukeeper_pools_allocated_bytes"],
+            host["gpukeeper_pools_reserved_bytes"],
+        )
+    return MemoryReport(
+        mode="cpu",
+        device=None,
+        name="host",
+        total_bytes=int(host["total_bytes"] or 0),
+        free_bytes=int(host["available_bytes"] or 0),
+        memory_source="host",
+        frameworks=framework_memory,
+        process_bytes=host["process_rss_bytes"],
+        process_source="resident set size (/proc/self/statm)",
+        this_process="CPU mode",
+        other_processes=[],
+        nvml=nvml_status() if use_nvml else "disabled (use_nvml=False)",
+        host=host,
+        notes=[f"CPU mode ({reason}): figures are host memory"],
+    )
+
+
+def _nvml_processes(nvml: Any, handle: Any, notes: List[str]) -> Optional[List[ProcessMemory]]:
+    """Every process NVML lists on the device (compute and graphics), one per pid."""
+    seen: Dict[int, Optional[int]] = {}
+    ok = False
+    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        fn = getattr(nvml, getter, None)
+        if fn is None:
+            continue
+        try:
+            infos = fn(handle)
+        except Exception as exc:
+            notes.append(f"{getter} failed: {_nvml_text(exc)}")
+            continue
+        ok = True
+        for info in infos:
+            pid = int(info.pid)
+            used = getattr(info, "usedGpuMemory", None)
+            used = None if used is None else int(used)
+            # A process with compute and graphics work is listed twice with one figure.
+            if pid in seen:
+                prev = seen[pid]
+                used = prev if used is None else used if prev is None else max(used, prev)
+            seen[pid] = used
+    if not ok:
+        return None
+    return [ProcessMemory(pid, _process_name(pid), used) for pid, used in seen.items()]
+
+
+def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
+    notes: List[str] = []
+    framework_memory = frameworks.memory_by_framework(device)
+    reserved_known = _sum(m.reserved for m in framework_memory.values())
+    if reserved_known is None:
+        unknown = [n for n, m in framework_memory.items() if m.reserved is None]
+        notes.append(f"reserved bytes unknown for {', '.join(unknown)}: no context figure")
+    integration = sys.modules.get("gpukeeper.integrations.torch_allocator")
+    try:
+        if integration is not None and integration.is_active():
+            notes.append("PyTorch allocates from a gpukeeper pool (use_torch_allocator)")
+    except Exception:
+        pass
+
+    nvml, nvml_reason = _NVML.get() if use_nvml else (None, "disabled (use_nvml=False)")
+    handle = None
+    if nvml is not None:
+        try:
+            handle, how = _nvml_handle(nvml, device)
+            if how != "same index":
+                notes.append(f"NVML device matched by {how}")
+        except Exception as exc:
+            notes.append(f"no NVML device matched CUDA device {device}: {_nvml_text(exc)}")
+
+    name = f"CUDA device {device}"
+    total = free = None
+    source = "cudaMemGetInfo"
+    processes: Optional[List[ProcessMemory]] = None
+    if handle is not None:
+        try:
+            name = _text(nvml.nvmlDeviceGetName(handle))
+        except Exception:
+            pass
+        try:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            total, free, source = int(info.total), int(info.free), "nvml"
+        except Exception as exc:
+            notes.append(f"nvmlDeviceGetMemoryInfo failed: {_nvml_text(exc)}")
+        processes = _nvml_processes(nvml, handle, notes)
+    if total is None:
+        # cudaMemGetInfo needs a context: this creates one on `device` if the process has
+        # none yet (NVML avoids that, which is why it comes first).
+        free, total = _core.device_memory_info(device)
+        free, total = int(free), int(total)
+        if name == f"CUDA device {device}":
+            name = _torch_name(device) or name
+
+    pid = os.getpid()
+    if processes is None:
+        process_bytes, this_process, others = None, (
+            "unknown: " + (nvml_reason if nvml is None else "NVML gave no process list")
+        ), []
+    else:
+        mine = [p for p in processes if p.pid == pid]
+        others = [p for p in processes if p.pid != pid]
+        if mine and mine[0].used_bytes is not None and mine[0].used_bytes < (reserved_known or 0):
+            # NVML counts every byte this process holds, so a smaller figure belongs to
+            # someone else: a host PID that equals ours inside a container.
+            process_bytes, others = None, processes
+            this_process = (
+                f"unknown: NVML lists pid {pid} with {_fmt(mine[0].used_bytes)}, less than the "
+                f"{_fmt(reserved_known)} its frameworks reserved (another PID namespace's pid?)"
+            )
+        elif mine:
+            process_bytes = mine[0].used_bytes
+            this_process = f"found (pid {pid})"
+            if process_bytes is None:
+                this_process = f"found (pid {pid}), but NVML does not report its memory"
+        elif (
+            (reserved_known or 0) > 0
+            or _holds_context(device)
+            or any(_process_name(p.pid) is None for p in others)
+        ):
+            # We have a context (we hold device memory, or the driver says so) yet are not
+            # listed, or listed PIDs do not exist here: NVML's PIDs are another PID
+            # namespace's (a container's).
+            process_bytes = None
+            this_process = (
+                f"unknown: pid {pid} is not in NVML's list (a container's PID namespace "
+                "may hide it); one of the listed processes may be this one"
+            )
+        else:
+            process_bytes = 0
+            this_process = "not listed: no CUDA context on this device"
+    return MemoryReport(
+        mode="cuda",
+        device=device,
+        name=name,
+        total_bytes=int(total),
+        free_bytes=int(free),  # type: ignore[arg-type]
+        memory_source=source,
+        frameworks=framework_memory,
+        process_bytes=process_bytes,
+        process_source="nvml" if processes is not None else "unavailable",
+        this_process=this_process,
+        other_processes=others,
+        nvml=_NVML.status() if use_nvml else nvml_reason,
+        host=_host_section(),
+        pid=pid,
+        notes=notes,
+    )
+
+
+def _holds_context(device: int) -> bool:
+    """Whether this process has a CUDA context on ``device``, as far as can be told
+    without creating one (frameworks.active_devices asks the driver, where it has it)."""
+    active = getattr(frameworks, "active_devices", None)
+    if active is None:
+        return False
+    try:
+        return device in active()
+    except Exception:
+        return False
+
+
+def _device_free_total(device: int, *, use_nvml: bool = True) -> Tuple[int, int, str]:
+    """(free, total, source) bytes of CUDA device ``device``.
+
+    NVML first (it needs no CUDA context, so asking never costs the ~0.5 GiB a new
+    context takes); ``cudaMemGetInfo`` when NVML is unavailable or has no matching
+    device. Raises ``InvalidInputError`` for a bad index and ``DeviceError`` if
+    cudaMemGetInfo fails.
+    """
+    nvml, _ = _NVML.get() if use_nvml else (None, "")
+    if nvml is not None:
+        try:
+            handle, _how = _nvml_handle(nvml, device)
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            return int(info.free), int(info.total), "nvml"
+        except Exception:
+            pass  # fall back to the runtime's own view
+    free, total = _core.device_memory_info(device)
+    return int(free), int(total), "cudaMemGetInfo"
+
+
+def _torch_name(device: int) -> Optional[str]:
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return str(torch.cuda.get_device_name(device))
+    except Exception:
+        pass
+    return None
+
+
+def memory_report(device: Any = None, *, use_nvml: bool = True) -> MemoryReport:
+    """Who holds the memory of one device, as a :class:`MemoryReport`.
+
+    ``device``: None for the current device (PyTorch's current device once it has
+    initialised CUDA, else CuPy's, else 0); an index, ``"cuda:N"`` or a
+    ``torch.device``; ``"cpu"`` for a host-memory report. Without CUDA every device
+    gives the CPU-mode report. Use :func:`memory_reports` for all devices.
+
+    ``use_nvml=False`` skips NVML (faster; no process split, no other processes).
+
+    Raises ``InvalidInputError`` for a malformed or nonexistent device; a missing or
+    failing NVML never raises (the ``nvml`` field says why).
+    """
+    index, reason = _resolve_device(device)
+    if index is None:
+        return _cpu_report(reason, use_nvml)
+    return _cuda_report(index, use_nvml)
+
+
+def memory_reports(*, use_nvml: bool = True) -> List[MemoryReport]:
+    """One report per visible CUDA device; one CPU-mode report without CUDA."""
+    count, reason = _cuda_state()
+    if count == 0:
+        return [_cpu_report(f"CUDA unavailable: {reason}", use_nvml)]
+    return [_cuda_report(d, use_nvml) for d in range(count)]
