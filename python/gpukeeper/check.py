@@ -125,6 +125,35 @@ def _check_pool(kind: str, expandable: bool = False) -> "tuple[str, Dict[str, An
             f"{released >> 20} MiB returned on cleanup", data)
 
 
+def _check_cleanup() -> "tuple[str, Dict[str, Any]]":
+    from gpukeeper.cleanup import GPUContext
+
+    kind = "device" if cuda_available() else "host"
+    pool = MemoryPool(kind)
+    with GPUContext(warn_on_leak=False) as ctx:
+        kept = pool.get_managed_buffer(0, 1 << 20, Precision.Fp32)
+        cycle: List[Any] = [kept]
+        cycle.append(cycle)  # only the garbage collector can free this
+        del kept, cycle
+    report = ctx.report
+    _expect(pool.stats(0).allocated_bytes == 0, "a buffer in a reference cycle survived GPUContext")
+    _expect(pool.stats(0).reserved_bytes == 0, "GPUContext left the pool's cache reserved")
+    _expect(not report.leaked, f"GPUContext reported a leak: {report.summary()}")
+    return f"{kind} buffer in a reference cycle freed and released on exit", {
+        "released_bytes": report.released_bytes, "gc_runs": report.gc_runs}
+
+
+def _check_report() -> "tuple[str, Dict[str, Any]]":
+    from gpukeeper.report import memory_report
+
+    report = memory_report()
+    data = report.to_dict()
+    _expect(report.total_bytes is not None and report.total_bytes > 0, "report has no total")
+    if report.free_bytes is not None:
+        _expect(report.free_bytes <= report.total_bytes, "free exceeds total")
+    return f"{report.mode} report, NVML: {report.nvml}", {"report": data}
+
+
 def run_checks(require_gpu: bool = False) -> Iterator[CheckResult]:
     """Runs every check, yielding each result as it completes."""
     yield _timed("build", _check_build)
@@ -137,3 +166,5 @@ def run_checks(require_gpu: bool = False) -> Iterator[CheckResult]:
         yield _timed(f"pool[{kind}]", lambda kind=kind: _check_pool(kind))
     expandable_kind = "device" if status else "host"
     yield _timed(f"pool[{expandable_kind}+exp]", lambda: _check_pool(expandable_kind, True))
+    yield _timed("cleanup", _check_cleanup)
+    yield _timed("report", _check_report)

@@ -4,8 +4,49 @@
 ``ValueError``, ``AllocationError`` also a ``MemoryError`` and ``DeviceError`` (a
 failed CUDA call, naming the call, the error code's name and its message) also a
 ``RuntimeError``, so existing ``except`` clauses keep working.
+
+Of the cleanup (``gpukeeper.cleanup``): ``MemoryLeakError`` (memory still held after a
+``GPUContext`` with ``raise_on_leak=True``, carrying its report), ``EmptiedObjectError``
+(a module or optimizer emptied by ``cleanup_models()`` used again; also a
+``RuntimeError``) and the ``LeakWarning`` warning (a ``UserWarning``).
 """
+
+from typing import TYPE_CHECKING
 
 from gpukeeper._core import AllocationError, DeviceError, GpuError, InvalidInputError
 
-__all__ = ["GpuError", "InvalidInputError", "AllocationError", "DeviceError"]
+if TYPE_CHECKING:
+    from gpukeeper.cleanup.report import CleanupReport
+
+__all__ = [
+    "GpuError",
+    "InvalidInputError",
+    "AllocationError",
+    "DeviceError",
+    "MemoryLeakError",
+    "EmptiedObjectError",
+    "LeakWarning",
+]
+
+
+class MemoryLeakError(GpuError):
+    """Memory was still held after a ``GPUContext`` with ``raise_on_leak=True`` cleaned up.
+
+    ``report`` is the context's ``CleanupReport``.
+    """
+
+    def __init__(self, message: str, report: "CleanupReport") -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class EmptiedObjectError(GpuError, RuntimeError):
+    """A module or optimizer emptied by ``cleanup_models()`` was used again."""
+
+
+class LeakWarning(UserWarning):
+    """Memory still held after cleanup.
+
+    A ``UserWarning`` rather than a ``ResourceWarning`` on purpose: Python hides
+    ResourceWarnings by default, and a leak nobody sees is no warning at all.
+    """

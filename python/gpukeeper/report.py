@@ -501,23 +501,11 @@ def _process_name(pid: int) -> Optional[str]:
         return None  # not visible from this PID namespace, or gone
 
 
-def _host_pools() -> Tuple[int, int]:
-    """(allocated, reserved) of gpukeeper's host and pinned pools (host memory)."""
-    allocated = reserved = 0
-    for pool in frameworks.live_pools():
-        if getattr(pool, "kind", "device") not in ("host", "pinned"):
-            continue
-        for d in pool.devices():
-            stats = pool.stats(d)
-            if stats is not None:
-                allocated += stats.allocated_bytes
-                reserved += stats.reserved_bytes
-    return allocated, reserved
-
-
 def _host_section() -> Dict[str, Optional[int]]:
     available, total = _core.host_memory_info()
-    allocated, reserved = _host_pools()
+    pools = frameworks.host_pool_memory()
+    allocated = pools.allocated if pools else 0
+    reserved = pools.reserved if pools else 0
     return {
         "total_bytes": int(total),
         "available_bytes": int(available),

@@ -1,0 +1,278 @@
+"""The opt-in exit guard: releases the process's GPU memory, and says what it still held,
+at interpreter exit and on SIGINT/SIGTERM, without ever hanging there on a stuck GPU."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+from typing import Any, Dict, Optional, Sequence
+
+from gpukeeper import frameworks
+# A module, not its names: run asks this module whether the device is stuck, so each
+# imports the other as a module (in either order).
+from gpukeeper.cleanup import run
+from gpukeeper.cleanup.guard_threads import _SignalWatcher, _SyncWorker, _Watchdog
+from gpukeeper.cleanup.measure import _active, _measure
+from gpukeeper.cleanup.report import CleanupReport, _leak_message
+from gpukeeper.errors import InvalidInputError, LeakWarning
+
+
+class _ExitGuard:
+    def __init__(
+        self, sync_timeout: float, exit_timeout: Optional[float], warn: bool, tolerance_bytes: int,
+        signals: Sequence[int],
+    ) -> None:
+        self.sync_timeout = sync_timeout
+        self.exit_timeout = exit_timeout
+        self.warn = warn
+        self.tolerance_bytes = tolerance_bytes
+        self.worker = _SyncWorker()
+        self.watchdog = _Watchdog()
+        self.previous: Dict[int, Any] = {}
+        self.watcher: Optional[_SignalWatcher] = None
+        self.forked = False
+        self.last_report: Optional[CleanupReport] = None
+        self.signals = list(signals)
+
+    # -------------------------------------------------------------- cleanup steps
+
+    def timed_sync(self) -> bool:
+        return self.worker.call(lambda: frameworks.synchronize_all(None), self.sync_timeout)
+
+    def quick_cleanup(self) -> None:
+        """Signal handlers: synchronize (bounded) and release; no gc, no report."""
+        if self.worker.stuck:
+            return  # an earlier synchronization never came back: do not wait again
+        try:
+            if self.timed_sync():
+                frameworks.release_all_caches(None)
+        except Exception:
+            pass  # a signal handler must not fail over cleanup
+
+    def full_cleanup(self) -> CleanupReport:
+        started = time.perf_counter()
+        devices = _active(None)
+        before = _measure(devices)
+        report, _ = run._run_cleanup(
+            "exit guard",
+            fixed=None,
+            devices=devices,
+            before=before,
+            baseline=None,
+            started=started,
+            collect=None,
+            find_leaks=True,
+            max_listed=10,
+            sync=self.timed_sync,
+        )
+        self.last_report = report
+        return report
+
+    # -------------------------------------------------------------- hooks
+
+    def at_exit(self) -> None:
+        if self.forked:
+            return
+        try:
+            report = self.full_cleanup()
+        except Exception as e:  # never turn an exit into a traceback over cleanup
+            try:
+                sys.stderr.write(f"gpukeeper exit guard: cleanup failed: {type(e).__name__}: {e}\n")
+            except Exception:
+                pass
+            return
+        if self.warn and report.held_bytes > self.tolerance_bytes:
+            # No source line to point at: the leak belongs to the whole program.
+            warnings.warn_explicit(
+                _leak_message(
+                    report,
+                    False,
+                    "still referenced at exit, e.g. by module globals; the process's end frees it",
+                ),
+                LeakWarning,
+                filename="<gpukeeper exit guard>",
+                lineno=0,
+            )
+        for note in report.notes:
+            try:
+                sys.stderr.write(f"gpukeeper exit guard: {note}\n")
+            except Exception:
+                pass
+
+
+_guard: Optional[_ExitGuard] = None
+_guard_lock = threading.RLock()
+
+
+def _device_stuck() -> bool:
+    guard = _guard
+    return guard is not None and guard.worker.stuck
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """The exit guard's handler for SIGINT and SIGTERM."""
+    guard = _guard
+    previous = guard.previous.get(signum, signal.SIG_DFL) if guard is not None else signal.SIG_DFL
+    user_handler = callable(previous) and previous is not signal.default_int_handler
+    if guard is not None and not guard.forked:
+        if user_handler:
+            guard.watchdog.mark_handled(signum)  # theirs decides whether the process ends
+        elif signum != signal.SIGINT and guard.exit_timeout is not None:
+            guard.watchdog.arm(128 + signum, guard.exit_timeout)
+        guard.quick_cleanup()
+    if callable(previous):
+        previous(signum, frame)  # default_int_handler raises KeyboardInterrupt
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    # Unwind (finally blocks and GPUContext exits run, then atexit) and leave with the
+    # conventional status of a process ended by this signal.
+    raise SystemExit(128 + signum)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) behaves as if no guard were installed:
+    the guard's threads did not survive the fork and its pipe belongs to the parent."""
+    guard = _guard
+    if guard is None:
+        return
+    guard.forked = True
+    if guard.watcher is not None:
+        guard.watcher.forget_after_fork()
+        guard.watcher = None
+    for s, previous in guard.previous.items():
+        try:
+            if signal.getsignal(s) is _on_signal:
+                signal.signal(s, previous if previous is not None else signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass  # not the main thread after all: _on_signal then falls back to defaults
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def install_exit_guard(
+    *,
+    sync_timeout: float = 5.0,
+    exit_timeout: Optional[float] = 10.0,
+    warn: bool = True,
+    tolerance_bytes: int = 1 << 20,
+    signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+) -> bool:
+    """Makes the process release its GPU memory at exit and on SIGINT/SIGTERM.
+
+    At interpreter exit (atexit): synchronize (waiting at most ``sync_timeout`` s: a hung
+    GPU cannot hang the exit; the caches are then left alone, as releasing would block
+    too), release every framework's cache, collect garbage if memory is still held, and
+    warn (``LeakWarning``) when more than ``tolerance_bytes`` are still allocated, naming
+    the tensors/arrays that hold them.
+
+    On SIGTERM: synchronize (bounded) and release, then raise ``SystemExit(128 + signum)``
+    so that ``finally`` blocks and ``GPUContext`` exits run before the atexit cleanup;
+    the process exits with status 143. If it is still alive ``exit_timeout`` s after the
+    signal (a blocked ``finally``, a non-daemon thread, a main thread stuck in a C call
+    that never returns to Python), it is ended with ``os._exit(143)``. ``exit_timeout``
+    None disables that. A handler installed before the guard is called after the cleanup
+    instead, and decides itself whether the process ends (no forced exit then).
+
+    On SIGINT: synchronize (bounded) and release, then chain to the previous handler
+    (Python's default raises KeyboardInterrupt). No forced exit: an interrupted program
+    may catch KeyboardInterrupt and carry on. A signal ignored before (SIG_IGN) stays
+    ignored.
+
+    Opt-in and idempotent: returns True when this call installed the guard, False when it
+    was installed already (its settings are then updated). Signals can only be handled in
+    the main thread; from another thread only the atexit part is installed (with a
+    RuntimeWarning).
+    """
+    global _guard
+    if not isinstance(sync_timeout, (int, float)) or isinstance(sync_timeout, bool) or sync_timeout <= 0:
+        raise InvalidInputError(f"install_exit_guard: sync_timeout must be > 0 seconds, got {sync_timeout!r}")
+    if exit_timeout is not None and (
+        not isinstance(exit_timeout, (int, float)) or isinstance(exit_timeout, bool) or exit_timeout <= 0
+    ):
+        raise InvalidInputError(f"install_exit_guard: exit_timeout must be > 0 seconds or None, got {exit_timeout!r}")
+    if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
+        raise InvalidInputError(f"install_exit_guard: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
+    wanted = []
+    for s in signals:
+        if s not in (signal.SIGINT, signal.SIGTERM) or isinstance(s, bool):
+            raise InvalidInputError(f"install_exit_guard: only SIGINT and SIGTERM are handled, got {s!r}")
+        wanted.append(signal.Signals(s))
+    with _guard_lock:
+        if _guard is not None and not _guard.forked:
+            _guard.sync_timeout = float(sync_timeout)
+            _guard.exit_timeout = None if exit_timeout is None else float(exit_timeout)
+            _guard.warn = bool(warn)
+            _guard.tolerance_bytes = tolerance_bytes
+            return False
+        guard = _ExitGuard(
+            float(sync_timeout), None if exit_timeout is None else float(exit_timeout),
+            bool(warn), tolerance_bytes, wanted,
+        )
+        stale = _guard  # a guard inherited through fork: its handlers are still installed
+        if threading.current_thread() is threading.main_thread():
+            for s in wanted:
+                previous = signal.getsignal(s)
+                if previous is _on_signal:
+                    previous = stale.previous.get(s, signal.SIG_DFL) if stale is not None else signal.SIG_DFL
+                if previous is signal.SIG_IGN:
+                    continue  # ignored on purpose: keep it so
+                guard.previous[s] = previous
+                signal.signal(s, _on_signal)
+            forced = {
+                int(s): guard.exit_timeout
+                for s in guard.previous
+                if s != signal.SIGINT and guard.exit_timeout is not None
+                and not (callable(guard.previous[s]) and guard.previous[s] is not signal.default_int_handler)
+            }
+            if forced:
+                try:
+                    guard.watcher = _SignalWatcher(guard.watchdog, forced)
+                except (ValueError, OSError):
+                    guard.watcher = None  # the handler still arms the watchdog itself
+        elif wanted:
+            warnings.warn(
+                "install_exit_guard: signals can only be handled from the main thread; "
+                "only the exit-time cleanup was installed",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        atexit.register(guard.at_exit)
+        _guard = guard
+        return True
+
+
+def uninstall_exit_guard() -> bool:
+    """Removes the exit guard: previous signal handlers and wakeup fd back, atexit hook
+    and helper threads gone. Returns False when no guard was installed."""
+    global _guard
+    with _guard_lock:
+        guard = _guard
+        if guard is None:
+            return False
+        _guard = None
+        atexit.unregister(guard.at_exit)
+        if threading.current_thread() is threading.main_thread():
+            for s, previous in guard.previous.items():
+                if signal.getsignal(s) is _on_signal:
+                    signal.signal(s, previous if previous is not None else signal.SIG_DFL)
+            if guard.watcher is not None:
+                guard.watcher.restore()
+        elif guard.watcher is not None:
+            guard.watcher.stop()
+        guard.worker.stop()
+        guard.watchdog.stop()
+        return True
+
+
+def exit_guard_installed() -> bool:
+    """Whether ``install_exit_guard()`` is in effect in this process."""
+    guard = _guard
+    return guard is not None and not guard.forked

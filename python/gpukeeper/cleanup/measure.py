@@ -1,0 +1,77 @@
+"""Measuring and releasing each framework's memory on the devices a cleanup looks at."""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional
+
+from gpukeeper import frameworks
+from gpukeeper.cleanup.report import Snapshot
+from gpukeeper.frameworks import FrameworkMemory
+
+HOST = "host"
+
+
+def _active(fixed: Optional[List[int]]) -> List[int]:
+    """The devices to look at now: those in use (never create a context to find nothing),
+    restricted to ``fixed`` when the caller named devices."""
+    active = frameworks.active_devices()
+    if fixed is None:
+        return active
+    return [d for d in fixed if d in active]
+
+
+def _measure(devices: Iterable[int]) -> Snapshot:
+    snap: Snapshot = {}
+    for d in devices:
+        per = frameworks.memory_by_framework(d)
+        if per:
+            snap[f"cuda:{d}"] = per
+    host = frameworks.host_pool_memory()
+    if host is not None:
+        snap[HOST] = {host.name: host}
+    return snap
+
+
+def _level(mem: Optional[FrameworkMemory]) -> Optional[int]:
+    if mem is None:
+        return 0  # not loaded (or no context) at that time: it held nothing
+    return mem.allocated if mem.allocated is not None else mem.reserved
+
+
+def _held(baseline: Optional[Snapshot], after: Snapshot) -> Dict[str, Dict[str, int]]:
+    """Bytes allocated above the baseline (above zero without one), per location/framework."""
+    held: Dict[str, Dict[str, int]] = {}
+    for loc, per in after.items():
+        base = baseline.get(loc, {}) if baseline is not None else {}
+        for name, mem in per.items():
+            now = _level(mem)
+            then = _level(base.get(name)) if baseline is not None else 0
+            if now is None or then is None:
+                continue  # the framework cannot tell (JAX without memory stats)
+            if now > then:
+                held.setdefault(loc, {})[name] = now - then
+    return held
+
+
+def _release(fixed: Optional[List[int]], devices: List[int], released: Dict[str, int]) -> None:
+    if fixed is None:
+        got = frameworks.release_all_caches(None)
+    else:
+        got = {}
+        for d in devices:
+            for name, n in frameworks.release_all_caches(d).items():
+                got[name] = got.get(name, 0) + n
+        # Host and pinned pools belong to no device: a named device must not keep them.
+        for pool in frameworks.live_pools():
+            if getattr(pool, "kind", "device") in ("host", "pinned"):
+                got["gpukeeper"] = got.get("gpukeeper", 0) + int(pool.emergency_cleanup_all())
+    for name, n in got.items():
+        released[name] = released.get(name, 0) + int(n)
+
+
+def _synchronize(fixed: Optional[List[int]], devices: List[int]) -> None:
+    if fixed is None:
+        frameworks.synchronize_all(None)
+    else:
+        for d in devices:
+            frameworks.synchronize_all(d)

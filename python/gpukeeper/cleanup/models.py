@@ -1,0 +1,176 @@
+"""``cleanup_models``: frees the memory of models, optimizers and tensors whose names live on."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict, List, Set, Tuple
+
+from gpukeeper import frameworks
+from gpukeeper.cleanup.exit_guard import _device_stuck
+from gpukeeper.errors import EmptiedObjectError, InvalidInputError
+
+
+class _EmptiedCall:
+    """Stands in for ``forward``/``step`` of an emptied object: says what happened."""
+
+    def __init__(self, what: str, hint: str) -> None:
+        self.what = what
+        self.hint = hint
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise EmptiedObjectError(f"{self.what} was emptied by cleanup_models(): {self.hint}")
+
+
+class _Found:
+    def __init__(self) -> None:
+        self.modules: List[Any] = []
+        self.optimizers: List[Any] = []
+        self.tensors: List[Any] = []
+        self.seen: Set[int] = set()
+
+
+def _gather(obj: Any, torch: Any, found: _Found, path: str) -> None:
+    if obj is None or id(obj) in found.seen:
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        found.seen.add(id(obj))
+        for i, item in enumerate(obj):
+            _gather(item, torch, found, f"{path}[{i}]")
+        return
+    if isinstance(obj, dict):
+        found.seen.add(id(obj))
+        for key, item in obj.items():
+            _gather(item, torch, found, f"{path}[{key!r}]")
+        return
+    if torch is not None:
+        if isinstance(obj, torch.nn.Module):
+            found.seen.add(id(obj))
+            found.modules.append(obj)
+            return
+        if isinstance(obj, torch.optim.Optimizer):
+            found.seen.add(id(obj))
+            found.optimizers.append(obj)
+            return
+        if isinstance(obj, torch.Tensor):
+            found.seen.add(id(obj))
+            found.tensors.append(obj)
+            return
+    raise InvalidInputError(
+        f"cleanup_models: cannot empty {path} (a {type(obj).__name__}): pass torch nn.Modules, "
+        "optimizers, tensors, or lists/tuples/dicts of them (del other objects instead); "
+        "nothing was emptied"
+    )
+
+
+def cleanup_models(*objs: Any) -> int:
+    """Frees the memory held by models, optimizers and tensors while the caller still
+    holds their names; returns the bytes freed.
+
+    Accepts ``torch.nn.Module`` (parameters, buffers, gradients and tensor attributes of
+    it and its submodules), ``torch.optim.Optimizer`` (its state: moments, steps), tensors,
+    and lists/tuples/sets/dicts of them; ``None`` is skipped. Anything else raises
+    ``InvalidInputError`` before anything is emptied. Each tensor is swapped for an empty
+    one of the same dtype and device (``tensor.data = torch.empty(0)``), on every device:
+    GPU memory is the point, and CPU objects are emptied too so that the behaviour is the
+    same everywhere. Calling an emptied module (or a submodule) or stepping an emptied
+    optimizer raises ``EmptiedObjectError``; emptying twice is harmless (0 bytes).
+
+    The bytes returned are those of the allocations that died: memory another live
+    object still references (a view kept elsewhere, an autograd graph still holding
+    saved tensors) is not freed, and not counted. Then synchronizes and releases every
+    framework's cache, so that the memory goes back to the driver.
+    """
+    torch = sys.modules.get("torch")
+    found = _Found()
+    for i, obj in enumerate(objs):
+        _gather(obj, torch, found, f"argument {i}")
+    if not (found.modules or found.optimizers or found.tensors):
+        return 0
+
+    tensors: Dict[int, Any] = {}
+
+    def add(t: Any) -> None:
+        if isinstance(t, torch.Tensor):
+            tensors.setdefault(id(t), t)
+
+    for module in found.modules:
+        for sub in module.modules():
+            for p in sub._parameters.values():
+                if p is not None:
+                    add(p)
+                    if p.grad is not None:
+                        add(p.grad)
+            for b in sub._buffers.values():
+                add(b)
+            for value in vars(sub).values():
+                add(value)  # plain tensor attributes (caches, masks) hold memory too
+    for opt in found.optimizers:
+        for state in opt.state.values():
+            if isinstance(state, dict):
+                for value in state.values():
+                    add(value)
+                    if isinstance(value, (list, tuple)):
+                        for v in value:
+                            add(v)
+    for t in found.tensors:
+        add(t)
+        if t.grad is not None:
+            add(t.grad)
+
+    freed = _empty_tensors(torch, list(tensors.values()))
+    tensors.clear()
+
+    for module in found.modules:
+        for name, sub in module.named_modules():
+            label = type(sub).__name__ + (f" ({name})" if name else "")
+            try:
+                sub._gpukeeper_emptied = True
+                sub.forward = _EmptiedCall(
+                    label,
+                    "its parameters and buffers no longer hold memory; build or load the model again",
+                )
+            except Exception:
+                pass  # e.g. a TorchScript module refuses new attributes: emptied, unmarked
+            for p in sub._parameters.values():
+                if p is not None:
+                    p.grad = None
+    for opt in found.optimizers:
+        opt._gpukeeper_emptied = True
+        opt.step = _EmptiedCall(
+            type(opt).__name__, "its state no longer holds memory; make a new optimizer"
+        )
+
+    if not _device_stuck():
+        frameworks.synchronize_all(None)
+        frameworks.release_all_caches(None)
+    return freed
+
+
+def _empty_tensors(torch: Any, tensors: List[Any]) -> int:
+    """Swaps each tensor's data for an empty tensor; bytes of the storages that died."""
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+    except Exception:  # pragma: no cover - every torch with storages has it
+        StorageWeakRef = None
+    watched: Dict[Tuple[str, int], Tuple[Any, int]] = {}
+    for t in tensors:
+        try:
+            storage = t.untyped_storage()
+            if storage.nbytes() == 0:
+                continue  # already empty (emptied before)
+            key = (str(t.device), int(storage.data_ptr()))
+            if key[1] and key not in watched and StorageWeakRef is not None:
+                watched[key] = (StorageWeakRef(storage), int(storage.nbytes()))
+            del storage
+        except Exception:
+            pass  # sparse and other storage-less layouts: emptied, not counted
+        try:
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        except Exception:
+            # Inference tensors and some subclasses refuse .data: free through the
+            # storage itself (every alias then sees an empty storage).
+            try:
+                t.untyped_storage().resize_(0)
+            except Exception:
+                pass
+    return sum(nbytes for ref, nbytes in watched.values() if ref.expired())

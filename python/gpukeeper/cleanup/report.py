@@ -1,0 +1,207 @@
+"""What a cleanup did and what it could not give back: ``CleanupReport``, the
+``LeakedArray`` entries that name what is still held, and the text made of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from gpukeeper.frameworks import FrameworkMemory
+
+# location ("cuda:0", "host") -> framework name -> its memory
+Snapshot = Dict[str, Dict[str, FrameworkMemory]]
+
+
+def _fmt_bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "?"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{sign}{n} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    return f"{sign}{n} B"  # unreachable
+
+
+@dataclass(frozen=True)
+class LeakedArray:
+    """A live tensor or array still holding memory after cleanup.
+
+    ``inside``: True when it was created inside the context (known from the allocation
+    tracker, or because the framework held nothing on entry), False when the tracker did
+    not see it being made (so it most likely predates the context), None when unknown.
+    ``created_at``: the creating lines, innermost first, as ``"file:line in function"``
+    (only with ``track_allocations=True``).
+    """
+
+    framework: str
+    device: str
+    kind: str
+    shape: Tuple[int, ...]
+    dtype: str
+    nbytes: int
+    inside: Optional[bool] = None
+    created_at: Tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line: ``torch Tensor (64, 128) float32, 32.0 KiB on cuda:0, created at ...``."""
+        shape = "(" + ", ".join(str(s) for s in self.shape) + ("," if len(self.shape) == 1 else "") + ")"
+        text = f"{self.framework} {self.kind} {shape} {self.dtype}, {_fmt_bytes(self.nbytes)} on {self.device}"
+        if self.created_at:
+            text += f", created at {self.created_at[0]}"
+            if len(self.created_at) > 1:
+                text += " (called from " + "; ".join(self.created_at[1:]) + ")"
+        elif self.inside is False:
+            text += " (made before the context, or where the tracker could not see)"
+        return text
+
+
+@dataclass
+class CleanupReport:
+    """What a cleanup did and what it could not give back.
+
+    ``before``/``after``: per location (``"cuda:0"``, ``"host"`` for gpukeeper's host and
+    pinned pools) and framework, the allocated and reserved bytes on entry (or when
+    ``cleanup_cuda`` was called) and after cleanup. ``released``: bytes each framework's
+    cache gave back to the driver. ``held``: per location and framework, the bytes still
+    allocated above the baseline after cleanup (above zero for ``cleanup_cuda`` and the
+    exit guard); ``leaks``: the live objects that hold them, largest first (at most
+    ``max_listed``; ``leaks_found`` counts all). ``gc_runs``/``gc_objects``: collections
+    run and unreachable objects they found (0 on the fast path).
+    """
+
+    source: str
+    devices: List[int]
+    before: Snapshot
+    after: Snapshot
+    released: Dict[str, int]
+    held: Dict[str, Dict[str, int]]
+    leaks: List[LeakedArray]
+    leaks_found: int
+    gc_runs: int
+    gc_objects: int
+    synchronized: bool
+    duration_s: float
+    exc_type: Optional[str] = None
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes still allocated above the baseline, all locations and frameworks."""
+        return sum(sum(per.values()) for per in self.held.values())
+
+    @property
+    def released_bytes(self) -> int:
+        """Bytes the frameworks' caches gave back, in total."""
+        return sum(self.released.values())
+
+    @property
+    def leaked(self) -> bool:
+        """True when anything is still held above the baseline."""
+        return self.held_bytes > 0
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-ready: plain dicts, lists, numbers and strings."""
+
+        def snap(s: Snapshot) -> Dict[str, Any]:
+            return {loc: {n: dataclasses.asdict(m) for n, m in fws.items()} for loc, fws in s.items()}
+
+        return {
+            "source": self.source,
+            "devices": list(self.devices),
+            "before": snap(self.before),
+            "after": snap(self.after),
+            "released": dict(self.released),
+            "released_bytes": self.released_bytes,
+            "held": {loc: dict(per) for loc, per in self.held.items()},
+            "held_bytes": self.held_bytes,
+            "leaks": [
+                {**dataclasses.asdict(a), "shape": list(a.shape), "created_at": list(a.created_at)}
+                for a in self.leaks
+            ],
+            "leaks_found": self.leaks_found,
+            "gc_runs": self.gc_runs,
+            "gc_objects": self.gc_objects,
+            "synchronized": self.synchronized,
+            "duration_s": self.duration_s,
+            "exc_type": self.exc_type,
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        """One line: what is still held, or that nothing is."""
+        if not self.leaked:
+            return f"{self.source}: nothing held above the baseline"
+        parts = [
+            f"{name} {_fmt_bytes(b)} on {loc}"
+            for loc, per in self.held.items()
+            for name, b in per.items()
+        ]
+        return f"{self.source}: {_fmt_bytes(self.held_bytes)} still held after cleanup ({', '.join(parts)})"
+
+    def table(self) -> str:
+        """A readable multi-line table."""
+        head = f"{self.source} cleanup in {self.duration_s * 1e3:.2f} ms"
+        if self.exc_type:
+            head += f" (the block raised {self.exc_type})"
+        lines = [head]
+        rows = [("where", "framework", "allocated before", "after", "reserved before", "after")]
+        for loc in sorted(set(self.before) | set(self.after)):
+            names = sorted(set(self.before.get(loc, {})) | set(self.after.get(loc, {})))
+            for name in names:
+                b = self.before.get(loc, {}).get(name)
+                a = self.after.get(loc, {}).get(name)
+                rows.append(
+                    (
+                        loc,
+                        name,
+                        _fmt_bytes(b.allocated) if b else "-",
+                        _fmt_bytes(a.allocated) if a else "-",
+                        _fmt_bytes(b.reserved) if b else "-",
+                        _fmt_bytes(a.reserved) if a else "-",
+                    )
+                )
+        if len(rows) == 1:
+            lines.append("  no device memory to watch (no framework holds a CUDA context)")
+        else:
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            for r in rows:
+                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        released = {k: v for k, v in self.released.items() if v}
+        lines.append(
+            "  released: "
+            + (", ".join(f"{k} {_fmt_bytes(v)}" for k, v in released.items()) if released else "nothing cached")
+        )
+        if self.gc_runs:
+            lines.append(f"  garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects")
+        lines.append("  " + self.summary())
+        for leak in self.leaks:
+            lines.append("    " + leak.describe())
+        if self.leaks_found > len(self.leaks):
+            lines.append(f"    ... and {self.leaks_found - len(self.leaks)} more")
+        if self.leaked and self.leaks_found == 0:
+            lines.append("    (no live tensor or array visible to Python holds it: autograd graphs, "
+                         "C++ caches or objects of another library)")
+        for note in self.notes:
+            lines.append("  note: " + note)
+        return "\n".join(lines)
+
+    __str__ = table
+
+
+def _leak_message(report: CleanupReport, tracking: bool, hint: Optional[str] = None) -> str:
+    lines = [report.summary()]
+    shown = report.leaks[:5]
+    for leak in shown:
+        lines.append("  " + leak.describe())
+    if report.leaks_found > len(shown):
+        lines.append(f"  ... and {report.leaks_found - len(shown)} more (see the report)")
+    hints = hint or (
+        "del the names bound in the block, build the model inside a function, or call cleanup_models()"
+    )
+    if not tracking and report.leaks and hint is None:
+        hints += "; GPUContext(track_allocations=True) names the creating lines"
+    lines.append(f"  ({hints})")
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""The cleanup itself, shared by ``GPUContext``, ``cleanup_cuda`` and the exit guard:
+synchronize, release, measure; collect and repeat only while memory is held."""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+# A module, not its names: the exit guard runs this cleanup and this cleanup asks the guard
+# whether the device is stuck, so each imports the other as a module (in either order).
+from gpukeeper.cleanup import exit_guard
+from gpukeeper.cleanup.measure import _active, _held, _measure, _release, _synchronize
+from gpukeeper.cleanup.report import CleanupReport, LeakedArray, Snapshot
+from gpukeeper.cleanup.tracking import _AllocationTracker, _name_leaks
+
+
+def _run_cleanup(
+    source: str,
+    *,
+    fixed: Optional[List[int]],
+    devices: List[int],
+    before: Snapshot,
+    baseline: Optional[Snapshot],
+    started: float,
+    collect: Optional[bool],
+    find_leaks: bool,
+    max_listed: int,
+    tracker: Optional[_AllocationTracker] = None,
+    exc_type: Optional[str] = None,
+    sync: Optional[Callable[[], bool]] = None,
+) -> Tuple[CleanupReport, Optional[BaseException]]:
+    """Synchronize, release, measure; collect and repeat only while memory is held.
+
+    Returns the report and the first error a framework raised (the caller decides whether
+    to raise it: never over an exception already propagating from the block).
+    """
+    notes: List[str] = []
+    released: Dict[str, int] = {}
+    error: Optional[BaseException] = None
+    now_devices = _active(fixed)
+    devices = sorted(set(devices) | set(now_devices))
+
+    synchronized = False
+    if exit_guard._device_stuck():
+        notes.append(
+            "an earlier synchronization timed out and has not finished: the device is presumed "
+            "hung, so nothing was synchronized or released (either would block)"
+        )
+    else:
+        try:
+            if sync is not None:
+                synchronized = sync()
+                if not synchronized:
+                    notes.append("synchronization timed out: caches not released (it would block)")
+            else:
+                _synchronize(fixed, now_devices)
+                synchronized = True
+        except Exception as e:  # a sticky CUDA error from the block's work, typically
+            error = e
+            notes.append(f"synchronize failed: {type(e).__name__}: {e}")
+    can_release = synchronized  # releasing after a failed or timed-out sync would block or fail
+
+    def release_and_measure() -> Snapshot:
+        nonlocal error
+        if can_release:
+            try:
+                _release(fixed, now_devices, released)
+            except Exception as e:
+                if error is None:
+                    error = e
+                notes.append(f"release failed: {type(e).__name__}: {e}")
+        return _measure(devices)
+
+    after = release_and_measure()
+    held = _held(baseline, after)
+    gc_runs = gc_objects = 0
+    if collect is True or (collect is None and held):
+        # Young generations first: a cycle made inside a short block is usually still
+        # there, and collecting them costs microseconds instead of a full collection's
+        # tens of milliseconds.
+        for generation in ((1, 2) if collect is None else (2,)):
+            gc_objects += gc.collect(generation)
+            gc_runs += 1
+            after = release_and_measure()
+            held = _held(baseline, after)
+            if not held:
+                break
+    leaks: List[LeakedArray] = []
+    found = 0
+    if held and find_leaks:
+        leaks, found = _name_leaks(held, baseline, tracker, max_listed)
+    report = CleanupReport(
+        source=source,
+        devices=devices,
+        before=before,
+        after=after,
+        released=released,
+        held=held,
+        leaks=leaks,
+        leaks_found=found,
+        gc_runs=gc_runs,
+        gc_objects=gc_objects,
+        synchronized=synchronized,
+        duration_s=time.perf_counter() - started,
+        exc_type=exc_type,
+        notes=notes,
+    )
+    return report, error

@@ -1,0 +1,187 @@
+"""Where each tensor/array was made (``track_allocations``) and which live ones still hold
+memory after a cleanup."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from gpukeeper import frameworks
+from gpukeeper.cleanup.measure import _level
+from gpukeeper.cleanup.report import LeakedArray, Snapshot
+from gpukeeper.frameworks import LiveArray
+
+
+_INTERNAL_DIRS: Optional[Tuple[str, ...]] = None
+
+
+def _internal_dirs() -> Tuple[str, ...]:
+    global _INTERNAL_DIRS
+    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
+    for name in ("torch", "cupy", "cupyx"):
+        mod = sys.modules.get(name)
+        path = getattr(mod, "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    _INTERNAL_DIRS = tuple(dirs)
+    return _INTERNAL_DIRS
+
+
+def _user_stack(depth: int) -> Tuple[str, ...]:
+    """The innermost ``depth`` frames outside torch, CuPy and gpukeeper."""
+    internal = _INTERNAL_DIRS or _internal_dirs()
+    out: List[str] = []
+    frame = sys._getframe(2)
+    while frame is not None and len(out) < depth:
+        code = frame.f_code
+        name = code.co_filename
+        if not name.startswith(internal) and not name.startswith("<frozen"):
+            out.append(f"{name}:{frame.f_lineno} in {code.co_name}")
+        frame = frame.f_back
+    return tuple(out) if out else ("<no Python frame: another thread, e.g. autograd's>",)
+
+
+_dispatch_mode_class: Any = None
+
+
+def _recorder_class() -> Any:
+    """A TorchDispatchMode that records where each new storage was made (made once)."""
+    global _dispatch_mode_class
+    if _dispatch_mode_class is None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tensor_type = torch.Tensor
+
+        class _Recorder(TorchDispatchMode):
+            def __init__(self, tracker: "_AllocationTracker") -> None:
+                super().__init__()
+                self.tracker = tracker
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                out = func(*args, **(kwargs or {}))
+                # Views and in-place ops make no new storage: only the others are recorded
+                # (a storage's address, reused later by the allocator, is overwritten then).
+                if not func.is_view and not func._schema.is_mutable:
+                    if isinstance(out, tensor_type):
+                        self.tracker.record_torch((out,))
+                    elif isinstance(out, (tuple, list)):
+                        self.tracker.record_torch([t for t in out if isinstance(t, tensor_type)])
+                return out
+
+        _dispatch_mode_class = _Recorder
+    return _dispatch_mode_class
+
+
+class _AllocationTracker:
+    """Creation sites of the storages/arrays made while it runs (``track_allocations``).
+
+    PyTorch: a TorchDispatchMode sees every ATen op of the thread that entered it (and of
+    autograd's threads, which inherit it) and records the Python stack for each new
+    storage. CuPy: a ``cupy.cuda.MemoryHook`` records each allocation from CuPy's memory
+    pool. Both cost microseconds per op: for finding leaks, not for production loops.
+    Only frameworks imported before the context is entered are tracked.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.sites: Dict[Tuple[str, int], Tuple[str, ...]] = {}
+        self._mode: Any = None
+        self._hook: Any = None
+        self.frameworks: Set[str] = set()
+
+    def record_torch(self, tensors: Sequence[Any]) -> None:
+        stack = None
+        for t in tensors:
+            try:
+                ptr = int(t.untyped_storage().data_ptr())
+            except Exception:
+                continue  # sparse/meta/fake: no storage to attribute
+            if ptr:
+                if stack is None:
+                    stack = _user_stack(self.depth)
+                self.sites[("torch", ptr)] = stack
+
+    def start(self) -> None:
+        _internal_dirs()
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "utils"):
+            mode = _recorder_class()(self)
+            mode.__enter__()
+            self._mode = mode
+            self.frameworks.add("torch")
+        cupy = sys.modules.get("cupy")
+        hook_base = getattr(getattr(cupy, "cuda", None), "MemoryHook", None)
+        if hook_base is not None:
+            tracker = self
+
+            class _CupyRecorder(hook_base):  # type: ignore[misc, valid-type]
+                def malloc_postprocess(self, **kwargs: Any) -> None:
+                    ptr = kwargs.get("mem_ptr")
+                    if ptr:
+                        tracker.sites[("cupy", int(ptr))] = _user_stack(tracker.depth)
+
+            hook = _CupyRecorder()
+            hook.name = f"gpukeeper-tracker-{id(self)}"  # hook names must be unique per thread
+            try:
+                hook.__enter__()
+                self._hook = hook
+                self.frameworks.add("cupy")
+            except Exception:
+                pass  # CuPy's hooks unavailable: its arrays are listed without sites
+
+    def stop(self) -> None:
+        if self._hook is not None:
+            try:
+                self._hook.__exit__(None, None, None)
+            except Exception:
+                pass
+            self._hook = None
+        if self._mode is not None:
+            try:
+                self._mode.__exit__(None, None, None)
+            except Exception:
+                pass
+            self._mode = None
+
+
+def _name_leaks(
+    held: Dict[str, Dict[str, int]],
+    baseline: Optional[Snapshot],
+    tracker: Optional[_AllocationTracker],
+    max_listed: int,
+) -> Tuple[List[LeakedArray], int]:
+    """The live tensors/arrays on the devices where memory is still held (slow: gc walk)."""
+    wanted = {(loc, name) for loc, per in held.items() for name in per if name in ("torch", "cupy")}
+    if not wanted:
+        return [], 0
+    locations = sorted({loc for loc, _ in wanted})
+    candidates: List[LeakedArray] = []
+    for loc in locations:
+        index = int(loc.split(":", 1)[1])
+        for arr in frameworks.live_arrays(index):
+            if (loc, arr.framework) not in wanted:
+                continue
+            candidates.append(_leaked(arr, loc, baseline, tracker))
+    # What the tracker did not see made is most likely older than the context: drop it.
+    kept = [c for c in candidates if c.inside is not False]
+    kept.sort(key=lambda c: (c.inside is not True, -c.nbytes))
+    return kept[:max_listed], len(kept)
+
+
+def _leaked(
+    arr: LiveArray, loc: str, baseline: Optional[Snapshot], tracker: Optional[_AllocationTracker]
+) -> LeakedArray:
+    site: Tuple[str, ...] = ()
+    inside: Optional[bool] = None
+    if tracker is not None and arr.framework in tracker.frameworks:
+        site = tracker.sites.get((arr.framework, arr.data_ptr), ())
+        inside = bool(site)
+    if not inside:
+        base = (baseline or {}).get(loc, {}).get(arr.framework)
+        if baseline is not None and _level(base) == 0:
+            inside = True  # the framework held nothing there on entry
+    return LeakedArray(
+        arr.framework, arr.device, arr.kind, arr.shape, arr.dtype, arr.nbytes, inside, site
+    )
