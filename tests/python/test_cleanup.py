@@ -716,3 +716,28 @@ def test_gpu_cupy_arrays_in_a_cycle_and_kept(no_auto_gc):
     assert "test_gpu_cupy_arrays_in_a_cycle_and_kept" in leak.created_at[0]
     del kept
     pool.free_all_blocks()
+
+
+def test_block_that_raises_frees_what_the_failed_calls_held():
+    # The traceback keeps the locals of the function that raised; unless GPUContext
+    # clears them, their memory outlives its cleanup and stays cached.
+    from gpukeeper import MemoryPool, Precision
+
+    pool = MemoryPool("host")
+
+    def failing_step():
+        held = pool.get_managed_buffer(0, 1 << 20, Precision.Fp32)  # noqa: F841
+        raise RuntimeError("on purpose")
+
+    with pytest.raises(RuntimeError, match="on purpose"):
+        with GPUContext(warn_on_leak=False):
+            failing_step()
+    assert pool.stats(0).allocated_bytes == 0
+    assert pool.stats(0).reserved_bytes == 0
+
+    with pytest.raises(RuntimeError, match="on purpose") as info:
+        with GPUContext(warn_on_leak=False, keep_traceback_locals=True):
+            failing_step()
+    assert pool.stats(0).reserved_bytes > 0  # the locals were kept, so was the memory
+    del info
+    pool.emergency_cleanup(0)

@@ -318,7 +318,14 @@ def _device_used() -> int:
     [
         ("normal", None, (0,)),
         ("raise", None, (1,)),
-        ("wait", signal.SIGINT, (-signal.SIGINT, 128 + signal.SIGINT)),
+        pytest.param(
+            "wait", signal.SIGINT, (-signal.SIGINT, 128 + signal.SIGINT),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="seen on an H200, 2026-11-21: SIGINT while torch's C++ autograd "
+                "engine runs raises KeyboardInterrupt through run_backward and the child "
+                "exits with status 1, not 130 (cleanup ran; cause not yet found)"),
+        ),
         ("wait", signal.SIGTERM, (128 + signal.SIGTERM,)),
     ],
 )

@@ -86,7 +86,9 @@ def test_torch_trains_the_same_on_gpukeeper_and_books_match_live_tensors():
     assert ours["losses"][-1] < ours["losses"][0]  # it did train
     assert ours["validate"] == ""
     assert ours["released"] > 0
-    assert ours["reserved_after_release"] < 4 << 20  # only the still-live workspaces stay
+    # Only segments with live blocks stay: at most one small and one large segment's
+    # worth of cache beyond what is still allocated.
+    assert ours["reserved_after_release"] - ours["allocated_after_release"] <= 22 << 20
 
 
 @needs_cuda

@@ -47,8 +47,12 @@ def main(mode: str) -> None:
         out["allocated_after_training"] = s.allocated_bytes
         out["validate"] = gpukeeper._core._torch_pool_validate(0)
         del model, opt, x, y, loss
-        out["released"] = torch_allocator.release(0)
-        out["reserved_after_release"] = torch_allocator.stats(0).reserved_bytes
+        reserved_before = torch_allocator.stats(0).reserved_bytes
+        frameworks.release_all_caches(0)  # the path GPUContext and cleanup_cuda take
+        s = torch_allocator.stats(0)
+        out["released"] = reserved_before - s.reserved_bytes
+        out["reserved_after_release"] = s.reserved_bytes
+        out["allocated_after_release"] = s.allocated_bytes
     if mode == "late":
         torch.empty(1, device="cuda")
         try:

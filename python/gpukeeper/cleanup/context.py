@@ -6,6 +6,7 @@ import contextlib
 import sys
 import threading
 import time
+import traceback
 import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional
@@ -82,7 +83,12 @@ class GPUContext(contextlib.ContextDecorator):
       microseconds per op), so that leaks name their creating line. ``collect``: None
       runs the garbage collector only when memory is still held after the cheap steps,
       True always, False never. ``max_listed``: leaks named at most. ``stack_depth``:
-      user frames kept per creation site.
+      user frames kept per creation site. ``keep_traceback_locals``: when the block
+      raises, the exception's traceback holds the locals of the functions that raised
+      (often the tensors of a failed step), which would stay allocated until the
+      exception is dropped, after this context's cleanup; by default those frames are
+      cleared (``traceback.clear_frames``; the block's own frame and the exception are
+      kept), True keeps them for post-mortem debugging.
 
     Contexts nest (each keeps its own baseline; one instance may be re-entered) and work
     as decorators. A block's names outlive it: ``del`` them, or build inside a function.
@@ -105,6 +111,7 @@ class GPUContext(contextlib.ContextDecorator):
         collect: Optional[bool] = None,
         max_listed: int = 20,
         stack_depth: int = 4,
+        keep_traceback_locals: bool = False,
     ) -> None:
         self._fixed = _parse_device(device)
         if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
@@ -122,6 +129,7 @@ class GPUContext(contextlib.ContextDecorator):
         self.collect = collect
         self.max_listed = max_listed
         self.stack_depth = stack_depth
+        self.keep_traceback_locals = bool(keep_traceback_locals)
         self.report: Optional[CleanupReport] = None
         # Entered frames per thread: one instance may be re-entered (nested, or used as a
         # decorator on a recursive function) and each exit must find its own baseline.
@@ -143,6 +151,8 @@ class GPUContext(contextlib.ContextDecorator):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         frame: _Frame = self._local.frames.pop()
+        if tb is not None and not self.keep_traceback_locals:
+            traceback.clear_frames(tb)  # frees what the failed calls' locals hold
         if frame.tracker is not None:
             frame.tracker.stop()  # before cleanup, so that its own work is not recorded
         report, error = _run_cleanup(
