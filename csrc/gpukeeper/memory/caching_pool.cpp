@@ -131,7 +131,12 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
     }
   }
   void* result = block ? reinterpret_cast<void*>(block->addr) : nullptr;
-  if (result == nullptr) throw AllocationError(oom_message(bytes), bytes);
+  if (result == nullptr) {
+    // The failed attempt may have released cache: let watermarks see the lower pressure
+    // (and re-arm) before the error leaves.
+    notify_watermarks();
+    throw AllocationError(oom_message(bytes), bytes);
+  }
   if (grew) notify_watermarks();
   return result;
 }
