@@ -1,0 +1,538 @@
+"""Device utilities of seeds 002 and 004: pick a device, describe it, read its memory.
+
+>>> from gpukeeper.device import get_device, warmup_cuda, get_gpu_memory_info
+>>> device = get_device()
+>>> warmup_cuda()
+>>> mem_info = get_gpu_memory_info()
+>>> print(f"GPU Memory: {mem_info['allocated']:.2f} GB")
+
+Everything works without a GPU ("CPU mode"):
+
+- ``get_device()`` returns the CPU device;
+- ``get_gpu_info()`` returns a dict with ``mode == "cpu"`` describing the host;
+- ``get_gpu_memory_info()`` reports the *process's host memory*: ``allocated`` is the
+  resident set size (RSS, from ``/proc/self/statm``), ``peak`` the peak RSS, ``free`` /
+  ``total`` the machine's available / total memory. RSS is what a leak grows on a host, so
+  ``check_memory_leak`` means the same thing in both modes ("did the memory this process
+  holds grow?"); gpukeeper's host pools are listed separately (``host_pools_*_bytes``).
+- ``warmup_cuda()`` does nothing and returns 0.0.
+
+Nothing here imports PyTorch: it is used when it is already loaded (``sys.modules``),
+because importing it costs seconds and may create a CUDA context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+import time
+from typing import Any, Dict, Optional, Tuple, Union
+
+from gpukeeper import _core, frameworks
+from gpukeeper.errors import DeviceError, InvalidInputError
+
+__all__ = [
+    "get_device",
+    "get_gpu_info",
+    "get_gpu_memory_info",
+    "warmup_cuda",
+    "check_memory_leak",
+    "resolve_device_index",
+    "process_rss_bytes",
+]
+
+GB = float(1 << 30)
+MB = float(1 << 20)
+
+
+# --------------------------------------------------------------------- helpers
+
+
+def _torch() -> Any:
+    """PyTorch when it is already imported, else None (never imports it)."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and hasattr(torch, "cuda") else None
+
+
+def _cuda_usable() -> bool:
+    torch = _torch()
+    if torch is not None:
+        try:
+            return bool(torch.cuda.is_available())
+        except Exception:
+            return False
+    return bool(_core.cuda_status()["available"])
+
+
+def _cuda_reason() -> str:
+    torch = _torch()
+    if torch is not None:
+        try:
+            if not torch.cuda.is_available():
+                return f"PyTorch sees no CUDA device (CUDA build: {torch.version.cuda})"
+        except Exception as exc:
+            return f"torch.cuda.is_available() failed: {exc}"
+    return str(_core.cuda_status().get("reason", "")) or "CUDA unavailable"
+
+
+def _device_count() -> int:
+    torch = _torch()
+    if torch is not None:
+        try:
+            return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+        except Exception:
+            return 0
+    return int(_core.cuda_device_count()) if _core.cuda_status()["available"] else 0
+
+
+def _current_index() -> int:
+    torch = _torch()
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return int(torch.cuda.current_device())
+        except Exception:
+            pass
+    return 0
+
+
+def resolve_device_index(device: Any = None) -> Optional[int]:
+    """The CUDA ordinal ``device`` names, or None for CPU mode.
+
+    Accepts None (the current CUDA device when CUDA is usable, else CPU), an int, ``"cpu"``,
+    ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. Raises ``InvalidInputError`` for a
+    malformed device, or a CUDA device that does not exist (or CUDA is unusable).
+    """
+    if device is None:
+        return _current_index() if _cuda_usable() else None
+    kind: str
+    index: Optional[int]
+    if isinstance(device, bool):
+        raise InvalidInputError(f"device must be an int, a string or a torch.device, got {device!r}")
+    if isinstance(device, int):
+        kind, index = "cuda", device
+    elif isinstance(device, str) or type(device).__name__ == "device":
+        text = str(device).strip().lower()
+        if text == "cpu":
+            return None
+        if text == "cuda":
+            kind, index = "cuda", None
+        elif text.startswith("cuda:"):
+            try:
+                kind, index = "cuda", int(text[5:])
+            except ValueError:
+                raise InvalidInputError(f"malformed device {device!r}: expected 'cuda:N'") from None
+        else:
+            raise InvalidInputError(f"unsupported device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+    else:
+        raise InvalidInputError(f"device must be an int, a string or a torch.device, got {device!r}")
+    if not _cuda_usable():
+        raise InvalidInputError(f"device {device!r} asked for, but CUDA is unusable: {_cuda_reason()}")
+    if index is None:
+        return _current_index()
+    count = _device_count()
+    if index < 0 or index >= count:
+        raise InvalidInputError(f"device {index} does not exist ({count} CUDA device(s) visible)")
+    return index
+
+
+def process_rss_bytes() -> int:
+    """Resident set size of this process in bytes (``/proc/self/statm``; ``ru_maxrss`` as
+    a last resort on systems without procfs, which is the peak rather than the current)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import resource
+
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", "r", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _version_text(v: int) -> Optional[str]:
+    """CUDA's integer version (12040) as text ("12.4")."""
+    if not v:
+        return None
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+# --------------------------------------------------------------------- get_device
+
+
+def get_device(device: Any = None) -> Any:
+    """The device to run on: CUDA when usable, else CPU (never raises for a missing GPU).
+
+    Returns a ``torch.device`` when PyTorch is loaded, else a string (``"cuda:N"`` or
+    ``"cpu"``). ``device`` may name one explicitly (``"cuda:1"``, ``1``, ``"cpu"``, a
+    ``torch.device``); a malformed or nonexistent CUDA device raises ``InvalidInputError``
+    rather than silently running on the wrong device. ``get_device()`` alone falls back
+    to the CPU when CUDA is unusable.
+    """
+    index = resolve_device_index(device)
+    text = "cpu" if index is None else f"cuda:{index}"
+    torch = _torch()
+    return torch.device(text) if torch is not None else text
+
+
+# --------------------------------------------------------------------- get_gpu_info
+
+# CUdevice_attribute values (cuda.h); stable across CUDA versions.
+_CU_ATTR = {
+    "multiprocessors": 16,
+    "sm_clock_max_mhz": 13,  # kHz
+    "memory_clock_max_mhz": 36,  # kHz
+    "memory_bus_width_bits": 37,
+    "l2_cache_bytes": 38,
+    "cc_major": 75,
+    "cc_minor": 76,
+}
+
+
+def _driver_api_info(index: int) -> Optional[Dict[str, Any]]:
+    """Device attributes through the driver API (ctypes): needs neither PyTorch nor a
+    CUDA context (cuInit creates none), so describing a device costs no device memory."""
+    try:
+        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+        if lib.cuInit(0) != 0:
+            return None
+        dev = ctypes.c_int(0)
+        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
+            return None
+        out: Dict[str, Any] = {}
+        value = ctypes.c_int(0)
+        for key, attr in _CU_ATTR.items():
+            if lib.cuDeviceGetAttribute(ctypes.byref(value), attr, dev) == 0:
+                out[key] = int(value.value)
+        name = ctypes.create_string_buffer(256)
+        if lib.cuDeviceGetName(name, 256, dev) == 0:
+            out["name"] = name.value.decode(errors="replace")
+        total = ctypes.c_size_t(0)
+        if lib.cuDeviceTotalMem_v2(ctypes.byref(total), dev) == 0:
+            out["total_memory_bytes"] = int(total.value)
+        uuid = (ctypes.c_ubyte * 16)()
+        if lib.cuDeviceGetUuid(uuid, dev) == 0:
+            h = bytes(uuid).hex()
+            out["uuid"] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+        for key in ("sm_clock_max_mhz", "memory_clock_max_mhz"):
+            if key in out:
+                out[key] = out[key] // 1000
+        return out
+    except (OSError, AttributeError):
+        return None
+
+
+def _nvml_info(index: int, info: Dict[str, Any]) -> None:
+    """Fills clocks, driver version, UUID and PCI id from NVML (pynvml), when present."""
+    from gpukeeper import report
+
+    nvml, _reason = report._NVML.get()
+    if nvml is None:
+        return
+    try:
+        handle, _how = report._nvml_handle(nvml, index)
+    except Exception:
+        return
+
+    def put(key: str, fn: Any, *args: Any) -> None:
+        if info.get(key) is not None:
+            return
+        try:
+            value = fn(handle, *args)
+        except Exception:
+            return  # not supported on this board (e.g. clocks on some vGPUs)
+        info[key] = value.decode() if isinstance(value, bytes) else value
+
+    put("name", nvml.nvmlDeviceGetName)
+    put("uuid", nvml.nvmlDeviceGetUUID)
+    put("sm_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM)
+    put("memory_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_MEM)
+    put("sm_clock_mhz", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM)
+    put("memory_clock_mhz", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM)
+    if info.get("compute_capability") is None:
+        try:
+            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            info["compute_capability"] = f"{major}.{minor}"
+            info["compute_capability_tuple"] = (int(major), int(minor))
+        except Exception:
+            pass
+    if info.get("total_memory_bytes") is None:
+        try:
+            info["total_memory_bytes"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+        except Exception:
+            pass
+    try:
+        info["pci_bus_id"] = report._text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+    except Exception:
+        pass
+    if not info.get("driver_version") and report._NVML.driver:
+        info["driver_version"] = report._NVML.driver
+
+
+def get_gpu_info(device: Any = None) -> Dict[str, Any]:
+    """Specifications of one GPU as a dict (CPU mode: a description of the host).
+
+    CUDA keys: ``mode`` ("cuda"), ``device`` (ordinal), ``name``, ``compute_capability``
+    ("9.0") and ``compute_capability_tuple``, ``total_memory_bytes`` / ``total_memory_gb``,
+    ``multiprocessors``, ``l2_cache_bytes``, ``sm_clock_max_mhz``,
+    ``memory_clock_max_mhz``, ``sm_clock_mhz`` / ``memory_clock_mhz`` (current),
+    ``driver_version``, ``runtime_version`` (the CUDA runtime gpukeeper's core links),
+    ``torch_cuda_version``, ``uuid``, ``pci_bus_id``, ``sources`` (where they came from).
+    A value no source could give is None.
+
+    Sources, in order: PyTorch's device properties when PyTorch is loaded; the driver API
+    (libcuda through ctypes, no context created); NVML (nvidia-ml-py) for clocks, driver
+    version and PCI id. CPU keys: ``mode`` ("cpu"), ``device`` ("cpu"), ``reason`` (why not
+    CUDA), ``name`` (CPU model), ``cpu_count``, ``total_memory_bytes`` / ``total_memory_gb``
+    (host), ``platform``.
+
+    Raises ``InvalidInputError`` for a malformed or nonexistent device.
+    """
+    index = resolve_device_index(device)
+    status = _core.cuda_status()
+    if index is None:
+        try:
+            _available, total = _core.host_memory_info()
+        except Exception:
+            total = 0
+        return {
+            "mode": "cpu",
+            "device": "cpu",
+            "cuda_available": False,
+            "reason": _cuda_reason() if not _cuda_usable() else "CPU asked for",
+            "name": _cpu_name(),
+            "cpu_count": os.cpu_count(),
+            "total_memory_bytes": int(total),
+            "total_memory_gb": int(total) / GB,
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        }
+    info: Dict[str, Any] = {
+        "mode": "cuda",
+        "device": index,
+        "cuda_available": True,
+        "name": None,
+        "compute_capability": None,
+        "compute_capability_tuple": None,
+        "total_memory_bytes": None,
+        "total_memory_gb": None,
+        "multiprocessors": None,
+        "l2_cache_bytes": None,
+        "sm_clock_max_mhz": None,
+        "memory_clock_max_mhz": None,
+        "sm_clock_mhz": None,
+        "memory_clock_mhz": None,
+        "driver_version": _version_text(int(status.get("driver_version", 0))),
+        "runtime_version": _version_text(int(status.get("runtime_version", 0))),
+        "torch_cuda_version": None,
+        "uuid": None,
+        "pci_bus_id": None,
+        "sources": [],
+    }
+    torch = _torch()
+    if torch is not None:
+        try:
+            p = torch.cuda.get_device_properties(index)
+            info.update(
+                name=str(p.name),
+                compute_capability=f"{p.major}.{p.minor}",
+                compute_capability_tuple=(int(p.major), int(p.minor)),
+                total_memory_bytes=int(p.total_memory),
+                multiprocessors=int(p.multi_processor_count),
+                l2_cache_bytes=getattr(p, "L2_cache_size", None),
+                uuid=(f"GPU-{p.uuid}" if getattr(p, "uuid", None) else None),
+                torch_cuda_version=torch.version.cuda,
+            )
+            info["sources"].append("torch")
+        except Exception:
+            pass  # a broken torch CUDA build: the other sources still answer
+    drv = _driver_api_info(index)
+    if drv:
+        for key, value in drv.items():
+            if key in ("cc_major", "cc_minor"):
+                continue
+            if info.get(key) is None:
+                info[key] = value
+        if info["compute_capability"] is None and "cc_major" in drv:
+            info["compute_capability"] = f"{drv['cc_major']}.{drv.get('cc_minor', 0)}"
+            info["compute_capability_tuple"] = (drv["cc_major"], drv.get("cc_minor", 0))
+        info["sources"].append("driver")
+    before = dict(info)
+    _nvml_info(index, info)
+    if info != before:
+        info["sources"].append("nvml")
+    if info["total_memory_bytes"] is not None:
+        info["total_memory_gb"] = info["total_memory_bytes"] / GB
+    return info
+
+
+# --------------------------------------------------------------------- memory
+
+
+def _device_counts(index: int) -> Tuple[int, int, Dict[str, Dict[str, Optional[int]]]]:
+    """(allocated, reserved, per framework) bytes on CUDA device ``index``."""
+    per = frameworks.memory_by_framework(index)
+    # Under use_torch_allocator() the torch reader already reads gpukeeper's pool behind
+    # PyTorch; that pool is not a registered MemoryPool, so nothing is counted twice.
+    allocated = sum(m.allocated or 0 for m in per.values())
+    reserved = sum(m.reserved or 0 for m in per.values())
+    breakdown = {name: {"allocated_bytes": m.allocated, "reserved_bytes": m.reserved} for name, m in per.items()}
+    return allocated, reserved, breakdown
+
+
+def _torch_peak(index: int) -> Optional[int]:
+    torch = frameworks._torch()
+    if torch is None or frameworks._torch_uses_gpukeeper():
+        if torch is not None:
+            from gpukeeper.integrations import torch_allocator
+
+            s = torch_allocator.stats(index)
+            return None if s is None else int(s.peak_allocated_bytes)
+        return None
+    try:
+        stats = torch.cuda.memory.memory_stats_as_nested_dict(index)
+        return int(stats["allocated_bytes"]["all"]["peak"])
+    except (KeyError, TypeError, RuntimeError):
+        return None
+
+
+def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
+    """Memory of one device right now. Values in GB (floats), with ``*_bytes`` twins.
+
+    Keys: ``allocated`` (in live tensors/arrays/buffers of every loaded framework:
+    PyTorch, CuPy, JAX, gpukeeper's pools), ``reserved`` (held from the driver, caches
+    included), ``peak`` (peak allocated: PyTorch's or gpukeeper's own peak counter, at
+    least ``allocated``), ``free`` and ``total`` (the device's, NVML first, else
+    cudaMemGetInfo), ``*_bytes`` for each, ``mode`` ("cuda"/"cpu"), ``device``,
+    ``frameworks`` (the per-framework breakdown).
+
+    CPU mode (see the module doc): ``allocated``/``reserved`` are the process's RSS,
+    ``peak`` its peak RSS, ``free``/``total`` the host's available/total memory, plus
+    ``host_pools_allocated_bytes``/``host_pools_reserved_bytes`` (gpukeeper host pools).
+    """
+    index = resolve_device_index(device)
+    if index is None:
+        rss = process_rss_bytes()
+        peak = max(rss, _peak_rss_bytes())
+        try:
+            free, total = (int(x) for x in _core.host_memory_info())
+        except Exception:
+            free = total = 0
+        pools = frameworks.host_pool_memory()
+        out: Dict[str, Any] = {"mode": "cpu", "device": "cpu", "source": "process_rss"}
+        values = {"allocated": rss, "reserved": rss, "peak": peak, "free": free, "total": total}
+        out["host_pools_allocated_bytes"] = pools.allocated if pools else 0
+        out["host_pools_reserved_bytes"] = pools.reserved if pools else 0
+    else:
+        from gpukeeper import report
+
+        allocated, reserved, breakdown = _device_counts(index)
+        peak = max(allocated, _torch_peak(index) or 0)
+        try:
+            free, total, how = report._device_free_total(index)
+        except (DeviceError, InvalidInputError):
+            free, total, how = 0, 0, "unavailable"
+        out = {"mode": "cuda", "device": index, "source": "frameworks", "free_total_source": how,
+               "frameworks": breakdown}
+        values = {"allocated": allocated, "reserved": reserved, "peak": peak, "free": free, "total": total}
+    for key, value in values.items():
+        out[key] = value / GB
+        out[f"{key}_bytes"] = int(value)
+    return out
+
+
+def check_memory_leak(initial_mem: float, tolerance_mb: float = 10.0, device: Any = None) -> bool:
+    """True when there is **no** leak: allocated memory now is at most ``tolerance_mb``
+    above ``initial_mem``.
+
+    ``initial_mem`` is in GB, as returned by ``get_gpu_memory_info()['allocated']`` (in
+    CPU mode that is the process's RSS). Pending GPU work is waited for first, so memory
+    freed by queued frees is counted as freed. A two-point check: for a trajectory use
+    ``benchmark_md_trajectory``, whose verdict comes from the slope over many samples.
+    Raises ``InvalidInputError`` for a negative tolerance or a non-numeric ``initial_mem``.
+    """
+    if isinstance(initial_mem, bool) or not isinstance(initial_mem, (int, float)):
+        raise InvalidInputError(f"initial_mem must be a number of GB, got {initial_mem!r}")
+    if not tolerance_mb >= 0:
+        raise InvalidInputError(f"tolerance_mb must be >= 0, got {tolerance_mb!r}")
+    index = resolve_device_index(device)
+    if index is not None:
+        frameworks.synchronize_all(index)
+    now_gb = get_gpu_memory_info(index if index is not None else "cpu")["allocated"]
+    return (now_gb - float(initial_mem)) * 1024.0 <= tolerance_mb
+
+
+# --------------------------------------------------------------------- warm-up
+
+
+def warmup_cuda(device: Any = None, *, matmul_size: int = 1024, iterations: int = 3) -> float:
+    """Initialises CUDA on ``device`` so the first timed call does not pay for it.
+
+    Creates the context, launches a few elementwise kernels and ``iterations`` matmuls of
+    ``matmul_size`` squared (which creates the cuBLAS handle and its workspace), then
+    synchronises. Uses PyTorch when it is loaded, else CuPy when loaded; with neither,
+    creates the context through gpukeeper's core (a small device allocation). Does
+    nothing in CPU mode. Returns the seconds spent.
+    """
+    if isinstance(matmul_size, bool) or not isinstance(matmul_size, int) or matmul_size <= 0:
+        raise InvalidInputError(f"matmul_size must be a positive int, got {matmul_size!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
+        raise InvalidInputError(f"iterations must be an int >= 0, got {iterations!r}")
+    index = resolve_device_index(device)
+    if index is None:
+        return 0.0
+    start = time.perf_counter()
+    torch = _torch()
+    cupy = sys.modules.get("cupy")
+    if torch is not None:
+        dev = torch.device(f"cuda:{index}")
+        with torch.cuda.device(dev):
+            x = torch.randn(matmul_size, matmul_size, device=dev)
+            y = (x * 2.0 + 1.0).relu()
+            for _ in range(iterations):
+                y = x @ y
+            torch.cuda.synchronize(dev)
+            del x, y
+    elif cupy is not None:
+        with cupy.cuda.Device(index):
+            x = cupy.random.standard_normal((matmul_size, matmul_size), dtype=cupy.float32)
+            y = x * 2.0 + 1.0
+            for _ in range(iterations):
+                y = x @ y
+            cupy.cuda.runtime.deviceSynchronize()
+            del x, y
+    else:
+        # No framework: the context is what costs; a pool allocation creates it.
+        from gpukeeper.memory import MemoryPool
+
+        pool = MemoryPool()
+        with pool.get_managed_buffer(index, 1 << 18, "float32"):
+            pass
+        pool.emergency_cleanup_all()
+    return time.perf_counter() - start

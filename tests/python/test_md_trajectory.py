@@ -1,0 +1,239 @@
+"""benchmark_md_trajectory: statistics against numpy, memory verdicts, throughput."""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+
+import numpy as np
+import pytest
+
+import gpukeeper
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.md import benchmark_md_trajectory, latency_stats
+
+CUDA = gpukeeper.cuda_available()
+gpu = pytest.mark.skipif(not CUDA, reason=f"no usable CUDA device: {CUDA.reason}")
+
+
+def _fresh_pages(nbytes: int) -> mmap.mmap:
+    """Memory that really adds to the RSS: new anonymous pages, all touched (a numpy
+    array might reuse heap memory freed by an earlier test and add nothing)."""
+    m = mmap.mmap(-1, nbytes)
+    m.write(b"\x01" * nbytes)
+    return m
+
+
+def _work(x: np.ndarray) -> float:
+    return float((x @ x).sum())
+
+
+FRAMES = [np.random.default_rng(i).standard_normal((32, 32)) for i in range(8)]
+
+
+def test_statistics_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.gamma(4.0, 0.25, size=2001)
+    x[[100, 900]] = 50.0
+    s = latency_stats(list(x))
+    assert s.mean_ms == pytest.approx(np.mean(x))
+    assert s.median_ms == pytest.approx(np.median(x))
+    assert s.std_ms == pytest.approx(np.std(x))
+    for q, v in ((5, s.p5_ms), (95, s.p95_ms), (99, s.p99_ms)):
+        assert v == pytest.approx(np.percentile(x, q))
+    assert (s.min_ms, s.max_ms) == (np.min(x), np.max(x))
+    assert s.jitter_ms == pytest.approx(np.std(np.diff(x)))
+    d = len(x) // 10
+    assert s.drift_ms == pytest.approx(np.median(x[-d:]) - np.median(x[:d]))
+    mad = np.median(np.abs(x - np.median(x)))
+    assert s.mad_ms == pytest.approx(mad)
+    thr = np.median(x) + 5 * max(1.4826 * mad, 0.01 * np.median(x))
+    assert list(s.outlier_steps) == list(np.nonzero(x > thr)[0])
+    assert 100 in s.outlier_steps and 900 in s.outlier_steps
+
+
+def test_drift_detected() -> None:
+    x = list(np.linspace(1.0, 2.0, 1000))
+    s = latency_stats(x)
+    assert s.drift_pct == pytest.approx(100 * (np.median(x[-100:]) - np.median(x[:100])) / np.median(x[:100]))
+    assert s.drift_pct > 80
+
+
+def test_clean_cpu_trajectory() -> None:
+    calls = []
+
+    def model(x: np.ndarray) -> float:
+        calls.append(1)
+        return _work(x)
+
+    r = benchmark_md_trajectory(model, FRAMES * 50, warmup_steps=7, device="cpu",
+                                timestep_fs=1.0, n_atoms=32, name="clean")
+    assert len(calls) == 400 + 7
+    assert r.n_steps == 400 and len(r.host_times_ms) == 400 and r.gpu_times_ms is None
+    assert r.timing_source == "host" and r.device == "cpu" and r.name == "clean"
+    assert r.mean_ms == pytest.approx(np.mean(r.host_times_ms))
+    assert r.p99_ms == pytest.approx(np.percentile(r.host_times_ms, 99))
+    assert r.memory_leak is False and r.memory_source == "process_rss"
+    assert abs(r.memory_delta_gb * 1024) < 1.0
+    assert r.memory_steps[0] == 0 and r.memory_steps[-1] == 400
+    assert r.peak_memory_gb >= r.final_memory_gb > 0
+    assert "clean on cpu" in r.summary()
+    d = json.loads(r.to_json())
+    assert d["n_steps"] == 400 and len(d["host_times_ms"]) == 400 and d["memory_leak"] is False
+
+
+def test_leaky_cpu_trajectory_is_flagged() -> None:
+    kept = []
+
+    def model(x: np.ndarray) -> float:
+        kept.append(_fresh_pages(128 << 10))  # 128 KiB per step kept alive
+        return _work(x)
+
+    r = benchmark_md_trajectory(model, FRAMES * 50, device="cpu", memory_sample_every=1)
+    assert r.memory_leak is True
+    assert r.memory_slope_bytes_per_step == pytest.approx(131072, rel=0.2)
+    assert r.memory_delta_gb * 1024 > 40
+    assert any("leak" in w for w in r.warnings)
+
+
+def test_growth_that_stops_is_not_a_leak() -> None:
+    cache = []
+
+    def model(x: np.ndarray) -> float:
+        if len(cache) < 40:  # a cache filling over the first steps, then stable
+            cache.append(_fresh_pages(128 << 10))
+        return _work(x)
+
+    r = benchmark_md_trajectory(model, FRAMES * 50, warmup_steps=0, device="cpu",
+                                memory_sample_every=1)
+    assert r.memory_delta_gb * 1024 > 3  # growth is seen ...
+    assert r.memory_leak is False  # ... but it is not a leak
+
+
+def test_ns_per_day_arithmetic() -> None:
+    r = benchmark_md_trajectory(_work, FRAMES, n_steps=200, device="cpu",
+                                timestep_fs=2.0, n_atoms=100, check_memory_leak=False)
+    assert r.steps_per_s == pytest.approx(200 / r.total_time_s)
+    # 2 fs per step: steps/s * 2e-6 ns * 86400 s/day
+    assert r.ns_per_day == pytest.approx(r.steps_per_s * 2.0e-6 * 86400)
+    assert r.us_per_atom_step == pytest.approx(1e6 / r.steps_per_s / 100)
+    assert r.memory_leak is None and r.memory_delta_gb == 0.0
+
+
+def test_cycling_and_sync_every_and_generators() -> None:
+    seen = []
+    r = benchmark_md_trajectory(lambda x: seen.append(x), iter(range(3)), n_steps=10,
+                                warmup_steps=2, device="cpu", sync_every=1,
+                                check_memory_leak=False)
+    assert seen == [0, 1] + [i % 3 for i in range(10)]
+    assert r.sync_every == 1 and r.n_steps == 10
+
+
+def test_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    benchmark_md_trajectory(_work, FRAMES, n_steps=300, device="cpu", progress=True,
+                            check_memory_leak=False)
+    err = capsys.readouterr().err
+    assert "300/300 steps" in err and "100.0%" in err
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(model_func=1, inputs=[1]), dict(inputs=[]), dict(inputs="abc"),
+     dict(warmup_steps=-1), dict(timestep_fs=0.0), dict(n_atoms=0), dict(sync_every=0),
+     dict(memory_sample_every=0), dict(timing="fast"), dict(n_steps=0)],
+)
+def test_bad_input(kwargs: dict) -> None:
+    args = dict(model_func=_work, inputs=FRAMES, device="cpu")
+    args.update(kwargs)
+    with pytest.raises(InvalidInputError):
+        benchmark_md_trajectory(**args)
+
+
+def test_timing_gpu_without_cuda_is_error() -> None:
+    if CUDA:
+        pytest.skip("CUDA present")
+    with pytest.raises(InvalidInputError):
+        benchmark_md_trajectory(_work, FRAMES, device="cpu", timing="gpu")
+
+
+def test_model_exception_propagates() -> None:
+    def boom(x: object) -> None:
+        raise KeyError("model failed")
+
+    with pytest.raises(KeyError):
+        benchmark_md_trajectory(boom, FRAMES, device="cpu")
+
+
+def test_plot(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    r = benchmark_md_trajectory(_work, FRAMES, n_steps=100, device="cpu")
+    out = tmp_path / "traj.png"
+    fig = r.plot(out)
+    assert out.stat().st_size > 1000 and len(fig.axes) == 3
+
+
+def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(name: str, *a: object, **k: object) -> object:
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real(name, *a, **k)
+
+    r = benchmark_md_trajectory(_work, FRAMES, n_steps=20, device="cpu", check_memory_leak=False)
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(ImportError, match="pip install matplotlib"):
+        r.plot()
+
+
+def test_seed_004_example() -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(16, 3)
+    trajectory = [torch.randn(8, 16) for _ in range(50)]
+    with torch.no_grad():
+        result = benchmark_md_trajectory(model_func=lambda atoms: model(atoms),
+                                         inputs=trajectory, check_memory_leak=True)
+    assert result.mean_ms > 0
+    assert math.isfinite(result.memory_delta_gb * 1024)
+
+
+# --------------------------------------------------------------------- GPU
+
+
+@gpu
+def test_gpu_leak_of_1mb_per_100_steps_is_flagged() -> None:
+    torch = pytest.importorskip("torch")
+    w = torch.randn(256, 256, device="cuda")
+    kept = []
+
+    def model(i: int) -> torch.Tensor:
+        if i % 100 == 99:
+            kept.append(torch.empty(1 << 20, dtype=torch.uint8, device="cuda"))
+        return w @ w
+
+    r = benchmark_md_trajectory(model, list(range(2000)), device="cuda:0", memory_sample_every=10)
+    assert r.timing_source == "gpu" and len(r.gpu_times_ms) == 2000
+    assert r.memory_leak is True
+    assert r.memory_slope_bytes_per_step == pytest.approx((1 << 20) / 100, rel=0.25)
+
+
+@gpu
+def test_gpu_clean_model_with_allocator_warmup_growth_is_not_flagged() -> None:
+    torch = pytest.importorskip("torch")
+    w = torch.randn(256, 256, device="cuda")
+    state = {"n": 0}
+
+    def model(i: int) -> torch.Tensor:
+        state["n"] += 1
+        # Growing temporaries over the first steps: the caching allocator reserves more
+        # segments, then reuses them; nothing stays allocated.
+        size = min(state["n"], 50) * 4096
+        tmp = torch.empty(size, device="cuda")
+        return (w @ w).sum() + tmp[:1].sum()
+
+    r = benchmark_md_trajectory(model, list(range(2000)), warmup_steps=0, device="cuda:0")
+    assert r.memory_leak is False
+    assert abs(r.memory_slope_bytes_per_step) * 2000 < (1 << 20)
