@@ -1,0 +1,570 @@
+"""``benchmark_function``, ``compare_implementations`` and ``print_comparison_table``.
+
+How one call is measured (GPU; see ``benchmark_function`` for the CPU):
+
+1. optionally flush the L2 cache: fill a buffer of exactly the L2 size on the timed
+   stream, so that every call starts cold (nvbench's ``l2flush``) instead of finding
+   its inputs in L2 from the previous call;
+2. host clock; start event on the current stream; ``fn(*args, **kwargs)``; stop event;
+3. wait for the stop event; host clock.
+
+GPU time = stop - start (events); host time = the two host clock readings, i.e. launch
+plus wait: the latency a caller of ``fn`` sees. Waiting after every call is what makes
+per-call times (and the noise-based stop) possible; it also means the device is idle
+when each start event is recorded, so the GPU time of a very short call includes the
+launch latency (a few microseconds). Hiding it needs a blocking kernel ahead of the
+work (nvbench's ``blocking_kernel``), which the compiled core provides; see the
+``Unfinished`` notes of the timing package.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
+
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.stats import NoiseCriterion
+from gpukeeper.timing.timer import DeviceSpec, TimerBackend, resolve_device, select_backend
+
+__all__ = [
+    "benchmark_function",
+    "compare_implementations",
+    "print_comparison_table",
+    "format_comparison_table",
+    "L2Flusher",
+    "l2_cache_size",
+    "NOISY_THRESHOLD",
+]
+
+#: Relative noise (std/mean) above which a result is flagged ``noisy`` when no
+#: ``max_noise`` was asked for.
+NOISY_THRESHOLD = 0.10
+
+# Safety stop for min_time_s: the loop never runs longer than this many times
+# min_time_s of wall time (plus one second), even if the measured time adds up slowly
+# (e.g. GPU time of tiny kernels between long host gaps).
+_MIN_TIME_WALL_FACTOR = 10.0
+
+
+# --------------------------------------------------------------------- L2 flush
+
+
+def l2_cache_size(device: Any = None) -> int:
+    """The L2 cache size in bytes of a CUDA device (torch or CuPy); 0 on the CPU."""
+    spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
+    if not spec.is_cuda:
+        return 0
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                return int(torch.cuda.get_device_properties(spec.index).L2_cache_size)
+        except Exception:
+            pass  # fall through to CuPy
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        props = cupy.cuda.runtime.getDeviceProperties(spec.index or 0)
+        return int(props["l2CacheSize"])
+    return 0
+
+
+class L2Flusher:
+    """A device buffer of exactly the L2 size; ``flush()`` overwrites all of it.
+
+    Filling the whole buffer evicts everything else from L2 (nvbench does the same
+    with a memset of the L2 size). The fill is queued on ``stream`` (the timed one),
+    so it is ordered before the next start event and never inside a measurement.
+    """
+
+    def __init__(self, backend: TimerBackend) -> None:
+        self.nbytes = l2_cache_size(backend.device)
+        self.backend = backend.name
+        self._buffer: Any = None
+        if self.nbytes <= 0:
+            return
+        index = backend.device.index or 0
+        if backend.name == "cupy":
+            import cupy  # loaded: the cupy backend was chosen
+
+            with cupy.cuda.Device(index):
+                self._buffer = cupy.empty(self.nbytes, dtype=cupy.uint8)
+        else:
+            torch = sys.modules["torch"]
+            self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=f"cuda:{index}")
+
+    def flush(self, stream: Any = None) -> None:
+        """Overwrites the buffer on ``stream`` (the current one when None)."""
+        if self._buffer is None:
+            return
+        if self.backend == "cupy":
+            if stream is not None:
+                with stream:
+                    self._buffer.fill(0)
+            else:
+                self._buffer.fill(0)
+            return
+        torch = sys.modules["torch"]
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                self._buffer.fill_(0)
+        else:
+            self._buffer.fill_(0)
+
+    def release(self) -> None:
+        self._buffer = None
+
+
+# --------------------------------------------------------------------- memory
+
+
+def _host_rss() -> Optional[int]:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None  # not Linux: no cheap resident-set reading
+
+
+class _Memory:
+    """Reads memory before/after/peak from the framework that owns the device."""
+
+    def __init__(self, backend: TimerBackend) -> None:
+        self.backend = backend
+        self.source: Optional[str] = None
+        self.before: Optional[int] = None
+        self.after: Optional[int] = None
+        self.peak: Optional[int] = None
+
+    def start(self) -> None:
+        b = self.backend
+        if b.name == "torch":
+            torch = sys.modules["torch"]
+            self.source = "torch"
+            self.before = int(torch.cuda.memory_allocated(b.device.index))
+            # The peak counter is process-wide; resetting it is the only way to get the
+            # peak of this run (documented in benchmark_function).
+            torch.cuda.reset_peak_memory_stats(b.device.index)
+        elif b.name == "cupy":
+            import cupy
+
+            self.source = "cupy"
+            self.before = int(cupy.get_default_memory_pool().used_bytes())
+        elif not b.is_gpu:
+            self.before = _host_rss()
+            self.source = "host_rss" if self.before is not None else None
+
+    def stop(self) -> None:
+        b = self.backend
+        if self.source == "torch":
+            torch = sys.modules["torch"]
+            self.after = int(torch.cuda.memory_allocated(b.device.index))
+            self.peak = int(torch.cuda.max_memory_allocated(b.device.index))
+        elif self.source == "cupy":
+            import cupy
+
+            self.after = int(cupy.get_default_memory_pool().used_bytes())
+        elif self.source == "host_rss":
+            self.after = _host_rss()
+
+
+# --------------------------------------------------------------------- throttling
+
+# NVML clock-event ("throttle") reason bits that mean the clocks were pulled down.
+# GpuIdle (0x1), ApplicationsClocksSetting (0x2) and DisplayClockSetting (0x100) are
+# not throttling.
+_THROTTLE_BITS = {
+    0x4: "sw power cap",
+    0x8: "hw slowdown",
+    0x10: "sync boost",
+    0x20: "sw thermal slowdown",
+    0x40: "hw thermal slowdown",
+    0x80: "hw power brake",
+}
+# SM clock after the run below this fraction of the clock before it counts as throttled.
+_CLOCK_DROP = 0.90
+
+
+def _nvml_sample(index: int) -> Tuple[Optional[Dict[str, Any]], str]:
+    """(clocks and reasons, "") or (None, why not)."""
+    try:
+        from gpukeeper.report import _NVML, _nvml_handle
+    except Exception as exc:  # the report module failed to import: say so, do not fail
+        return None, f"unavailable: {exc}"
+    nvml, reason = _NVML.get()
+    if nvml is None:
+        return None, reason
+    try:
+        handle, _ = _nvml_handle(nvml, index)
+        sample: Dict[str, Any] = {
+            "sm_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            "mem_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
+        }
+        try:
+            sample["max_sm_clock_mhz"] = int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+        except Exception:
+            pass  # optional decoration
+        get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
+        )
+        sample["reasons"] = int(get_reasons(handle))
+        try:
+            sample["temperature_c"] = int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+        except Exception:
+            pass
+        return sample, ""
+    except Exception as exc:
+        return None, f"unavailable: NVML query failed: {exc}"
+
+
+def _throttle_verdict(before: Dict[str, Any], after: Dict[str, Any]) -> Tuple[bool, List[str]]:
+    why: List[str] = []
+    for sample, when in ((before, "before"), (after, "after")):
+        bits = [text for bit, text in _THROTTLE_BITS.items() if sample.get("reasons", 0) & bit]
+        if bits:
+            why.append(f"{when}: " + ", ".join(bits))
+    if before.get("sm_clock_mhz") and after.get("sm_clock_mhz", 0) < _CLOCK_DROP * before["sm_clock_mhz"]:
+        why.append(f"SM clock fell from {before['sm_clock_mhz']} to {after['sm_clock_mhz']} MHz")
+    return bool(why), why
+
+
+# --------------------------------------------------------------------- recompiles
+
+
+def _dynamo_frames() -> Optional[int]:
+    """Frames torch.compile has compiled so far (None when dynamo was never loaded:
+    importing it just to count would cost seconds)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    try:
+        return int(utils.counters["frames"]["total"])
+    except Exception:
+        return None
+
+
+# --------------------------------------------------------------------- validation
+
+
+def _check_count(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInputError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_positive(value: Any, what: str) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise InvalidInputError(f"{what} must be a positive finite number or None, got {value!r}")
+    return float(value)
+
+
+# --------------------------------------------------------------------- benchmark
+
+
+def benchmark_function(
+    fn: Callable[..., Any],
+    *args: Any,
+    n_calls: int = 100,
+    warmup: int = 10,
+    device: Any = None,
+    name: Optional[str] = None,
+    l2_flush: bool = False,
+    min_time_s: Optional[float] = None,
+    max_noise: Optional[float] = None,
+    **kwargs: Any,
+) -> BenchmarkResult:
+    """Times ``fn(*args, **kwargs)`` call by call and returns a ``BenchmarkResult``.
+
+    - ``warmup`` calls first (not measured), then a synchronisation: first calls pay for
+      lazy initialisation, kernel compilation and allocator growth.
+    - On a CUDA device (``device`` None picks CUDA when a loaded PyTorch or CuPy can use
+      it) each call is bracketed by events on the current stream and waited for; the
+      statistics are of GPU time, host latencies are kept too. On the CPU they are of
+      the host time (``time.perf_counter_ns``).
+    - ``l2_flush``: overwrite a buffer of exactly the L2 size before each call (GPU only;
+      ignored with a warning on the CPU).
+    - Stopping: ``n_calls`` calls are measured. ``min_time_s`` keeps measuring past them
+      until the measured time adds up to ``min_time_s`` (with a safety stop at
+      10 x ``min_time_s`` + 1 s of wall time). ``max_noise`` (a fraction: 0.005 = 0.5 %)
+      may stop *earlier* than ``n_calls``, never before ``min_time_s`` and 10 calls:
+      nvbench's criterion (``NoiseCriterion``) — the relative std is at most
+      ``max_noise``, or it has converged above it (then the result is flagged noisy).
+    - Clock throttling: NVML clocks and clock-event reasons are read before and after
+      the measured calls (nvidia-ml-py); ``throttled`` is None with a warning when NVML
+      is unavailable.
+    - Memory: PyTorch's allocated bytes before and after and its peak during the run
+      (this resets PyTorch's peak counter), CuPy's pool bytes, or the host RSS on CPU.
+    - torch.compile: frames compiled during the measured calls are counted in
+      ``recompiles`` (only when ``torch._dynamo`` is already loaded).
+
+    Exceptions raised by ``fn`` propagate unchanged. Bad arguments raise
+    ``InvalidInputError``.
+    """
+    if not callable(fn):
+        raise InvalidInputError(f"fn must be callable, got {type(fn).__name__}")
+    _check_count(n_calls, "n_calls", 1)
+    _check_count(warmup, "warmup", 0)
+    min_time = _check_positive(min_time_s, "min_time_s")
+    noise_limit = _check_positive(max_noise, "max_noise")
+    if name is not None and not isinstance(name, str):
+        raise InvalidInputError(f"name must be a string or None, got {type(name).__name__}")
+    if not isinstance(l2_flush, bool):
+        raise InvalidInputError(f"l2_flush must be a bool, got {l2_flush!r}")
+    label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
+
+    spec = resolve_device(device)
+    backend = select_backend(spec)
+    warnings: List[str] = []
+
+    flusher: Optional[L2Flusher] = None
+    if l2_flush:
+        if backend.is_gpu:
+            flusher = L2Flusher(backend)
+            if flusher.nbytes == 0:
+                warnings.append("l2_flush: the L2 size could not be read; nothing flushed")
+        else:
+            warnings.append("l2_flush ignored: only a GPU's L2 cache is flushed")
+
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    backend.synchronize()
+
+    stream = backend.current_stream()
+    frames_before = _dynamo_frames()
+    clocks: Dict[str, Any] = {}
+    nvml_before: Optional[Dict[str, Any]] = None
+    if backend.is_gpu:
+        nvml_before, why = _nvml_sample(spec.index or 0)
+        clocks["nvml"] = why or "ok"
+        if nvml_before is not None:
+            clocks["before"] = nvml_before
+        else:
+            warnings.append(f"throttle detection {why}")
+    memory = _Memory(backend)
+    memory.start()
+
+    criterion: Optional[NoiseCriterion] = None
+    if noise_limit is not None:
+        criterion = NoiseCriterion(
+            noise_limit, min_samples=max(2, min(10, n_calls)), min_time=(min_time or 0.0) * 1e3
+        )
+    gpu_times: List[float] = []
+    host_times: List[float] = []
+    measured_ms = 0.0
+    stop_reason = "n_calls"
+    # Events are made before the loop and reused, so that creating them is never inside
+    # a measurement (CUDA event creation can cost microseconds and allocate).
+    start_evt = backend.new_event()
+    end_evt = backend.new_event()
+    record = backend.record
+    elapsed = backend.elapsed_ms
+    clock = time.perf_counter_ns
+    wall_start = clock()
+    wall_limit_ns = (min_time * _MIN_TIME_WALL_FACTOR + 1.0) * 1e9 if min_time else math.inf
+    count = 0
+    while True:
+        if flusher is not None:
+            flusher.flush(stream)
+        if backend.is_gpu:
+            h0 = clock()
+            record(start_evt, stream)
+            fn(*args, **kwargs)
+            record(end_evt, stream)
+            g = elapsed(start_evt, end_evt)
+            h1 = clock()
+            gpu_times.append(g)
+            t = g
+        else:
+            h0 = clock()
+            fn(*args, **kwargs)
+            h1 = clock()
+            t = (h1 - h0) / 1e6
+        host_times.append((h1 - h0) / 1e6)
+        measured_ms += t
+        count += 1
+        if criterion is not None:
+            criterion.add(t)
+            if count < n_calls and criterion.is_finished():
+                stop_reason = "noise_converged" if criterion.converged else "max_noise"
+                break
+        if count >= n_calls:
+            if min_time is None:
+                break  # stop_reason stays "n_calls"
+            if measured_ms >= min_time * 1e3:
+                stop_reason = "min_time_s" if count > n_calls else "n_calls"
+                break
+            if clock() - wall_start > wall_limit_ns:
+                stop_reason = "timeout"
+                warnings.append(
+                    f"min_time_s={min_time} not reached: measured {measured_ms / 1e3:.3f} s "
+                    f"in {(clock() - wall_start) / 1e9:.1f} s of wall time (safety stop)"
+                )
+                break
+    total_s = (clock() - wall_start) / 1e9
+    backend.synchronize()
+    memory.stop()
+    if flusher is not None:
+        flusher.release()
+
+    throttled: Optional[bool] = None
+    if nvml_before is not None:
+        nvml_after, why = _nvml_sample(spec.index or 0)
+        if nvml_after is not None:
+            clocks["after"] = nvml_after
+            throttled, reasons = _throttle_verdict(nvml_before, nvml_after)
+            if throttled:
+                warnings.append("throttled: " + "; ".join(reasons))
+        else:
+            warnings.append(f"throttle detection {why}")
+
+    recompiles = 0
+    frames_after = _dynamo_frames()
+    if frames_after is not None:
+        recompiles = frames_after - (frames_before or 0)
+        if recompiles > 0:
+            warnings.append(
+                f"recompiles seen: torch.compile compiled {recompiles} frame(s) while measuring; "
+                "the times include compilation (warm up with every input shape)"
+            )
+
+    result = BenchmarkResult(
+        name=label,
+        times_ms=gpu_times if backend.is_gpu else host_times,
+        host_times_ms=host_times,
+        gpu_times_ms=gpu_times if backend.is_gpu else None,
+        timing="gpu" if backend.is_gpu else "host",
+        device=str(spec),
+        backend=backend.name,
+        warmup=warmup,
+        l2_flush=flusher is not None and flusher.nbytes > 0,
+        stop_reason=stop_reason,
+        total_time_s=total_s,
+        memory_before_bytes=memory.before,
+        memory_after_bytes=memory.after,
+        memory_peak_bytes=memory.peak,
+        memory_source=memory.source,
+        throttled=throttled,
+        recompiles=recompiles,
+        warnings=warnings,
+        clocks=clocks,
+    )
+    limit = noise_limit if noise_limit is not None else NOISY_THRESHOLD
+    noise = result.relative_noise
+    if not math.isnan(noise) and noise > limit:
+        result.noisy = True
+        result.warnings.append(
+            f"noisy: relative std {noise * 100:.1f} % > {limit * 100:.1f} % "
+            f"(IQR/median {result.relative_iqr * 100:.1f} %)"
+        )
+    return result
+
+
+# --------------------------------------------------------------------- comparison
+
+
+def compare_implementations(
+    impls: Mapping[str, Callable[..., Any]], *args: Any, **kwargs: Any
+) -> Dict[str, BenchmarkResult]:
+    """Benchmarks each implementation with the same arguments, in order.
+
+    ``kwargs`` are those of ``benchmark_function`` (``n_calls``, ``warmup``, ``device``,
+    ``l2_flush``, ``min_time_s``, ``max_noise``) plus keyword arguments for the
+    implementations. Returns ``{name: BenchmarkResult}`` in the order given, each with
+    ``speedup`` = baseline median / its median (the first implementation is the
+    baseline; medians, because one slow outlier call should not decide a speedup).
+    """
+    if not isinstance(impls, Mapping) or not impls:
+        raise InvalidInputError("impls must be a non-empty dict of name -> callable")
+    if "name" in kwargs:
+        raise InvalidInputError("compare_implementations names results by the keys of impls; do not pass name=")
+    for key, fn in impls.items():
+        if not isinstance(key, str):
+            raise InvalidInputError(f"implementation names must be strings, got {key!r}")
+        if not callable(fn):
+            raise InvalidInputError(f"implementation {key!r} is not callable ({type(fn).__name__})")
+    results: Dict[str, BenchmarkResult] = {}
+    for key, fn in impls.items():
+        results[key] = benchmark_function(fn, *args, name=key, **kwargs)
+    baseline = next(iter(results.values())).median_ms
+    for result in results.values():
+        result.speedup = baseline / result.median_ms if result.median_ms > 0 else math.inf
+    return results
+
+
+def _within_noise(a: BenchmarkResult, b: BenchmarkResult) -> bool:
+    """True when the interquartile ranges [p25, p75] of ``a`` and ``b`` overlap."""
+    return a.p25_ms <= b.p75_ms and b.p25_ms <= a.p75_ms
+
+
+def format_comparison_table(
+    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]]
+) -> str:
+    """The table ``print_comparison_table`` prints, as a string."""
+    if isinstance(results, Mapping):
+        rows = list(results.items())
+    elif isinstance(results, (list, tuple)):
+        rows = [(r.name, r) for r in results]
+    else:
+        raise InvalidInputError(f"results must be a dict or list of BenchmarkResult, got {type(results).__name__}")
+    if not rows:
+        raise InvalidInputError("no results to compare")
+    for key, r in rows:
+        if not isinstance(r, BenchmarkResult):
+            raise InvalidInputError(f"result {key!r} is not a BenchmarkResult ({type(r).__name__})")
+    baseline = rows[0][1]
+    header = ["Implementation", "Median ms", "Mean ms", "Std ms", "P95 ms", "P99 ms", "Calls/s", "Speedup"]
+    body: List[List[str]] = []
+    any_close = False
+    for i, (key, r) in enumerate(rows):
+        speedup = r.speedup if r.speedup is not None else (
+            baseline.median_ms / r.median_ms if r.median_ms > 0 else math.inf
+        )
+        mark = ""
+        if i > 0 and _within_noise(baseline, r):
+            mark = "~"
+            any_close = True
+        flags = "".join([" (noisy)" if r.noisy else "", " (throttled)" if r.throttled else ""])
+        body.append([
+            f"{key}{flags}",
+            f"{r.median_ms:.4f}",
+            f"{r.mean_ms:.4f}",
+            f"{r.std_ms:.4f}" if not math.isnan(r.std_ms) else "n/a",
+            f"{r.p95_ms:.4f}",
+            f"{r.p99_ms:.4f}",
+            f"{r.calls_per_s:,.1f}",
+            f"{mark}{speedup:.2f}x" if i > 0 else "1.00x (baseline)",
+        ])
+    widths = [max(len(h), *(len(row[c]) for row in body)) for c, h in enumerate(header)]
+
+    def line(cells: Iterable[str]) -> str:
+        out = []
+        for c, cell in enumerate(cells):
+            out.append(cell.ljust(widths[c]) if c == 0 else cell.rjust(widths[c]))
+        return "  ".join(out).rstrip()
+
+    out = io.StringIO()
+    out.write(line(header) + "\n")
+    out.write("  ".join("-" * w for w in widths) + "\n")
+    for row in body:
+        out.write(line(row) + "\n")
+    if any_close:
+        out.write("~ : within the noise (interquartile ranges overlap with the baseline's)\n")
+    return out.getvalue()
+
+
+def print_comparison_table(
+    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]],
+    file: Optional[TextIO] = None,
+) -> str:
+    """Prints one row per result (median, mean, std, p95, p99, calls/s, speedup against
+    the first) to ``file`` (stdout by default) and returns the text. A speedup marked
+    ``~`` is within the noise: the IQRs of that result and the baseline overlap."""
+    text = format_comparison_table(results)
+    print(text, end="", file=file if file is not None else sys.stdout)
+    return text

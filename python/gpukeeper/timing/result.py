@@ -1,0 +1,299 @@
+"""``BenchmarkResult``: the raw per-call times of one benchmark and what follows from them."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.timing import stats as _stats
+
+__all__ = ["BenchmarkResult"]
+
+_GiB = float(1 << 30)
+
+# Derived statistics: to_dict() writes them for readers of the JSON; from_dict()
+# recomputes them from the raw times instead of trusting them.
+_STAT_NAMES = (
+    "n_calls",
+    "mean_ms",
+    "median_ms",
+    "std_ms",
+    "min_ms",
+    "max_ms",
+    "p5_ms",
+    "p25_ms",
+    "p75_ms",
+    "p95_ms",
+    "p99_ms",
+    "iqr_ms",
+    "relative_noise",
+    "relative_iqr",
+    "calls_per_s",
+    "host_mean_ms",
+    "host_median_ms",
+    "memory_delta_bytes",
+    "memory_delta_gb",
+)
+
+
+@dataclass(repr=False)
+class BenchmarkResult:
+    """The per-call times of one benchmark and their statistics.
+
+    Raw data:
+
+    - ``times_ms``: the per-call times the statistics are computed from — the GPU time
+      between events when ``timing == "gpu"``, else the host time;
+    - ``gpu_times_ms``: per-call GPU time from events (None without a GPU);
+    - ``host_times_ms``: per-call host time, from before the call until its work was done
+      (on a GPU: including the wait for its stop event).
+
+    Statistics of ``times_ms`` (milliseconds): ``mean_ms``, ``median_ms``, ``std_ms``
+    (sample std), ``min_ms``, ``max_ms``, ``p5_ms``, ``p25_ms``, ``p75_ms``, ``p95_ms``,
+    ``p99_ms``, ``iqr_ms``; ``relative_noise`` = std/mean (nvbench's "noise"),
+    ``relative_iqr`` = IQR/median (robust); ``calls_per_s`` from the host times.
+
+    Memory (bytes; None where nothing could be read): ``memory_before_bytes``,
+    ``memory_after_bytes``, ``memory_peak_bytes`` as read from ``memory_source``
+    (``"torch"``: PyTorch's allocated bytes on the device; ``"cupy"``: CuPy's pool;
+    ``"host_rss"``: the process's resident set on the CPU). ``memory_delta_gb`` is
+    (after - before) in GiB, as seed 004 reads it.
+
+    Conditions: ``noisy`` (relative noise above the limit), ``throttled`` (True/False
+    from NVML, None when unknown), ``recompiles`` (torch.compile frames compiled while
+    measuring), and ``warnings`` (one readable line each).
+    """
+
+    name: str
+    times_ms: List[float]
+    host_times_ms: List[float] = field(default_factory=list)
+    gpu_times_ms: Optional[List[float]] = None
+    timing: str = "host"
+    device: str = "cpu"
+    backend: str = "cpu"
+    warmup: int = 0
+    l2_flush: bool = False
+    stop_reason: str = "n_calls"
+    total_time_s: float = 0.0
+    memory_before_bytes: Optional[int] = None
+    memory_after_bytes: Optional[int] = None
+    memory_peak_bytes: Optional[int] = None
+    memory_source: Optional[str] = None
+    noisy: bool = False
+    throttled: Optional[bool] = None
+    recompiles: int = 0
+    warnings: List[str] = field(default_factory=list)
+    clocks: Dict[str, Any] = field(default_factory=dict)
+    speedup: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if not self.times_ms:
+            raise InvalidInputError(f"BenchmarkResult {self.name!r} needs at least one time")
+        self.times_ms = [float(t) for t in self.times_ms]
+        self.host_times_ms = [float(t) for t in self.host_times_ms]
+        if self.gpu_times_ms is not None:
+            self.gpu_times_ms = [float(t) for t in self.gpu_times_ms]
+        self._summary = _stats.summarize(self.times_ms)
+        self._host = _stats.summarize(self.host_times_ms) if self.host_times_ms else None
+
+    # ----------------------------------------------------------------- statistics
+
+    @property
+    def stats(self) -> _stats.SampleStats:
+        """All statistics of ``times_ms`` in one object."""
+        return self._summary
+
+    @property
+    def n_calls(self) -> int:
+        return self._summary.count
+
+    @property
+    def mean_ms(self) -> float:
+        return self._summary.mean
+
+    @property
+    def median_ms(self) -> float:
+        return self._summary.median
+
+    @property
+    def std_ms(self) -> float:
+        return self._summary.std
+
+    @property
+    def min_ms(self) -> float:
+        return self._summary.min
+
+    @property
+    def max_ms(self) -> float:
+        return self._summary.max
+
+    @property
+    def p5_ms(self) -> float:
+        return self._summary.p5
+
+    @property
+    def p25_ms(self) -> float:
+        return self._summary.p25
+
+    @property
+    def p75_ms(self) -> float:
+        return self._summary.p75
+
+    @property
+    def p95_ms(self) -> float:
+        return self._summary.p95
+
+    @property
+    def p99_ms(self) -> float:
+        return self._summary.p99
+
+    @property
+    def iqr_ms(self) -> float:
+        return self._summary.iqr
+
+    @property
+    def relative_noise(self) -> float:
+        """std / mean of ``times_ms`` (fraction; nan for one call)."""
+        return self._summary.relative_std
+
+    @property
+    def relative_iqr(self) -> float:
+        """IQR / median of ``times_ms`` (fraction)."""
+        return self._summary.relative_iqr
+
+    @property
+    def host_mean_ms(self) -> Optional[float]:
+        return self._host.mean if self._host else None
+
+    @property
+    def host_median_ms(self) -> Optional[float]:
+        return self._host.median if self._host else None
+
+    @property
+    def calls_per_s(self) -> float:
+        """Calls per second from the host times (what a loop of calls achieves)."""
+        mean = self._host.mean if self._host else self._summary.mean
+        return 1e3 / mean if mean > 0 else math.inf
+
+    # seconds, for readers of the older API
+    @property
+    def mean_s(self) -> float:
+        return self.mean_ms / 1e3
+
+    @property
+    def memory_delta_bytes(self) -> Optional[int]:
+        if self.memory_before_bytes is None or self.memory_after_bytes is None:
+            return None
+        return self.memory_after_bytes - self.memory_before_bytes
+
+    @property
+    def memory_delta_gb(self) -> Optional[float]:
+        """(after - before) in GiB; None when memory was not read."""
+        delta = self.memory_delta_bytes
+        return None if delta is None else delta / _GiB
+
+    @property
+    def memory_peak_gb(self) -> Optional[float]:
+        return None if self.memory_peak_bytes is None else self.memory_peak_bytes / _GiB
+
+    # ----------------------------------------------------------------- text
+
+    def summary(self) -> str:
+        """A few readable lines: latency statistics, throughput, memory, warnings."""
+        s = self._summary
+        lines = [
+            f"{self.name}: {s.count} calls on {self.device} ({self.timing} time, {self.backend})",
+            f"  mean   {s.mean:.4f} ms ± {s.std:.4f} ms (noise {_pct(s.relative_std)})",
+            f"  median {s.median:.4f} ms  IQR {s.iqr:.4f} ms ({_pct(s.relative_iqr)})",
+            f"  min {s.min:.4f}  p5 {s.p5:.4f}  p25 {s.p25:.4f}  p75 {s.p75:.4f}  "
+            f"p95 {s.p95:.4f}  p99 {s.p99:.4f}  max {s.max:.4f} ms",
+            f"  throughput {self.calls_per_s:,.1f} calls/s",
+        ]
+        if self.gpu_times_ms is not None and self._host is not None:
+            lines.append(f"  host latency median {self._host.median:.4f} ms (launch + wait)")
+        if self.memory_source is not None:
+            lines.append(
+                f"  memory ({self.memory_source}) before {_mb(self.memory_before_bytes)}, "
+                f"after {_mb(self.memory_after_bytes)}, peak {_mb(self.memory_peak_bytes)}"
+            )
+        if self.speedup is not None:
+            lines.append(f"  speedup {self.speedup:.2f}x")
+        for warning in self.warnings:
+            lines.append(f"  WARNING: {warning}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        s = self._summary
+        extra = "".join(
+            [
+                ", noisy" if self.noisy else "",
+                ", throttled" if self.throttled else "",
+                f", recompiles={self.recompiles}" if self.recompiles else "",
+                f", speedup={self.speedup:.2f}x" if self.speedup is not None else "",
+            ]
+        )
+        return (
+            f"BenchmarkResult({self.name!r}, median={s.median:.4f} ms, mean={s.mean:.4f} ms, "
+            f"std={s.std:.4f} ms, p99={s.p99:.4f} ms, n={s.count}, {self.timing} on "
+            f"{self.device}{extra})"
+        )
+
+    __str__ = summary
+
+    # ----------------------------------------------------------------- serialisation
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Raw fields plus the derived statistics, JSON-ready (nan/inf become None)."""
+        data: Dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["warnings"] = list(self.warnings)
+        data["clocks"] = dict(self.clocks)
+        for name in _STAT_NAMES:
+            data[name] = getattr(self, name)
+        return _json_safe(data)
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        """``to_dict()`` as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "BenchmarkResult":
+        """Rebuilds a result from ``to_dict()`` output (derived statistics are recomputed)."""
+        if not isinstance(data, dict):
+            raise InvalidInputError(f"from_dict needs a dict, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as exc:
+            raise InvalidInputError(f"not a BenchmarkResult dict: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "BenchmarkResult":
+        """Rebuilds a result from ``to_json()`` output."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"not BenchmarkResult JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return str(value)
+
+
+def _pct(fraction: float) -> str:
+    return "n/a" if math.isnan(fraction) else f"{fraction * 100:.2f} %"
+
+
+def _mb(value: Optional[int]) -> str:
+    return "n/a" if value is None else f"{value / (1 << 20):.2f} MiB"

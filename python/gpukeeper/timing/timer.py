@@ -1,0 +1,448 @@
+"""``CUDATimer`` and the small backend layer under it.
+
+A timer is two marks on a stream and the time between them. Where the marks come from
+is a *backend*:
+
+============ ============================================================ =========
+name         marks                                                        GPU time
+============ ============================================================ =========
+``"torch"``  ``torch.cuda.Event(enable_timing=True)`` on a torch stream    yes
+``"cupy"``   ``cupy.cuda.Event()`` on a CuPy stream                        yes
+``"cpu"``    ``time.perf_counter_ns()`` (a steady clock)                   no
+============ ============================================================ =========
+
+``select_backend()`` picks torch when PyTorch is loaded and CUDA is usable, else CuPy
+when only CuPy is, else the CPU clock. Nothing is imported to find out: a framework not
+in ``sys.modules`` is not in use, and importing one costs seconds and a CUDA context.
+``register_backend()`` lets another implementation (gpukeeper's C++ ``_core.Timer``)
+plug in later under its own name and priority without changing any caller.
+
+Why the *current* stream: PyTorch runs work on its current stream (``torch.cuda.stream``
+context); events recorded on the legacy default stream would either wait for unrelated
+work or miss the work entirely. The stream is read at ``start()`` and ``stop()`` records
+on that same stream.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from gpukeeper.errors import GpuError, InvalidInputError
+
+__all__ = [
+    "CUDATimer",
+    "TimerBackend",
+    "CpuBackend",
+    "TorchBackend",
+    "CupyBackend",
+    "DeviceSpec",
+    "resolve_device",
+    "select_backend",
+    "register_backend",
+    "available_backends",
+]
+
+
+# --------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Where work runs: ``kind`` is ``"cpu"`` or ``"cuda"``; ``index`` the CUDA ordinal."""
+
+    kind: str
+    index: Optional[int] = None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def __str__(self) -> str:
+        return self.kind if self.index is None else f"{self.kind}:{self.index}"
+
+
+def _torch_cuda() -> Any:
+    """torch when it is loaded *and* CUDA is usable through it, else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "cuda"):
+        return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def _cupy_cuda() -> Any:
+    """cupy when it is loaded and sees a device, else None."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None or not hasattr(cupy, "cuda"):
+        return None
+    try:
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:
+        return None
+
+
+def _current_cuda_index() -> int:
+    torch = _torch_cuda()
+    if torch is not None:
+        return int(torch.cuda.current_device())
+    cupy = _cupy_cuda()
+    if cupy is not None:
+        return int(cupy.cuda.runtime.getDevice())
+    return 0
+
+
+def resolve_device(device: Any = None) -> DeviceSpec:
+    """Normalises ``device`` (None, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, an int, a
+    ``torch.device``, a CuPy ``Device``) to a ``DeviceSpec``.
+
+    None means CUDA when a loaded framework can use it, else the CPU. Asking for CUDA
+    where none is usable is an ``InvalidInputError`` (measuring the CPU instead would
+    give numbers that look right and are not).
+    """
+    if device is None:
+        if _torch_cuda() is not None or _cupy_cuda() is not None:
+            return DeviceSpec("cuda", _current_cuda_index())
+        return DeviceSpec("cpu")
+    kind: str
+    index: Optional[int]
+    if isinstance(device, bool):
+        raise InvalidInputError(f"device must be a device, a name or an index, got {device!r}")
+    if isinstance(device, int):
+        kind, index = "cuda", device
+    elif isinstance(device, str):
+        text = device.strip().lower()
+        name, _, rest = text.partition(":")
+        if name not in ("cpu", "cuda") or (rest and not rest.isdigit()) or (name == "cpu" and rest):
+            raise InvalidInputError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
+        kind, index = name, (int(rest) if rest else None)
+    elif hasattr(device, "type") and isinstance(getattr(device, "type"), str):  # torch.device
+        kind, index = device.type, getattr(device, "index", None)
+        if kind not in ("cpu", "cuda"):
+            raise InvalidInputError(f"gpukeeper times CPU and CUDA devices, not {kind!r}")
+    elif hasattr(device, "id") and isinstance(getattr(device, "id"), int):  # cupy Device
+        kind, index = "cuda", int(device.id)
+    else:
+        raise InvalidInputError(f"device must be a device, a name or an index, got {device!r}")
+    if kind == "cpu":
+        return DeviceSpec("cpu")
+    if _torch_cuda() is None and _cupy_cuda() is None:
+        raise InvalidInputError(
+            f"device {device!r} asks for CUDA, but no loaded framework (PyTorch, CuPy) can "
+            "use a CUDA device here; pass device='cpu' or None"
+        )
+    if index is None:
+        index = _current_cuda_index()
+    if index < 0:
+        raise InvalidInputError(f"CUDA device index must be >= 0, got {index}")
+    return DeviceSpec("cuda", index)
+
+
+# --------------------------------------------------------------------- backends
+
+
+class TimerBackend:
+    """How marks are made and read. Subclass and ``register_backend()`` to add one.
+
+    A mark ("event") is whatever ``new_event()`` returns; ``record`` puts it on a stream,
+    ``elapsed_ms`` waits for ``end`` and returns the time from ``start`` to ``end``.
+    """
+
+    name: str = "abstract"
+    #: True when marks are taken by the device (GPU time), False for a host clock.
+    is_gpu: bool = False
+
+    def __init__(self, device: DeviceSpec) -> None:
+        self.device = device
+
+    def current_stream(self) -> Any:
+        """The stream work is issued to now (None for the CPU)."""
+        return None
+
+    def new_event(self) -> Any:
+        raise NotImplementedError
+
+    def record(self, event: Any, stream: Any) -> None:
+        raise NotImplementedError
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        raise NotImplementedError
+
+    def query(self, event: Any) -> bool:
+        """True when the device has passed ``event`` (always True on the CPU)."""
+        return True
+
+    def synchronize(self) -> None:
+        """Waits for all work on the device."""
+
+
+class CpuBackend(TimerBackend):
+    """A steady host clock (``time.perf_counter_ns``): used without a usable GPU."""
+
+    name = "cpu"
+    is_gpu = False
+
+    def new_event(self) -> List[int]:
+        # A one-element list: mutable, so the same mark can be recorded again.
+        return [0]
+
+    def record(self, event: List[int], stream: Any) -> None:
+        event[0] = time.perf_counter_ns()
+
+    def elapsed_ms(self, start: List[int], end: List[int]) -> float:
+        return (end[0] - start[0]) / 1e6
+
+
+class TorchBackend(TimerBackend):
+    """``torch.cuda.Event`` on PyTorch's current stream of the device."""
+
+    name = "torch"
+    is_gpu = True
+
+    def __init__(self, device: DeviceSpec) -> None:
+        super().__init__(device)
+        torch = _torch_cuda()
+        if torch is None:
+            raise InvalidInputError("the 'torch' timer backend needs PyTorch loaded with usable CUDA")
+        self._torch = torch
+
+    def current_stream(self) -> Any:
+        return self._torch.cuda.current_stream(self.device.index)
+
+    def new_event(self) -> Any:
+        return self._torch.cuda.Event(enable_timing=True)
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    def query(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize(self.device.index)
+
+
+class CupyBackend(TimerBackend):
+    """``cupy.cuda.Event`` on CuPy's current stream."""
+
+    name = "cupy"
+    is_gpu = True
+
+    def __init__(self, device: DeviceSpec) -> None:
+        super().__init__(device)
+        cupy = _cupy_cuda()
+        if cupy is None:
+            raise InvalidInputError("the 'cupy' timer backend needs CuPy loaded with a usable device")
+        self._cupy = cupy
+
+    def current_stream(self) -> Any:
+        with self._cupy.cuda.Device(self.device.index or 0):
+            return self._cupy.cuda.get_current_stream()
+
+    def new_event(self) -> Any:
+        with self._cupy.cuda.Device(self.device.index or 0):
+            return self._cupy.cuda.Event()
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        end.synchronize()
+        return float(self._cupy.cuda.get_elapsed_time(start, end))
+
+    def query(self, event: Any) -> bool:
+        return bool(event.done)
+
+    def synchronize(self) -> None:
+        with self._cupy.cuda.Device(self.device.index or 0):
+            self._cupy.cuda.runtime.deviceSynchronize()
+
+
+# name -> (priority, factory, usable). Highest usable priority wins in select_backend().
+_BACKENDS: Dict[str, Tuple[int, Callable[[DeviceSpec], TimerBackend], Callable[[DeviceSpec], bool]]] = {
+    "torch": (20, TorchBackend, lambda d: d.is_cuda and _torch_cuda() is not None),
+    "cupy": (10, CupyBackend, lambda d: d.is_cuda and _cupy_cuda() is not None),
+    "cpu": (0, CpuBackend, lambda d: True),
+}
+
+
+def register_backend(
+    name: str,
+    factory: Callable[[DeviceSpec], TimerBackend],
+    usable: Callable[[DeviceSpec], bool],
+    priority: int = 30,
+) -> None:
+    """Adds (or replaces) a backend. ``usable(device)`` says whether it can time work on
+    ``device``; among the usable ones the highest ``priority`` is chosen by default
+    (torch is 20, cupy 10, cpu 0)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInputError(f"backend name must be a non-empty string, got {name!r}")
+    if not callable(factory) or not callable(usable):
+        raise InvalidInputError("register_backend needs callable factory and usable")
+    _BACKENDS[name] = (int(priority), factory, usable)
+
+
+def available_backends(device: Any = None) -> List[str]:
+    """Names of the backends usable for ``device`` now, best first."""
+    spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
+    usable = [(p, n) for n, (p, _, ok) in _BACKENDS.items() if ok(spec)]
+    return [n for _, n in sorted(usable, reverse=True)]
+
+
+def select_backend(device: Any = None, backend: Optional[str] = None) -> TimerBackend:
+    """The backend for ``device``: ``backend`` by name, else the best usable one.
+
+    A CPU device always gets the CPU clock: events on a GPU stream would not see work
+    done by the host.
+    """
+    spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
+    if backend is not None:
+        entry = _BACKENDS.get(backend)
+        if entry is None:
+            raise InvalidInputError(f"unknown timer backend {backend!r}; known: {sorted(_BACKENDS)}")
+        if not entry[2](spec):
+            raise InvalidInputError(f"timer backend {backend!r} cannot time work on {spec}")
+        return entry[1](spec)
+    return _BACKENDS[available_backends(spec)[0]][1](spec)
+
+
+# --------------------------------------------------------------------- the timer
+
+
+class CUDATimer:
+    """Times the work between ``start()`` and ``stop()`` on a stream.
+
+    >>> with CUDATimer() as t:
+    ...     y = model(x)
+    >>> t.elapsed_ms          # waits for the stop mark, then reads the time
+    0.412
+
+    On a GPU the marks are events on the *current* stream (PyTorch's when it is loaded;
+    else ``stream``, else CuPy's current one), so the time is the device's: the work
+    queued between the marks, not the host's launch time. ``stop()`` does not wait;
+    reading ``elapsed_ms`` does. On the CPU (no usable GPU, or ``device="cpu"``) the
+    marks are a steady host clock, and the same code runs unchanged.
+
+    ``host_ms`` is the host time between the ``start()`` and ``stop()`` calls (no
+    synchronisation): on a GPU, how long it took to *issue* the work.
+
+    The two events are created once and reused by every ``start()``/``stop()``.
+    """
+
+    def __init__(
+        self,
+        name: str = "",
+        *,
+        device: Any = None,
+        stream: Any = None,
+        backend: Optional[str] = None,
+    ) -> None:
+        if not isinstance(name, str):
+            raise InvalidInputError(f"CUDATimer name must be a string, got {type(name).__name__}")
+        self.name = name
+        self._backend = select_backend(device, backend)
+        self._stream_arg = stream
+        self._stream: Any = None
+        self._start = self._backend.new_event()
+        self._end = self._backend.new_event()
+        self._state = "idle"  # idle -> running -> stopped -> running ...
+        self._host_start = 0
+        self._host_ns = 0
+        self._elapsed: Optional[float] = None
+
+    @property
+    def backend(self) -> str:
+        """Name of the backend taking the marks (``"torch"``, ``"cupy"``, ``"cpu"``...)."""
+        return self._backend.name
+
+    @property
+    def is_gpu(self) -> bool:
+        """True when the time is the device's (events), False for the host clock."""
+        return self._backend.is_gpu
+
+    @property
+    def device(self) -> DeviceSpec:
+        return self._backend.device
+
+    @property
+    def stream(self) -> Any:
+        """The stream of the last ``start()`` (None on the CPU)."""
+        return self._stream
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    def start(self) -> "CUDATimer":
+        """Records the start mark on the current stream (or the given one)."""
+        if self._state == "running":
+            raise GpuError(f"CUDATimer {self.name!r} is already running; call stop() first")
+        stream = self._stream_arg if self._stream_arg is not None else self._backend.current_stream()
+        self._stream = stream
+        self._elapsed = None
+        self._host_start = time.perf_counter_ns()
+        self._backend.record(self._start, stream)
+        self._state = "running"
+        return self
+
+    def stop(self) -> "CUDATimer":
+        """Records the stop mark on the start's stream; does not wait for the device."""
+        if self._state != "running":
+            raise GpuError(f"CUDATimer {self.name!r} was not started; call start() first")
+        self._backend.record(self._end, self._stream)
+        self._host_ns = time.perf_counter_ns() - self._host_start
+        self._state = "stopped"
+        return self
+
+    @property
+    def elapsed_ms(self) -> float:
+        """Milliseconds from the start mark to the stop mark (waits for the stop mark)."""
+        if self._state != "stopped":
+            raise GpuError(
+                f"CUDATimer {self.name!r} has no measurement yet: "
+                + ("it is still running" if self._state == "running" else "it was never started")
+            )
+        if self._elapsed is None:
+            self._elapsed = self._backend.elapsed_ms(self._start, self._end)
+        return self._elapsed
+
+    @property
+    def elapsed_s(self) -> float:
+        """``elapsed_ms`` in seconds."""
+        return self.elapsed_ms / 1e3
+
+    @property
+    def host_ms(self) -> float:
+        """Host milliseconds between the ``start()`` and ``stop()`` calls."""
+        if self._state != "stopped":
+            raise GpuError(f"CUDATimer {self.name!r} has no measurement yet")
+        return self._host_ns / 1e6
+
+    def ready(self) -> bool:
+        """True when the stop mark has been passed (reading ``elapsed_ms`` won't block)."""
+        return self._state == "stopped" and self._backend.query(self._end)
+
+    def __enter__(self) -> "CUDATimer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        # Stop also when the body raised: a timer left running would make the next
+        # start() fail with a confusing message.
+        if self._state == "running":
+            self.stop()
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        if self._state == "stopped" and (self._elapsed is not None or self.ready()):
+            value = f"{self.elapsed_ms:.4f} ms"
+        else:
+            value = {"idle": "not started", "running": "running", "stopped": "pending"}[self._state]
+        return f"<CUDATimer{label} {value} ({self.backend} on {self.device})>"
