@@ -66,4 +66,5 @@ PYBIND11_MODULE(_core, m) {
   init_memory(m);
   init_buffer(m);
   init_torch_allocator(m);
+  init_timing(m);
 }

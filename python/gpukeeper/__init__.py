@@ -1,7 +1,8 @@
 """gpukeeper keeps GPU memory and GPU time honest.
 
 A caching memory pool with RAII buffers, pressure handling and one account of the
-device; cleanup that really returns memory; PyTorch and CuPy allocating on the pool.
+device; cleanup that really returns memory; PyTorch and CuPy allocating on the pool;
+timing and benchmarking (down to MD trajectories) that are right on an asynchronous GPU.
 Everything works (on host memory) without a GPU.
 """
 
@@ -23,6 +24,13 @@ from gpukeeper.errors import (
     InvalidInputError,
     MemoryLeakError,
 )
+from gpukeeper.device import (
+    check_memory_leak,
+    get_device,
+    get_gpu_info,
+    get_gpu_memory_info,
+    warmup_cuda,
+)
 from gpukeeper.integrations import restore_cupy_allocator, use_cupy_allocator, use_torch_allocator
 from gpukeeper.manager import (
     FaissUnavailableError,
@@ -32,10 +40,19 @@ from gpukeeper.manager import (
     create_faiss_index,
     get_gpu_memory_manager,
 )
+from gpukeeper.md import TrajectoryResult, benchmark_md_trajectory
 from gpukeeper.memory import BufferBatch, ManagedBuffer, MemoryPool, PoolStats, Precision
 from gpukeeper.oom import retry_on_oom
 from gpukeeper.report import MemoryReport, memory_report, memory_reports
 from gpukeeper.runtime import CudaAvailability, build_info, cuda_available
+from gpukeeper.timing import (
+    BenchmarkResult,
+    CUDATimer,
+    ProfilerContext,
+    benchmark_function,
+    compare_implementations,
+    print_comparison_table,
+)
 
 __all__ = [
     "__version__",
@@ -74,6 +91,20 @@ __all__ = [
     "restore_cupy_allocator",
     "use_cupy_allocator",
     "use_torch_allocator",
+    # device utilities and timing (seeds 002, 004)
+    "BenchmarkResult",
+    "CUDATimer",
+    "ProfilerContext",
+    "TrajectoryResult",
+    "benchmark_function",
+    "benchmark_md_trajectory",
+    "check_memory_leak",
+    "compare_implementations",
+    "get_device",
+    "get_gpu_info",
+    "get_gpu_memory_info",
+    "print_comparison_table",
+    "warmup_cuda",
     # build and run time
     "CudaAvailability",
     "build_info",
