@@ -32,6 +32,9 @@ import statistics
 import sys
 import timeit
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_env import cpu_name  # noqa: E402
+
 SIZES = [(256, "256B"), (64 << 10, "64KiB"), (1 << 20, "1MiB"), (64 << 20, "64MiB")]
 
 
@@ -79,14 +82,7 @@ def environment(gk, torch, cupy):
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
     }
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    env["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    env["cpu"] = cpu_name()
     if gk is not None:
         env["gpukeeper"] = getattr(gk, "__version__", "unknown")
         for name in ("build_info", "cuda_available"):

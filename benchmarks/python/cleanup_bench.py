@@ -21,6 +21,8 @@ Target (issue 3): median enter+exit with nothing leaked <= 1 ms.
 """
 from __future__ import annotations
 
+import os
+
 import argparse
 import datetime
 import gc
@@ -31,6 +33,9 @@ import sys
 import time
 import warnings
 from typing import Any, Callable, Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_env import cpu_name  # noqa: E402
 
 TARGET_S = 1e-3
 
@@ -90,14 +95,7 @@ def environment(torch: Any, cuda: bool) -> Dict[str, Any]:
         "mode": "cuda" if cuda else "cpu",
         "gc_objects": len(gc.get_objects()),
     }
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    env["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    env["cpu"] = cpu_name()
     try:
         env["build_info"] = json.loads(json.dumps(gpukeeper.build_info(), default=str))
     except Exception as e:  # report, never fail the run over it
