@@ -21,12 +21,11 @@ Target (issue 3): median enter+exit with nothing leaked <= 1 ms.
 """
 from __future__ import annotations
 
-import os
-
 import argparse
 import datetime
 import gc
 import json
+import os
 import platform
 import statistics
 import sys
