@@ -12,7 +12,8 @@
 
 namespace gpukeeper {
 
-Calibration calibrate(std::uint64_t duration_ns, int device, stream_t stream) {
+Calibration calibrate(std::uint64_t duration_ns, int device, stream_t stream,
+                      bool hide_launch_latency) {
   if (!calibration_kernels_available()) launch_spin_kernel(0, stream);  // throws, says why
 #ifdef GPUKEEPER_WITH_CUDA
   if (device < 0 || !timing_uses_cuda(device)) {
@@ -28,7 +29,7 @@ Calibration calibrate(std::uint64_t duration_ns, int device, stream_t stream) {
     ~Free() { (void)cudaFree(p); }
   } free_out{out};
 
-  Timer timer(device, stream);
+  Timer timer(device, stream, hide_launch_latency);
   launch_spin_kernel(0, stream, out);  // warm-up: loads the module, touches `out`
   GK_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
   timer.start();
@@ -38,6 +39,7 @@ Calibration calibrate(std::uint64_t duration_ns, int device, stream_t stream) {
   Calibration result;
   result.requested_ns = duration_ns;
   result.event_ms = timer.elapsed_ms();
+  result.launch_hidden = timer.launch_hidden();
   std::uint64_t host[2] = {0, 0};
   GK_CUDA_CHECK(cudaMemcpyAsync(host, out, sizeof host, cudaMemcpyDeviceToHost,
                                 reinterpret_cast<cudaStream_t>(stream)));
@@ -48,6 +50,7 @@ Calibration calibrate(std::uint64_t duration_ns, int device, stream_t stream) {
   (void)duration_ns;
   (void)device;
   (void)stream;
+  (void)hide_launch_latency;
   throw DeviceError("calibrate", 0, "unavailable", "gpukeeper was built without CUDA");
 #endif
 }

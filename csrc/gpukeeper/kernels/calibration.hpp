@@ -3,7 +3,7 @@
 // and by `gpukeeper check`.
 //
 // Plain C++ (no CUDA types): the kernels live in calibration.cu, built only where nvcc
-// exists; other builds get calibration_stub.cpp, whose launch functions throw DeviceError.
+// exists; other builds get kernels_stub.cpp, whose launch functions throw DeviceError.
 #pragma once
 
 #include <cstdint>
@@ -26,11 +26,14 @@ struct Calibration {
   std::uint64_t requested_ns = 0;
   std::uint64_t kernel_ns = 0;  // the kernel's own %globaltimer reading: end - start
   double event_ms = 0.0;        // what a Timer (event pair) on the stream read around it
+  bool launch_hidden = false;   // the Timer's gate opened in time (hide_launch_latency)
 };
 
 // Runs one spin kernel of `duration_ns` on `stream` of `device` between the two events of
 // a Timer, after a warm-up launch (module loading is not measured), and waits for it.
+// With hide_launch_latency the Timer closes a StreamGate first (timer.hpp).
 // Throws DeviceError without the kernels or without CUDA, InvalidInputError for a bad id.
-Calibration calibrate(std::uint64_t duration_ns, int device = 0, stream_t stream = 0);
+Calibration calibrate(std::uint64_t duration_ns, int device = 0, stream_t stream = 0,
+                      bool hide_launch_latency = false);
 
 }  // namespace gpukeeper

@@ -70,8 +70,16 @@ bool timing_uses_cuda(int device) {
   return true;
 }
 
-Timer::Timer(int device, stream_t stream) : gpu_(timing_uses_cuda(device)), stream_(stream) {
+Timer::Timer(int device, stream_t stream, bool hide_launch_latency, std::uint64_t gate_timeout_ns)
+    : gpu_(timing_uses_cuda(device)), gate_timeout_ns_(gate_timeout_ns), stream_(stream) {
+  if (gate_timeout_ns == 0) throw InvalidInputError("Timer gate timeout must be > 0 ns");
   if (gpu_) {
+    if (hide_launch_latency && !stream_gates_available()) {
+      throw DeviceError("Timer", 0, "unavailable",
+                        "hide_launch_latency needs the gate kernel, and gpukeeper was built "
+                        "without nvcc");
+    }
+    hide_ = hide_launch_latency;
     device_ = device;
     EventPool& pool = EventPool::for_device(device);
     start_event_ = PooledEvent(pool);
@@ -81,11 +89,14 @@ Timer::Timer(int device, stream_t stream) : gpu_(timing_uses_cuda(device)), stre
 
 Timer::Timer(Timer&& other) noexcept
     : gpu_(other.gpu_),
+      hide_(other.hide_),
+      gate_timeout_ns_(other.gate_timeout_ns_),
       device_(other.device_),
       stream_(other.stream_),
       state_(other.state_),
       start_event_(std::move(other.start_event_)),
       stop_event_(std::move(other.stop_event_)),
+      gate_(std::move(other.gate_)),
       start_time_(other.start_time_),
       stop_time_(other.stop_time_) {
   other.state_ = State::moved;
@@ -94,11 +105,14 @@ Timer::Timer(Timer&& other) noexcept
 Timer& Timer::operator=(Timer&& other) noexcept {
   if (this != &other) {
     gpu_ = other.gpu_;
+    hide_ = other.hide_;
+    gate_timeout_ns_ = other.gate_timeout_ns_;
     device_ = other.device_;
     stream_ = other.stream_;
     state_ = other.state_;
     start_event_ = std::move(other.start_event_);
     stop_event_ = std::move(other.stop_event_);
+    gate_ = std::move(other.gate_);
     start_time_ = other.start_time_;
     stop_time_ = other.stop_time_;
     other.state_ = State::moved;
@@ -115,7 +129,17 @@ void Timer::require_valid(const char* what) const {
 void Timer::start() {
   require_valid("start");
   if (gpu_) {
-    detail::record_event(start_event_.get(), device_, stream_);
+    if (hide_) {
+      gate_ = StreamGate(device_, stream_, gate_timeout_ns_);
+    } else {
+      gate_.reset();
+    }
+    try {
+      detail::record_event(start_event_.get(), device_, stream_);
+    } catch (...) {
+      gate_.reset();  // never leave the stream held
+      throw;
+    }
   } else {
     start_time_ = std::chrono::steady_clock::now();
   }
@@ -126,7 +150,13 @@ void Timer::stop() {
   require_valid("stop");
   if (gpu_) {
     if (state_ == State::idle) throw InvalidInputError("Timer.stop() before start()");
-    detail::record_event(stop_event_.get(), device_, stream_);
+    try {
+      detail::record_event(stop_event_.get(), device_, stream_);
+    } catch (...) {
+      gate_.open();
+      throw;
+    }
+    gate_.open();
   } else {
     auto now = std::chrono::steady_clock::now();
     if (state_ == State::idle) throw InvalidInputError("Timer.stop() before start()");
@@ -146,6 +176,12 @@ double Timer::elapsed_ms() {
     return detail::event_elapsed_ms(start_event_.get(), stop_event_.get());
   }
   return std::chrono::duration<double, std::milli>(stop_time_ - start_time_).count();
+}
+
+bool Timer::launch_hidden() {
+  if (!gpu_ || !hide_ || state_ != State::stopped) return false;
+  detail::synchronize_event(stop_event_.get(), device_);
+  return gate_.outcome() == GateOutcome::opened;
 }
 
 bool Timer::ready() {

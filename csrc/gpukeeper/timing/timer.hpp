@@ -11,6 +11,11 @@
 // idle). In CPU mode (device -1, a build without CUDA, or a machine without a usable
 // device) start/stop read std::chrono::steady_clock and the stream is ignored.
 //
+// With hide_launch_latency, start() first closes a StreamGate on the stream and stop()
+// opens it after recording the stop event: the interval then holds the device's work
+// without the launch latency in front of it (see stream_gate.hpp for what that means and
+// when the gate times out). Ignored in CPU mode.
+//
 // start() may be called again to restart; elapsed_ms() may be called any number of times.
 // One thread at a time per Timer.
 #pragma once
@@ -19,6 +24,7 @@
 
 #include "gpukeeper/memory/resource.hpp"
 #include "gpukeeper/timing/event_pool.hpp"
+#include "gpukeeper/timing/stream_gate.hpp"
 
 namespace gpukeeper {
 
@@ -29,7 +35,10 @@ bool timing_uses_cuda(int device);
 
 class Timer {
  public:
-  explicit Timer(int device = 0, stream_t stream = 0);
+  // Throws DeviceError when hide_launch_latency is asked for on a GPU without the gate
+  // kernel, InvalidInputError for a zero gate timeout.
+  explicit Timer(int device = 0, stream_t stream = 0, bool hide_launch_latency = false,
+                 std::uint64_t gate_timeout_ns = StreamGate::kDefaultTimeoutNs);
   Timer(Timer&& other) noexcept;
   Timer& operator=(Timer&& other) noexcept;
   Timer(const Timer&) = delete;
@@ -44,6 +53,14 @@ class Timer {
   // Whether elapsed_ms() would return without blocking (true in CPU mode once stopped).
   bool ready();
 
+  // Whether the last stopped measurement had its launch latency hidden: a gate was used
+  // and opened before its timeout. Blocks like elapsed_ms() (the answer is known once
+  // the stop event has passed).
+  bool launch_hidden();
+  // The last measurement's gate outcome (pending without a gate or before it finished).
+  GateOutcome gate_outcome() const noexcept { return gate_.outcome(); }
+
+  bool hides_launch_latency() const noexcept { return hide_; }
   bool is_gpu() const noexcept { return gpu_; }
   int device() const noexcept { return device_; }  // -1 in CPU mode
   stream_t stream() const noexcept { return stream_; }
@@ -54,11 +71,14 @@ class Timer {
   void require_valid(const char* what) const;
 
   bool gpu_ = false;
+  bool hide_ = false;
+  std::uint64_t gate_timeout_ns_ = StreamGate::kDefaultTimeoutNs;
   int device_ = -1;
   stream_t stream_ = 0;
   State state_ = State::idle;
   PooledEvent start_event_;
   PooledEvent stop_event_;
+  StreamGate gate_;
   std::chrono::steady_clock::time_point start_time_{};
   std::chrono::steady_clock::time_point stop_time_{};
 };
