@@ -222,6 +222,16 @@ void init_timing(py::module_& m) {
                ">";
       });
 
+  m.def(
+      "synchronize",
+      [](const py::handle& device) {
+        int dev = to_cuda_device(device);
+        py::gil_scoped_release nogil;
+        synchronize_device(dev);
+      },
+      py::arg("device") = 0,
+      "Waits for all work on a CUDA device (GIL released); DeviceError without one.");
+
   m.def("stream_gates_available", &stream_gates_available,
         "Whether StreamGate (and Timer(hide_launch_latency=True)) work here: a CUDA build "
         "with the gate kernel and a usable device.");

@@ -9,6 +9,9 @@ Of the cleanup (``gpukeeper.cleanup``): ``MemoryLeakError`` (memory still held a
 ``GPUContext`` with ``raise_on_leak=True``, carrying its report), ``EmptiedObjectError``
 (a module or optimizer emptied by ``cleanup_models()`` used again; also a
 ``RuntimeError``) and the ``LeakWarning`` warning (a ``UserWarning``).
+
+Of the timing (``gpukeeper.timing``): the ``TimingWarning`` warning (a ``UserWarning``),
+for a measurement that is not what was asked for (a launch-latency gate that timed out).
 """
 
 from typing import TYPE_CHECKING
@@ -26,6 +29,7 @@ __all__ = [
     "MemoryLeakError",
     "EmptiedObjectError",
     "LeakWarning",
+    "TimingWarning",
 ]
 
 
@@ -50,3 +54,8 @@ class LeakWarning(UserWarning):
     A ``UserWarning`` rather than a ``ResourceWarning`` on purpose: Python hides
     ResourceWarnings by default, and a leak nobody sees is no warning at all.
     """
+
+
+class TimingWarning(UserWarning):
+    """A measurement is not what was asked for, e.g. the launch latency could not be
+    hidden because the timed work waited for the GPU while the stream was held."""

@@ -55,6 +55,17 @@ double event_elapsed_ms(void*, void*) { no_cuda("cudaEventElapsedTime"); }
 
 }  // namespace detail
 
+void synchronize_device(int device) {
+  if (!timing_uses_cuda(device) || device < 0) {
+    throw DeviceError("cudaDeviceSynchronize", 0, "unavailable",
+                      "no usable CUDA device " + std::to_string(device));
+  }
+#ifdef GPUKEEPER_WITH_CUDA
+  detail::DeviceGuard guard(device);
+  GK_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
+
 bool timing_uses_cuda(int device) {
   if (device < -1) {
     throw InvalidInputError("device must be -1 (CPU) or a CUDA device id, got " +

@@ -91,4 +91,8 @@ bool event_done(void* event, int device);
 double event_elapsed_ms(void* start, void* stop);
 }  // namespace detail
 
+// Waits for all work on CUDA device `device` (cudaDeviceSynchronize). InvalidInputError
+// for an id the machine does not have; DeviceError without CUDA.
+void synchronize_device(int device);
+
 }  // namespace gpukeeper

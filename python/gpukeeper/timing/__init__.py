@@ -1,8 +1,10 @@
 """Timing that is right on an asynchronous GPU, and the same code on a CPU.
 
-- ``CUDATimer``: events on the current stream (PyTorch's, else CuPy's), a steady host
-  clock without a GPU; a small backend layer (``select_backend``, ``register_backend``).
-- ``benchmark_function``: warm-up, per-call events, optional L2 flush, nvbench-style
+- ``CUDATimer``: events on the current stream (PyTorch's, else CuPy's, else gpukeeper's
+  own events), a steady host clock without a GPU; ``hide_launch_latency`` for timing
+  kernels; a small backend layer (``select_backend``, ``register_backend``).
+- ``benchmark_function``: warm-up, per-call events behind a launch-latency gate,
+  optional L2 flush, nvbench-style
   noise-based stopping, throttle detection; returns a ``BenchmarkResult``.
 - ``compare_implementations`` / ``print_comparison_table``: side by side, with the
   differences that are within the noise marked.
@@ -24,6 +26,7 @@ from gpukeeper.timing.profiler import ProfilerContext
 from gpukeeper.timing.result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion, SampleStats, summarize
 from gpukeeper.timing.timer import (
+    CoreBackend,
     CpuBackend,
     CUDATimer,
     CupyBackend,
@@ -39,6 +42,7 @@ from gpukeeper.timing.timer import (
 __all__ = [
     "BenchmarkResult",
     "CUDATimer",
+    "CoreBackend",
     "CpuBackend",
     "CupyBackend",
     "DeviceSpec",

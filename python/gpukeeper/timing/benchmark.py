@@ -2,19 +2,25 @@
 
 How one call is measured (GPU; see ``benchmark_function`` for the CPU):
 
-1. optionally flush the L2 cache: fill a buffer of exactly the L2 size on the timed
+1. close a gate on the timed stream (see below);
+2. optionally flush the L2 cache: fill a buffer of exactly the L2 size on the timed
    stream, so that every call starts cold (nvbench's ``l2flush``) instead of finding
    its inputs in L2 from the previous call;
-2. host clock; start event on the current stream; ``fn(*args, **kwargs)``; stop event;
-3. wait for the stop event; host clock.
+3. host clock; start event on the current stream; ``fn(*args, **kwargs)``; stop event;
+   open the gate;
+4. wait for the stop event; host clock.
 
 GPU time = stop - start (events); host time = the two host clock readings, i.e. launch
 plus wait: the latency a caller of ``fn`` sees. Waiting after every call is what makes
-per-call times (and the noise-based stop) possible; it also means the device is idle
-when each start event is recorded, so the GPU time of a very short call includes the
-launch latency (a few microseconds). Hiding it needs a blocking kernel ahead of the
-work (nvbench's ``blocking_kernel``), which the compiled core provides; see the
-``Unfinished`` notes of the timing package.
+per-call times (and the noise-based stop) possible. It also means the device is idle
+when each start event is recorded: without a gate, the GPU time of a short call would
+include the launch latency of its first kernel (a 10 us kernel reads ~14 us). The gate
+(``_core.StreamGate``, nvbench's blocking kernel) holds the stream while the host
+launches, so the device runs start event, ``fn``'s kernels and stop event back to back:
+the GPU time is the device's work alone. A function that waits for the GPU inside
+(``.item()``, a synchronize, a copy from pageable memory) cannot run behind a closed
+gate; the last warm-up call finds that out (its gate times out) and such functions are
+timed without a gate, with a warning.
 """
 
 from __future__ import annotations
@@ -26,10 +32,17 @@ import sys
 import time
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.timing.result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion
-from gpukeeper.timing.timer import DeviceSpec, TimerBackend, resolve_device, select_backend
+from gpukeeper.timing.timer import (
+    DeviceSpec,
+    TimerBackend,
+    _gates,
+    check_gate_timeout,
+    resolve_device,
+    select_backend,
+)
 
 __all__ = [
     "benchmark_function",
@@ -82,13 +95,21 @@ class L2Flusher:
     """
 
     def __init__(self, backend: TimerBackend) -> None:
-        self.nbytes = l2_cache_size(backend.device)
-        self.backend = backend.name
+        # The buffer comes from the framework whose streams are timed: CuPy for the cupy
+        # backend, else PyTorch when loaded, else CuPy when loaded (gpukeeper's own
+        # backend without either cannot read the L2 size: nothing is flushed).
+        if backend.name == "cupy" or ("torch" not in sys.modules and "cupy" in sys.modules):
+            self.backend = "cupy"
+        elif "torch" in sys.modules:
+            self.backend = "torch"
+        else:
+            self.backend = ""
+        self.nbytes = l2_cache_size(backend.device) if self.backend else 0
         self._buffer: Any = None
         if self.nbytes <= 0:
             return
         index = backend.device.index or 0
-        if backend.name == "cupy":
+        if self.backend == "cupy":
             import cupy  # loaded: the cupy backend was chosen
 
             with cupy.cuda.Device(index):
@@ -264,6 +285,31 @@ def _check_positive(value: Any, what: str) -> Optional[float]:
     return float(value)
 
 
+# --------------------------------------------------------------------- gates
+
+# A gate must stay closed while the host issues one call; it times out after this many
+# times the slowest warm-up call's host time, within these bounds (ms). A function that
+# waits for the GPU inside stalls for that long once, in the probing warm-up call.
+_GATE_TIMEOUT_FACTOR = 20.0
+_GATE_TIMEOUT_MIN_MS = 50.0
+_GATE_TIMEOUT_MAX_MS = 2000.0
+
+
+def _gate_timeout_ms(host_ms: Optional[float]) -> float:
+    if host_ms is None:
+        return _GATE_TIMEOUT_MAX_MS
+    return min(_GATE_TIMEOUT_MAX_MS, max(_GATE_TIMEOUT_MIN_MS, _GATE_TIMEOUT_FACTOR * host_ms))
+
+
+def _gate_timed_out_warning(timeout_ms: float, when: str) -> str:
+    return (
+        f"launch latency included: {when} the gate timed out after {timeout_ms:.0f} ms "
+        "because the function waited for the GPU while the stream was held (a synchronize, "
+        ".item()/.cpu(), a copy from pageable memory, or more launches than the queue "
+        "holds); its GPU times include the launch latency of its first kernel"
+    )
+
+
 # --------------------------------------------------------------------- benchmark
 
 
@@ -277,6 +323,8 @@ def benchmark_function(
     l2_flush: bool = False,
     min_time_s: Optional[float] = None,
     max_noise: Optional[float] = None,
+    hide_launch_latency: Optional[bool] = None,
+    gate_timeout_ms: Optional[float] = None,
     **kwargs: Any,
 ) -> BenchmarkResult:
     """Times ``fn(*args, **kwargs)`` call by call and returns a ``BenchmarkResult``.
@@ -289,6 +337,15 @@ def benchmark_function(
       the host time (``time.perf_counter_ns``).
     - ``l2_flush``: overwrite a buffer of exactly the L2 size before each call (GPU only;
       ignored with a warning on the CPU).
+    - ``hide_launch_latency``: take each call's GPU time behind a gate, so that it is the
+      device's work without the launch latency in front of it (see the module docs).
+      None (default): hide where gpukeeper's gate kernel exists, and fall back to
+      including it, with a warning, for a function that waits for the GPU inside (found
+      by the last warm-up call, or by a measured call, which is then measured again).
+      True: the same, but a build without the gate kernel raises ``GpuError``. False:
+      never. The result's ``launch_latency`` says which it was. ``gate_timeout_ms``
+      overrides the gate timeout (default: 20 x the slowest warm-up call's host time,
+      within 50 ms .. 2 s).
     - Stopping: ``n_calls`` calls are measured. ``min_time_s`` keeps measuring past them
       until the measured time adds up to ``min_time_s`` (with a safety stop at
       10 x ``min_time_s`` + 1 s of wall time). ``max_noise`` (a fraction: 0.005 = 0.5 %)
@@ -316,6 +373,9 @@ def benchmark_function(
         raise InvalidInputError(f"name must be a string or None, got {type(name).__name__}")
     if not isinstance(l2_flush, bool):
         raise InvalidInputError(f"l2_flush must be a bool, got {l2_flush!r}")
+    if hide_launch_latency is not None and not isinstance(hide_launch_latency, bool):
+        raise InvalidInputError(f"hide_launch_latency must be a bool or None, got {hide_launch_latency!r}")
+    fixed_timeout = None if gate_timeout_ms is None else check_gate_timeout(gate_timeout_ms)
     label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
 
     spec = resolve_device(device)
@@ -331,11 +391,43 @@ def benchmark_function(
         else:
             warnings.append("l2_flush ignored: only a GPU's L2 cache is flushed")
 
-    for _ in range(warmup):
-        fn(*args, **kwargs)
+    gates: Any = None
+    if backend.is_gpu and hide_launch_latency is not False:
+        gates = _gates()
+        if gates is None and hide_launch_latency:
+            raise GpuError(
+                "hide_launch_latency=True needs gpukeeper's gate kernel, and this build has "
+                "none (built without nvcc); pass hide_launch_latency=None or False"
+            )
+    gate_index = spec.index or 0
+
+    # Warm-up. The last call is the gate probe: it runs behind a gate, so a function that
+    # waits for the GPU inside is found here rather than in every measured call.
+    slowest_ms: Optional[float] = None
+    for i in range(warmup):
+        probe = gates is not None and i == warmup - 1
+        gate = None
+        h0 = time.perf_counter_ns()
+        if probe:
+            timeout = fixed_timeout or _gate_timeout_ms(slowest_ms)
+            gate = gates.StreamGate(backend.current_stream(), gate_index, timeout)
+        try:
+            fn(*args, **kwargs)
+        finally:
+            if gate is not None:
+                gate.open()
+        call_ms = (time.perf_counter_ns() - h0) / 1e6
+        if not probe:
+            slowest_ms = call_ms if slowest_ms is None else max(slowest_ms, call_ms)
+        if gate is not None:
+            backend.synchronize()
+            if gate.outcome == "timed_out":
+                gates = None
+                warnings.append(_gate_timed_out_warning(timeout, "in the last warm-up call"))
     backend.synchronize()
 
     stream = backend.current_stream()
+    gate_timeout = fixed_timeout or _gate_timeout_ms(slowest_ms)
     frames_before = _dynamo_frames()
     clocks: Dict[str, Any] = {}
     nvml_before: Optional[Dict[str, Any]] = None
@@ -368,16 +460,28 @@ def benchmark_function(
     wall_start = clock()
     wall_limit_ns = (min_time * _MIN_TIME_WALL_FACTOR + 1.0) * 1e9 if min_time else math.inf
     count = 0
+    launch_hidden = gates is not None
     while True:
+        gate = gates.StreamGate(stream, gate_index, gate_timeout) if gates is not None else None
         if flusher is not None:
             flusher.flush(stream)
         if backend.is_gpu:
             h0 = clock()
-            record(start_evt, stream)
-            fn(*args, **kwargs)
-            record(end_evt, stream)
+            try:
+                record(start_evt, stream)
+                fn(*args, **kwargs)
+                record(end_evt, stream)
+            finally:
+                if gate is not None:
+                    gate.open()
             g = elapsed(start_evt, end_evt)
             h1 = clock()
+            if gate is not None and gate.outcome == "timed_out":
+                # This call's time holds the host's wait: measure it again, ungated.
+                gates = None
+                launch_hidden = False
+                warnings.append(_gate_timed_out_warning(gate_timeout, "in a measured call"))
+                continue
             gpu_times.append(g)
             t = g
         else:
@@ -443,6 +547,7 @@ def benchmark_function(
         backend=backend.name,
         warmup=warmup,
         l2_flush=flusher is not None and flusher.nbytes > 0,
+        launch_latency=("hidden" if launch_hidden else "included") if backend.is_gpu else "n/a",
         stop_reason=stop_reason,
         total_time_s=total_s,
         memory_before_bytes=memory.before,

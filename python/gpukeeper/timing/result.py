@@ -62,6 +62,11 @@ class BenchmarkResult:
     ``"host_rss"``: the process's resident set on the CPU). ``memory_delta_gb`` is
     (after - before) in GiB, as seed 004 reads it.
 
+    ``launch_latency``: ``"hidden"`` when each call's GPU time was taken behind a gate
+    (the device's work alone, see ``benchmark_function``), ``"included"`` when the
+    launch latency of the call's first kernel is inside its GPU time, ``"n/a"`` for host
+    timing.
+
     Conditions: ``noisy`` (relative noise above the limit), ``throttled`` (True/False
     from NVML, None when unknown), ``recompiles`` (torch.compile frames compiled while
     measuring), and ``warnings`` (one readable line each).
@@ -76,6 +81,7 @@ class BenchmarkResult:
     backend: str = "cpu"
     warmup: int = 0
     l2_flush: bool = False
+    launch_latency: str = "n/a"
     stop_reason: str = "n_calls"
     total_time_s: float = 0.0
     memory_before_bytes: Optional[int] = None
@@ -214,6 +220,7 @@ class BenchmarkResult:
         ]
         if self.gpu_times_ms is not None and self._host is not None:
             lines.append(f"  host latency median {self._host.median:.4f} ms (launch + wait)")
+            lines.append(f"  launch latency {self.launch_latency} in the GPU times")
         if self.memory_source is not None:
             lines.append(
                 f"  memory ({self.memory_source}) before {_mb(self.memory_before_bytes)}, "

@@ -3,19 +3,25 @@
 A timer is two marks on a stream and the time between them. Where the marks come from
 is a *backend*:
 
-============ ============================================================ =========
-name         marks                                                        GPU time
-============ ============================================================ =========
-``"torch"``  ``torch.cuda.Event(enable_timing=True)`` on a torch stream    yes
-``"cupy"``   ``cupy.cuda.Event()`` on a CuPy stream                        yes
-``"cpu"``    ``time.perf_counter_ns()`` (a steady clock)                   no
-============ ============================================================ =========
+================ ========================================================== =========
+name             marks                                                      GPU time
+================ ========================================================== =========
+``"torch"``      ``torch.cuda.Event(enable_timing=True)`` on a torch stream  yes
+``"cupy"``       ``cupy.cuda.Event()`` on a CuPy stream                      yes
+``"gpukeeper"``  gpukeeper's pooled events (``_core.Event``) on the current  yes
+                 stream of a loaded framework, else the legacy default one
+``"cpu"``        ``time.perf_counter_ns()`` (a steady clock)                 no
+================ ========================================================== =========
 
 ``select_backend()`` picks torch when PyTorch is loaded and CUDA is usable, else CuPy
-when only CuPy is, else the CPU clock. Nothing is imported to find out: a framework not
-in ``sys.modules`` is not in use, and importing one costs seconds and a CUDA context.
-``register_backend()`` lets another implementation (gpukeeper's C++ ``_core.Timer``)
-plug in later under its own name and priority without changing any caller.
+when only CuPy is, else gpukeeper's own events when CUDA was asked for explicitly, else
+the CPU clock. Nothing is imported to find out: a framework not in ``sys.modules`` is not
+in use, and importing one costs seconds and a CUDA context. ``register_backend()`` adds
+another implementation under its own name and priority without changing any caller.
+
+``device=None`` with no framework loaded means the CPU, even on a GPU machine: then
+nothing in the process can have queued GPU work except through gpukeeper, and timing
+host code with GPU events would read a number that looks like GPU time and is not.
 
 Why the *current* stream: PyTorch runs work on its current stream (``torch.cuda.stream``
 context); events recorded on the legacy default stream would either wait for unrelated
@@ -30,7 +36,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from gpukeeper.errors import GpuError, InvalidInputError
+import warnings
+from functools import lru_cache
+
+from gpukeeper.errors import GpuError, InvalidInputError, TimingWarning
 
 __all__ = [
     "CUDATimer",
@@ -38,6 +47,7 @@ __all__ = [
     "CpuBackend",
     "TorchBackend",
     "CupyBackend",
+    "CoreBackend",
     "DeviceSpec",
     "resolve_device",
     "select_backend",
@@ -86,6 +96,18 @@ def _cupy_cuda() -> Any:
         return None
 
 
+@lru_cache(maxsize=1)
+def _core_cuda() -> bool:
+    """Whether gpukeeper's own core sees a usable CUDA device (asked once: the answer
+    cannot change within a process)."""
+    try:
+        from gpukeeper import _core
+
+        return int(_core.cuda_device_count()) > 0
+    except Exception:
+        return False
+
+
 def _current_cuda_index() -> int:
     torch = _torch_cuda()
     if torch is not None:
@@ -130,10 +152,10 @@ def resolve_device(device: Any = None) -> DeviceSpec:
         raise InvalidInputError(f"device must be a device, a name or an index, got {device!r}")
     if kind == "cpu":
         return DeviceSpec("cpu")
-    if _torch_cuda() is None and _cupy_cuda() is None:
+    if _torch_cuda() is None and _cupy_cuda() is None and not _core_cuda():
         raise InvalidInputError(
-            f"device {device!r} asks for CUDA, but no loaded framework (PyTorch, CuPy) can "
-            "use a CUDA device here; pass device='cpu' or None"
+            f"device {device!r} asks for CUDA, but no CUDA device is usable here (neither "
+            "a loaded framework nor gpukeeper's core sees one); pass device='cpu' or None"
         )
     if index is None:
         index = _current_cuda_index()
@@ -266,10 +288,57 @@ class CupyBackend(TimerBackend):
             self._cupy.cuda.runtime.deviceSynchronize()
 
 
+class CoreBackend(TimerBackend):
+    """gpukeeper's pooled CUDA events (``_core.Event``): no framework needed.
+
+    The stream is the current one of a loaded framework (PyTorch, else CuPy), else the
+    legacy default stream; pass ``stream=`` to ``CUDATimer`` for another one (an int
+    handle, or any object with ``cuda_stream`` or ``ptr``).
+    """
+
+    name = "gpukeeper"
+    is_gpu = True
+
+    def __init__(self, device: DeviceSpec) -> None:
+        super().__init__(device)
+        if not device.is_cuda or not _core_cuda():
+            raise InvalidInputError("the 'gpukeeper' timer backend needs a usable CUDA device")
+        from gpukeeper import _core
+
+        self._core = _core
+        self._index = device.index or 0
+
+    def current_stream(self) -> Any:
+        torch = _torch_cuda()
+        if torch is not None:
+            return torch.cuda.current_stream(self._index)
+        cupy = _cupy_cuda()
+        if cupy is not None:
+            with cupy.cuda.Device(self._index):
+                return cupy.cuda.get_current_stream()
+        return 0
+
+    def new_event(self) -> Any:
+        return self._core.Event(self._index)
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_ms(end))
+
+    def query(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def synchronize(self) -> None:
+        self._core.synchronize(self._index)
+
+
 # name -> (priority, factory, usable). Highest usable priority wins in select_backend().
 _BACKENDS: Dict[str, Tuple[int, Callable[[DeviceSpec], TimerBackend], Callable[[DeviceSpec], bool]]] = {
     "torch": (20, TorchBackend, lambda d: d.is_cuda and _torch_cuda() is not None),
     "cupy": (10, CupyBackend, lambda d: d.is_cuda and _cupy_cuda() is not None),
+    "gpukeeper": (5, CoreBackend, lambda d: d.is_cuda and _core_cuda()),
     "cpu": (0, CpuBackend, lambda d: True),
 }
 
@@ -282,7 +351,7 @@ def register_backend(
 ) -> None:
     """Adds (or replaces) a backend. ``usable(device)`` says whether it can time work on
     ``device``; among the usable ones the highest ``priority`` is chosen by default
-    (torch is 20, cupy 10, cpu 0)."""
+    (torch is 20, cupy 10, gpukeeper 5, cpu 0)."""
     if not isinstance(name, str) or not name:
         raise InvalidInputError(f"backend name must be a non-empty string, got {name!r}")
     if not callable(factory) or not callable(usable):
@@ -317,6 +386,22 @@ def select_backend(device: Any = None, backend: Optional[str] = None) -> TimerBa
 # --------------------------------------------------------------------- the timer
 
 
+def _gates() -> Any:
+    """``_core`` when stream gates work here, else None."""
+    from gpukeeper import _core
+
+    return _core if _core.stream_gates_available() else None
+
+
+def check_gate_timeout(value: Any) -> float:
+    """``gate_timeout_ms`` validated: a positive finite number of milliseconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value <= 3.6e6):
+        raise InvalidInputError(
+            f"gate_timeout_ms must be a number of milliseconds in (0, 3600000], got {value!r}"
+        )
+    return float(value)
+
+
 class CUDATimer:
     """Times the work between ``start()`` and ``stop()`` on a stream.
 
@@ -331,6 +416,19 @@ class CUDATimer:
     reading ``elapsed_ms`` does. On the CPU (no usable GPU, or ``device="cpu"``) the
     marks are a steady host clock, and the same code runs unchanged.
 
+    What the interval holds: everything the stream did from the start mark to the stop
+    mark, *including the time it sat idle waiting for launches*. When the stream is idle
+    at ``start()``, that is the launch latency of the first kernel (a 10 us kernel reads
+    ~14 us), and for launch-bound work the gaps between kernels: the time the region
+    really takes. ``hide_launch_latency=True`` measures the device's work alone: a gate
+    kernel holds the stream from ``start()`` to ``stop()``, so the launches only fill the
+    queue and the device then runs start mark, work and stop mark back to back (nvbench's
+    blocking kernel). Use it to time kernels, not regions: work that makes the host wait
+    for the stream inside the region (``.item()``, ``.cpu()``, a synchronize, a copy from
+    pageable memory, more launches than the queue holds) stalls until the gate times out
+    (``gate_timeout_ms``); the reading then includes that wait, ``launch_hidden`` is
+    False and a ``TimingWarning`` says so.
+
     ``host_ms`` is the host time between the ``start()`` and ``stop()`` calls (no
     synchronisation): on a GPU, how long it took to *issue* the work.
 
@@ -344,15 +442,30 @@ class CUDATimer:
         device: Any = None,
         stream: Any = None,
         backend: Optional[str] = None,
+        hide_launch_latency: bool = False,
+        gate_timeout_ms: float = 1000.0,
     ) -> None:
         if not isinstance(name, str):
             raise InvalidInputError(f"CUDATimer name must be a string, got {type(name).__name__}")
+        if not isinstance(hide_launch_latency, bool):
+            raise InvalidInputError(f"hide_launch_latency must be a bool, got {hide_launch_latency!r}")
+        self._gate_timeout_ms = check_gate_timeout(gate_timeout_ms)
         self.name = name
         self._backend = select_backend(device, backend)
+        self._gates: Any = None
+        if hide_launch_latency and self._backend.is_gpu:
+            # On the host clock there is no launch latency to hide: the flag is moot there.
+            self._gates = _gates()
+            if self._gates is None:
+                raise GpuError(
+                    "hide_launch_latency needs gpukeeper's gate kernel, and this build has none "
+                    "(it was built without nvcc); time without it, or rebuild with a CUDA toolkit"
+                )
         self._stream_arg = stream
         self._stream: Any = None
         self._start = self._backend.new_event()
         self._end = self._backend.new_event()
+        self._gate: Any = None
         self._state = "idle"  # idle -> running -> stopped -> running ...
         self._host_start = 0
         self._host_ns = 0
@@ -369,6 +482,11 @@ class CUDATimer:
         return self._backend.is_gpu
 
     @property
+    def hides_launch_latency(self) -> bool:
+        """True when ``start()`` holds the stream with a gate (see the class docs)."""
+        return self._gates is not None
+
+    @property
     def device(self) -> DeviceSpec:
         return self._backend.device
 
@@ -382,22 +500,37 @@ class CUDATimer:
         return self._state == "running"
 
     def start(self) -> "CUDATimer":
-        """Records the start mark on the current stream (or the given one)."""
+        """Records the start mark on the current stream (or the given one); with
+        ``hide_launch_latency``, closes the gate on that stream first."""
         if self._state == "running":
             raise GpuError(f"CUDATimer {self.name!r} is already running; call stop() first")
         stream = self._stream_arg if self._stream_arg is not None else self._backend.current_stream()
         self._stream = stream
         self._elapsed = None
         self._host_start = time.perf_counter_ns()
-        self._backend.record(self._start, stream)
+        if self._gates is not None:
+            self._gate = self._gates.StreamGate(
+                stream, self._backend.device.index or 0, self._gate_timeout_ms
+            )
+        try:
+            self._backend.record(self._start, stream)
+        except BaseException:
+            if self._gate is not None:
+                self._gate.open()  # never leave the stream held
+            raise
         self._state = "running"
         return self
 
     def stop(self) -> "CUDATimer":
-        """Records the stop mark on the start's stream; does not wait for the device."""
+        """Records the stop mark on the start's stream (and opens the gate); does not
+        wait for the device."""
         if self._state != "running":
             raise GpuError(f"CUDATimer {self.name!r} was not started; call start() first")
-        self._backend.record(self._end, self._stream)
+        try:
+            self._backend.record(self._end, self._stream)
+        finally:
+            if self._gate is not None:
+                self._gate.open()
         self._host_ns = time.perf_counter_ns() - self._host_start
         self._state = "stopped"
         return self
@@ -412,7 +545,26 @@ class CUDATimer:
             )
         if self._elapsed is None:
             self._elapsed = self._backend.elapsed_ms(self._start, self._end)
+            if self._gate is not None and self._gate.outcome == "timed_out":
+                warnings.warn(
+                    f"CUDATimer {self.name!r}: the launch latency was not hidden: the gate "
+                    f"timed out after {self._gate_timeout_ms:g} ms because the work between "
+                    "start() and stop() waited for the GPU (a synchronize, .item()/.cpu(), a "
+                    "copy from pageable memory, or a full launch queue); the reading includes "
+                    "that wait. Time such regions without hide_launch_latency.",
+                    TimingWarning,
+                    stacklevel=2,
+                )
         return self._elapsed
+
+    @property
+    def launch_hidden(self) -> Optional[bool]:
+        """For a timer with ``hide_launch_latency``: whether the last measurement's gate
+        opened in time (waits for the stop mark). None for other timers."""
+        if self._gate is None:
+            return None
+        self.elapsed_ms  # noqa: B018 - waits for the stop mark, warns on a timeout
+        return self._gate.outcome == "opened"
 
     @property
     def elapsed_s(self) -> float:
@@ -435,7 +587,7 @@ class CUDATimer:
 
     def __exit__(self, *exc: Any) -> None:
         # Stop also when the body raised: a timer left running would make the next
-        # start() fail with a confusing message.
+        # start() fail with a confusing message (and a gate would hold the stream).
         if self._state == "running":
             self.stop()
 
@@ -445,4 +597,5 @@ class CUDATimer:
             value = f"{self.elapsed_ms:.4f} ms"
         else:
             value = {"idle": "not started", "running": "running", "stopped": "pending"}[self._state]
-        return f"<CUDATimer{label} {value} ({self.backend} on {self.device})>"
+        hidden = ", launch latency hidden" if self._gates is not None else ""
+        return f"<CUDATimer{label} {value} ({self.backend} on {self.device}{hidden})>"
