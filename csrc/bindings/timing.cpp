@@ -272,12 +272,22 @@ void init_timing(py::module_& m) {
 
   m.def(
       "spin_kernel",
-      [](const py::handle& duration_ns, const py::handle& stream) {
-        launch_spin_kernel(to_duration_ns(duration_ns), to_stream(stream));
+      [](const py::handle& duration_ns, const py::handle& stream, const py::handle& out) {
+        std::uint64_t* device_out = nullptr;
+        if (!out.is_none()) {
+          std::size_t address = to_count(out, "out");
+          if (address % alignof(std::uint64_t) != 0) {
+            throw InvalidInputError("out must be an 8-byte aligned device address");
+          }
+          device_out = reinterpret_cast<std::uint64_t*>(address);
+        }
+        launch_spin_kernel(to_duration_ns(duration_ns), to_stream(stream), device_out);
       },
-      py::arg("duration_ns"), py::arg("stream") = 0,
+      py::arg("duration_ns"), py::arg("stream") = 0, py::arg("out") = py::none(),
       "Queues a kernel that spins for duration_ns by %globaltimer on stream (current "
-      "device); does not wait. DeviceError without the kernels.");
+      "device); does not wait. With out (the device address of two uint64), the kernel "
+      "writes its first and last %globaltimer readings there (ns). DeviceError without the "
+      "kernels.");
 
   m.def(
       "calibrate",
