@@ -17,6 +17,7 @@
 #   2. alloc_pair C++ alloc+free pair latency           -> alloc_pair.json
 #   3. roundtrip  Python allocation round trip          -> alloc_roundtrip.json
 #      torch_allocator, cleanup_bench, report_bench      -> <name>.json
+#      timing_accuracy, md_overhead (issue 4)            -> <name>.json
 #   4. traces     record PyTorch traces (GPU only)      -> traces/*.trace, traces/record_traces.json
 #                 and synthetic traces (always)         -> traces/synth/*.trace
 #   5. replay     trace_replay over all of them         -> trace_replay.json
@@ -84,6 +85,12 @@ for bench in cleanup_bench report_bench; do
     step "$bench" "$py" "$here/python/$bench.py" --json "$out/$bench.json" "${quick_flag[@]}"
   fi
 done
+
+# ---------------------------------------------------------------- 3c. issue 4: timing accuracy and trajectory overhead
+step timing_accuracy "$py" "$here/python/timing_accuracy_bench.py" --json "$out/timing_accuracy.json" "${quick_flag[@]}"
+md_args=()
+[ "$quick" = 1 ] && md_args=(--steps 2000 --busy-steps 200 --repeats 2)
+step md_overhead "$py" "$here/python/md_overhead_bench.py" --json "$out/md_overhead.json" "${md_args[@]}"
 
 # ---------------------------------------------------------------- 4. traces
 mkdir -p "$out/traces/synth"

@@ -5,7 +5,10 @@ Compares a bare loop ``for x in inputs: out = model(x)`` with the instrumented l
 a no-op model (the overhead itself; target <= 1 us per step without per-step sync) and
 a ~100 us busy step (the slowdown of a real step loop; target <= 2%). Each figure is the
 best of ``--repeats`` runs (the least disturbed by the machine). On a CUDA machine with
-PyTorch it adds the configurations with GPU event timing.
+PyTorch it adds the configurations with GPU event timing, and two real GPU step loops:
+a 100 us calibration kernel per step (GPU-bound), and a small MLP force field (energy and
+forces by autograd for 256 atoms, ~100 us of launches per step: host-bound). The bare
+GPU loops end with a synchronize, as the instrumented one does.
 
     python benchmarks/python/md_overhead_bench.py [--steps N] [--repeats R] [--json FILE]
 """
@@ -34,16 +37,22 @@ def busy_100us(x: Any) -> Any:
     return x
 
 
-def bare_loop(model: Callable[[Any], Any], inputs: List[Any]) -> float:
+def bare_loop(model: Callable[[Any], Any], inputs: List[Any], sync: Callable[[], Any] = lambda: None) -> float:
     t = time.perf_counter()
     for x in inputs:
         out = model(x)  # noqa: F841  (kept alive as the instrumented loop keeps it)
+    out = None
+    sync()
     return time.perf_counter() - t
 
 
-def measure(model: Callable[[Any], Any], steps: int, repeats: int, **kw: Any) -> Dict[str, Any]:
-    inputs = list(range(steps))
-    bare = min(bare_loop(model, inputs) for _ in range(repeats))
+def measure(model: Callable[[Any], Any], steps: int, repeats: int,
+            sync: Callable[[], Any] = lambda: None, inputs: Any = None, **kw: Any) -> Dict[str, Any]:
+    inputs = list(range(steps)) if inputs is None else [inputs] * steps
+    for _ in range(3):
+        model(inputs[0])
+    sync()
+    bare = min(bare_loop(model, inputs, sync) for _ in range(repeats))
     runs = [benchmark_md_trajectory(model, inputs, warmup_steps=10, progress=False, **kw)
             for _ in range(repeats)]
     best = min(runs, key=lambda r: r.total_time_s)
@@ -79,11 +88,45 @@ def main(argv: List[str] | None = None) -> int:
 
             if torch.cuda.is_available():
                 torch.zeros(1, device="cuda")
+                sync = torch.cuda.synchronize
                 configs += [
                     ("noop, GPU events, memory auto", noop, a.steps, dict(device="cuda:0")),
                     ("noop, host timing, CUDA memory auto", noop, a.steps,
                      dict(device="cuda:0", timing="host")),
                     ("100us, GPU events, memory auto", busy_100us, a.busy_steps, dict(device="cuda:0")),
+                ]
+                from gpukeeper import _core
+
+                if _core.calibration_kernels_available():
+                    stream = torch.cuda.current_stream().cuda_stream
+
+                    def kernel_100us(x: Any) -> Any:
+                        _core.spin_kernel(100_000, stream)
+                        return x
+
+                    configs += [
+                        ("GPU 100us kernel, GPU events, memory auto", kernel_100us, a.busy_steps,
+                         dict(device="cuda:0", sync=sync)),
+                        ("GPU 100us kernel, host timing, no memory", kernel_100us, a.busy_steps,
+                         dict(device="cuda:0", timing="host", check_memory_leak=False, sync=sync)),
+                    ]
+                mlp = torch.nn.Sequential(
+                    torch.nn.Linear(3, 64), torch.nn.SiLU(), torch.nn.Linear(64, 64), torch.nn.SiLU(),
+                    torch.nn.Linear(64, 1)).cuda()
+                positions = torch.randn(256, 3, device="cuda")
+
+                def forcefield(pos: Any) -> Any:
+                    pos = pos.detach().requires_grad_(True)
+                    energy = mlp(pos).sum()
+                    (forces,) = torch.autograd.grad(energy, pos)
+                    return energy.detach(), forces
+
+                configs += [
+                    ("MLP force field, GPU events, memory auto", forcefield, a.busy_steps,
+                     dict(device="cuda:0", sync=sync, inputs=positions)),
+                    ("MLP force field, host timing, no memory", forcefield, a.busy_steps,
+                     dict(device="cuda:0", timing="host", check_memory_leak=False, sync=sync,
+                          inputs=positions)),
                 ]
         except ImportError:
             pass

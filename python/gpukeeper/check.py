@@ -1,7 +1,8 @@
 """``gpukeeper check``: is this installation sound on this machine?
 
 Each check does real work (allocations, copies, a round trip of data, the pool's books,
-typed errors on bad input) and yields a ``CheckResult``. Without CUDA the host pool is
+typed errors on bad input, calibration kernels timed against the GPU's own clock) and
+yields a ``CheckResult``. Without CUDA the host pool is
 checked and the report says that the machine is in CPU mode.
 """
 
@@ -154,6 +155,50 @@ def _check_report() -> "tuple[str, Dict[str, Any]]":
     return f"{report.mode} report, NVML: {report.nvml}", {"report": data}
 
 
+# A hidden-latency event pair must read a calibration kernel within this much of the
+# kernel's own %globaltimer duration: 1 us plus 0.1 %. Looser than the benchmark's 0.5 us
+# target on purpose: this check catches a timer that is wrong, on a machine that may be
+# busy, and cudaEventElapsedTime itself resolves about 0.5 us.
+_TIMING_TOLERANCE_US = 1.0
+_TIMING_TOLERANCE_REL = 1e-3
+
+
+def _check_timing(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
+    import statistics
+
+    if not cuda_available():
+        timer = _core.Timer(-1)
+        timer.start()
+        time.sleep(0.01)
+        timer.stop()
+        ms = timer.elapsed_ms()
+        _expect(9.0 <= ms <= 60.0, f"the steady-clock timer read a 10 ms sleep as {ms:.3f} ms")
+        return f"CPU mode: steady-clock timer read a 10 ms sleep as {ms:.2f} ms", {"sleep_ms": ms}
+    if not _core.calibration_kernels_available():
+        _expect(not require_gpu, "this build has no calibration kernels (built without nvcc)")
+        return "no calibration kernels in this build (built without nvcc): accuracy not verified", {}
+    data: Dict[str, Any] = {}
+    parts = []
+    for ns in (10_000, 100_000, 1_000_000):
+        hidden, plain = [], []
+        for _ in range(7):
+            c = _core.calibrate(ns, hide_launch_latency=True)
+            _expect(c["launch_hidden"], f"{ns // 1000} us: the launch-latency gate timed out")
+            hidden.append(c["event_ms"] * 1e3 - c["kernel_ns"] / 1e3)
+            c = _core.calibrate(ns)
+            plain.append(c["event_ms"] * 1e3 - c["kernel_ns"] / 1e3)
+        err = statistics.median(hidden)
+        plain_err = statistics.median(plain)
+        limit = _TIMING_TOLERANCE_US + _TIMING_TOLERANCE_REL * ns / 1e3
+        _expect(abs(err) <= limit,
+                f"{ns // 1000} us kernel: events read {err:+.3f} us off its own clock "
+                f"(limit {limit:.3f} us)")
+        data[f"{ns // 1000}us"] = {"hidden_error_us": err, "plain_error_us": plain_err}
+        parts.append(f"{ns // 1000} us {err:+.2f}")
+    return ("calibration kernels vs events, launch latency hidden (error us): " + ", ".join(parts)
+            + f"; plain event pair on 10 us: {data['10us']['plain_error_us']:+.2f} us"), data
+
+
 def run_checks(require_gpu: bool = False) -> Iterator[CheckResult]:
     """Runs every check, yielding each result as it completes."""
     yield _timed("build", _check_build)
@@ -168,3 +213,4 @@ def run_checks(require_gpu: bool = False) -> Iterator[CheckResult]:
     yield _timed(f"pool[{expandable_kind}+exp]", lambda: _check_pool(expandable_kind, True))
     yield _timed("cleanup", _check_cleanup)
     yield _timed("report", _check_report)
+    yield _timed("timing", lambda: _check_timing(require_gpu))

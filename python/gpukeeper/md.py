@@ -60,6 +60,7 @@ timing): well under a microsecond of host time without events
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -470,32 +471,55 @@ def _cuda_probe(index: int) -> Tuple[Callable[[], int], str]:
 
 
 class _Events:
-    """A ring of CUDA event pairs on the current stream (PyTorch, else CuPy)."""
+    """A ring of CUDA event pairs on the current stream (PyTorch, else CuPy).
+
+    gpukeeper's own pooled events (``_core.Event``) when the core sees the device:
+    recording one is a single C call on a stream handle read once (~0.5 us), where
+    ``torch.cuda.Event.record`` costs a few microseconds of Python per step. The
+    framework's events otherwise (a core built without CUDA).
+    """
 
     def __init__(self, index: int, size: int) -> None:
         torch = frameworks._torch()
         if torch is None and _device._torch() is not None:
             torch = _device._torch()  # CUDA not initialised yet: the events will do it
         self.size = size
+        from gpukeeper import _core
+
         if torch is not None:
-            self._torch = torch
+            stream: Any = torch.cuda.current_stream(index)
+        else:
+            cupy = sys.modules["cupy"]
+            with cupy.cuda.Device(index):
+                stream = cupy.cuda.get_current_stream()
+        if int(_core.cuda_device_count()) > index:
+            handle = int(stream.cuda_stream if torch is not None else stream.ptr)
+            self._sync = lambda: _core.synchronize(index)
+            self.starts = [_core.Event(index) for _ in range(size)]
+            self.ends = [_core.Event(index) for _ in range(size)]
+            self.rec_start = [functools.partial(e.record, handle) for e in self.starts]
+            self.rec_end = [functools.partial(e.record, handle) for e in self.ends]
+            self._elapsed = lambda a, b: a.elapsed_ms(b)
+            self.source = "gpukeeper"
+        elif torch is not None:
             self._sync = lambda: torch.cuda.synchronize(index)
             with torch.cuda.device(index):
                 self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(size)]
                 self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(size)]
-            stream = torch.cuda.current_stream(index)
             self.rec_start = [(lambda e=e: e.record(stream)) for e in self.starts]
             self.rec_end = [(lambda e=e: e.record(stream)) for e in self.ends]
             self._elapsed = lambda a, b: a.elapsed_time(b)
+            self.source = "torch"
         else:
             cupy = sys.modules["cupy"]
             self._sync = lambda: cupy.cuda.runtime.deviceSynchronize()
             with cupy.cuda.Device(index):
                 self.starts = [cupy.cuda.Event() for _ in range(size)]
                 self.ends = [cupy.cuda.Event() for _ in range(size)]
-            self.rec_start = [e.record for e in self.starts]
-            self.rec_end = [e.record for e in self.ends]
+            self.rec_start = [functools.partial(e.record, stream) for e in self.starts]
+            self.rec_end = [functools.partial(e.record, stream) for e in self.ends]
             self._elapsed = lambda a, b: cupy.cuda.get_elapsed_time(a, b)
+            self.source = "cupy"
 
     def synchronize(self) -> None:
         self._sync()
