@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU round in one call of the device tool: build, `gpukeeper check`, the C++
 # and Python suites, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
-# Usage: bash scripts/gpu-check.sh [--no-bench]
+# Usage: bash scripts/gpu-check.sh [--no-bench | --timing-bench]
+#   --no-bench      build, check and tests only
+#   --timing-bench  and only issue 4's benchmarks (timing accuracy, trajectory overhead)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-results}
@@ -52,7 +54,15 @@ step "Python tests"
 "$PY" -m pytest tests/python -q -p no:cacheprovider -rs 2>&1 | tee "$LOG/pytest.txt"
 rc=${PIPESTATUS[0]}; summary "pytest: $(tail -1 "$LOG/pytest.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
 
-if [ "${1:-}" != "--no-bench" ]; then
+if [ "${1:-}" = "--timing-bench" ]; then
+  step "timing benchmarks"
+  mkdir -p "$OUT/bench"
+  { "$PY" benchmarks/python/timing_accuracy_bench.py --json "$OUT/bench/timing_accuracy.json"
+    echo "timing_accuracy rc=$?"
+    "$PY" benchmarks/python/md_overhead_bench.py --json "$OUT/bench/md_overhead.json"
+    echo "md_overhead rc=$?"; } 2>&1 | tee "$LOG/bench.txt"
+  summary "benchmarks: $(grep -E '^(timing_accuracy|md_overhead) rc=' "$LOG/bench.txt" | tr '\n' ' ')"
+elif [ "${1:-}" != "--no-bench" ]; then
   step benchmarks
   bash benchmarks/run_all.sh "$OUT/bench" 2>&1 | tee "$LOG/bench.txt"
   summary "benchmarks: rc=${PIPESTATUS[0]}"
