@@ -198,7 +198,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             s = torch.cuda.Event(enable_timing=True)
             e = torch.cuda.Event(enable_timing=True)
             start, stop = (lambda: s.record()), (lambda: e.record())
-            read = lambda: s.elapsed_time(e)  # noqa: E731
+            read = lambda: (e.synchronize(), s.elapsed_time(e))  # noqa: E731
         elif kw == "core":
             ct = _core.Timer(0, stream.cuda_stream)
             start, stop, read = ct.start, ct.stop, ct.elapsed_ms
@@ -220,6 +220,59 @@ def main(argv: Optional[List[str]] = None) -> int:
     for o in overhead:
         print(f"{o['variant']:32s} {o['median_us']:9.2f} {o['p90_us']:8.2f}")
 
+    # What events cost the device. A GPU-bound loop of K 20 us kernels, timed by one event
+    # pair around the loop, with 0, 1 or 2 events recorded between the kernels: the
+    # extra period per kernel is the device time the events take.
+    k = 50 if a.quick else 500
+    loop_s, loop_e = _core.Event(), _core.Event()
+
+    def period_us(events_between: int) -> float:
+        marks = [_core.Event() for _ in range(events_between)]
+        spin(20_000, stream)
+        loop_s.record(stream)
+        for _ in range(k):
+            spin(20_000, stream)
+            for m in marks:
+                m.record(stream)
+        loop_e.record(stream)
+        return loop_s.elapsed_ms(loop_e) * 1e3 / k
+
+    event_cost: Dict[str, float] = {}
+    for n_between in (0, 1, 2):
+        event_cost[f"period_us_{n_between}_events"] = statistics.median(
+            period_us(n_between) for _ in range(5))
+    base = event_cost["period_us_0_events"]
+    event_cost["device_us_per_event_1"] = event_cost["period_us_1_events"] - base
+    event_cost["device_us_per_event_2"] = (event_cost["period_us_2_events"] - base) / 2
+
+    # Gated brackets: what the event pair itself reads around nothing, an empty kernel,
+    # one and two 10 us kernels (the marginal cost of one more kernel on the device).
+    def gated(n_kernels: int, ns: int) -> float:
+        readings = []
+        s, e = _core.Event(), _core.Event()
+        for _ in range(25):
+            with _core.StreamGate(stream):
+                s.record(stream)
+                for _ in range(n_kernels):
+                    spin(ns, stream)
+                e.record(stream)
+            readings.append(s.elapsed_ms(e) * 1e3)
+        return statistics.median(readings[5:])
+
+    floors = {
+        "pair_nothing_us": gated(0, 0),
+        "pair_empty_kernel_us": gated(1, 0),
+        "pair_one_10us_us": gated(1, 10_000),
+        "pair_two_10us_us": gated(2, 10_000),
+    }
+    floors["marginal_10us_kernel_us"] = floors["pair_two_10us_us"] - floors["pair_one_10us_us"]
+    print("\ndevice cost of events (GPU-bound loop of 20 us kernels):")
+    for key, value in event_cost.items():
+        print(f"  {key:28s} {value:9.3f}")
+    print("gated event pair reads (us):")
+    for key, value in floors.items():
+        print(f"  {key:28s} {value:9.3f}")
+
     if a.json:
         props = torch.cuda.get_device_properties(0)
         meta = {
@@ -234,7 +287,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "calls": calls,
         }
         with open(a.json, "w") as f:
-            json.dump({"meta": meta, "accuracy": rows, "overhead": overhead}, f, indent=2)
+            json.dump({"meta": meta, "accuracy": rows, "overhead": overhead,
+                       "event_cost": event_cost, "gated_floors": floors}, f, indent=2)
     return 0
 
 

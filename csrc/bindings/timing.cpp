@@ -15,6 +15,7 @@
 #include "gpukeeper/kernels/calibration.hpp"
 #include "gpukeeper/timing/event_log.hpp"
 #include "gpukeeper/timing/event_pool.hpp"
+#include "gpukeeper/timing/launch_floor.hpp"
 #include "gpukeeper/timing/stream_gate.hpp"
 #include "gpukeeper/timing/timer.hpp"
 
@@ -231,6 +232,18 @@ void init_timing(py::module_& m) {
       },
       py::arg("device") = 0,
       "Waits for all work on a CUDA device (GIL released); DeviceError without one.");
+
+  m.def(
+      "launch_floor_ms",
+      [](const py::handle& device, bool refresh) {
+        int dev = to_cuda_device(device);
+        py::gil_scoped_release nogil;
+        return launch_floor_ms(dev, refresh);
+      },
+      py::arg("device") = 0, py::arg("refresh") = false,
+      "What a gated event pair reads around an empty kernel on this device (ms): the "
+      "device's own cost of a measurement, measured once and cached. DeviceError without "
+      "gates.");
 
   m.def("stream_gates_available", &stream_gates_available,
         "Whether StreamGate (and Timer(hide_launch_latency=True)) work here: a CUDA build "

@@ -177,14 +177,16 @@ def _check_timing(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
     if not _core.calibration_kernels_available():
         _expect(not require_gpu, "this build has no calibration kernels (built without nvcc)")
         return "no calibration kernels in this build (built without nvcc): accuracy not verified", {}
-    data: Dict[str, Any] = {}
+    floor_us = _core.launch_floor_ms(0) * 1e3
+    data: Dict[str, Any] = {"launch_floor_us": floor_us}
+    _expect(0.0 < floor_us < 20.0, f"implausible launch floor {floor_us:.3f} us")
     parts = []
     for ns in (10_000, 100_000, 1_000_000):
         hidden, plain = [], []
         for _ in range(7):
             c = _core.calibrate(ns, hide_launch_latency=True)
             _expect(c["launch_hidden"], f"{ns // 1000} us: the launch-latency gate timed out")
-            hidden.append(c["event_ms"] * 1e3 - c["kernel_ns"] / 1e3)
+            hidden.append(c["event_ms"] * 1e3 - floor_us - c["kernel_ns"] / 1e3)
             c = _core.calibrate(ns)
             plain.append(c["event_ms"] * 1e3 - c["kernel_ns"] / 1e3)
         err = statistics.median(hidden)
@@ -195,7 +197,8 @@ def _check_timing(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
                 f"(limit {limit:.3f} us)")
         data[f"{ns // 1000}us"] = {"hidden_error_us": err, "plain_error_us": plain_err}
         parts.append(f"{ns // 1000} us {err:+.2f}")
-    return ("calibration kernels vs events, launch latency hidden (error us): " + ", ".join(parts)
+    return ("calibration kernels vs events, launch latency hidden, floor "
+            f"{floor_us:.2f} us subtracted (error us): " + ", ".join(parts)
             + f"; plain event pair on 10 us: {data['10us']['plain_error_us']:+.2f} us"), data
 
 

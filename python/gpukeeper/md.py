@@ -17,9 +17,15 @@ How it measures (and why):
 
 - **Host latency** of a step is ``perf_counter_ns`` around the model call. Without
   synchronization the GPU runs behind the host, so on CUDA this is the launch cost.
-- **GPU time** of a step comes from a pair of CUDA events recorded on the current stream
-  around the call (PyTorch's events, or CuPy's when only CuPy is loaded). Nothing is
-  synchronized per step: events live in a ring of ``event_ring`` pairs and are resolved
+- **GPU time** of a step is the time between two CUDA events on the current stream: one
+  recorded after the previous step (or before the first) and one after this step
+  (gpukeeper's pooled events; PyTorch's or CuPy's with a core built without CUDA). One
+  record per step, because a record costs the host and the device 1-2 us each; after
+  host work between steps (a memory sample, the progress bar) a fresh origin is
+  recorded, so that work is not counted. In a GPU-bound loop a step's time is the
+  device's time for its work; in a launch-bound loop it is the time the device waited
+  for the launches too: what the step really costs. Nothing is synchronized per step:
+  events live in a ring of ``event_ring`` marks and are resolved
   after the loop (or, on longer runs, when the ring is full, outside every measured
   window). The statistics (``mean_ms`` ...) use GPU time when it was measured, else host
   latency (``timing_source`` says which; ``timing="host"`` forces host).
@@ -53,7 +59,7 @@ How it measures (and why):
   interpolate linearly (numpy's default method).
 
 The bookkeeping per step is two ``perf_counter_ns`` calls, a subtraction, one store in a
-preallocated ``array`` and one integer comparison (plus two event records with GPU
+preallocated ``array`` and one integer comparison (plus one event record with GPU
 timing): well under a microsecond of host time without events
 (``benchmarks/python/md_overhead_bench.py`` measures it).
 """
@@ -471,12 +477,18 @@ def _cuda_probe(index: int) -> Tuple[Callable[[], int], str]:
 
 
 class _Events:
-    """A ring of CUDA event pairs on the current stream (PyTorch, else CuPy).
+    """A ring of CUDA "lap" marks on the current stream (PyTorch's, else CuPy's).
+
+    One event is recorded after each step; a step's GPU time is the time from the
+    previous mark to its own: one record per step instead of a start/end pair, because
+    each record costs the host ~1-2 us and the device about as much (measured by
+    ``benchmarks/python/timing_accuracy_bench.py``). Where the loop did other host work
+    between two steps (a memory sample, the progress bar, resolving a full ring),
+    ``restart`` records a fresh origin for the next step, so that work is not counted.
 
     gpukeeper's own pooled events (``_core.Event``) when the core sees the device:
-    recording one is a single C call on a stream handle read once (~0.5 us), where
-    ``torch.cuda.Event.record`` costs a few microseconds of Python per step. The
-    framework's events otherwise (a core built without CUDA).
+    recording one is a single C call on a stream handle read once. The framework's
+    events otherwise (a core built without CUDA).
     """
 
     def __init__(self, index: int, size: int) -> None:
@@ -495,40 +507,75 @@ class _Events:
         if int(_core.cuda_device_count()) > index:
             handle = int(stream.cuda_stream if torch is not None else stream.ptr)
             self._sync = lambda: _core.synchronize(index)
-            self.starts = [_core.Event(index) for _ in range(size)]
-            self.ends = [_core.Event(index) for _ in range(size)]
-            self.rec_start = [functools.partial(e.record, handle) for e in self.starts]
-            self.rec_end = [functools.partial(e.record, handle) for e in self.ends]
+            self._new = lambda: _core.Event(index)
+            self._recorder = lambda e: functools.partial(e.record, handle)
             self._elapsed = lambda a, b: a.elapsed_ms(b)
+            self._wait = lambda e: e.synchronize()
             self.source = "gpukeeper"
         elif torch is not None:
             self._sync = lambda: torch.cuda.synchronize(index)
-            with torch.cuda.device(index):
-                self.starts = [torch.cuda.Event(enable_timing=True) for _ in range(size)]
-                self.ends = [torch.cuda.Event(enable_timing=True) for _ in range(size)]
-            self.rec_start = [(lambda e=e: e.record(stream)) for e in self.starts]
-            self.rec_end = [(lambda e=e: e.record(stream)) for e in self.ends]
+
+            def new_torch_event() -> Any:
+                with torch.cuda.device(index):
+                    return torch.cuda.Event(enable_timing=True)
+
+            self._new = new_torch_event
+            self._recorder = lambda e: functools.partial(e.record, stream)
             self._elapsed = lambda a, b: a.elapsed_time(b)
+            self._wait = lambda e: e.synchronize()
             self.source = "torch"
         else:
             cupy = sys.modules["cupy"]
             self._sync = lambda: cupy.cuda.runtime.deviceSynchronize()
-            with cupy.cuda.Device(index):
-                self.starts = [cupy.cuda.Event() for _ in range(size)]
-                self.ends = [cupy.cuda.Event() for _ in range(size)]
-            self.rec_start = [functools.partial(e.record, stream) for e in self.starts]
-            self.rec_end = [functools.partial(e.record, stream) for e in self.ends]
+
+            def new_cupy_event() -> Any:
+                with cupy.cuda.Device(index):
+                    return cupy.cuda.Event()
+
+            self._new = new_cupy_event
+            self._recorder = lambda e: functools.partial(e.record, stream)
             self._elapsed = lambda a, b: cupy.cuda.get_elapsed_time(a, b)
+            self._wait = lambda e: e.synchronize()
             self.source = "cupy"
+        self.marks = [self._new() for _ in range(size)]
+        self.rec = [self._recorder(e) for e in self.marks]
+        self.origin = self._new()
+        self._spares: List[Any] = []
+        self._restarts: Dict[int, Any] = {}  # slot -> origin recorded after host work
+
+    def begin(self) -> None:
+        """Records the origin of the first step."""
+        self._recorder(self.origin)()
+
+    def restart(self, slot: int) -> None:
+        """Records now a fresh origin for the step in ``slot`` (host work came between)."""
+        if slot >= self.size:
+            return
+        event = self._restarts.get(slot)
+        if event is None:
+            event = self._spares.pop() if self._spares else self._new()
+            self._restarts[slot] = event
+        self._recorder(event)()
 
     def synchronize(self) -> None:
         self._sync()
 
     def resolve(self, count: int, out: List[float]) -> None:
-        """Appends the first ``count`` pairs' intervals (ms) to ``out``."""
-        self.ends[count - 1].synchronize() if count else None
+        """Appends the first ``count`` steps' laps (ms) to ``out``; the last mark becomes
+        the origin of the next step."""
+        if not count:
+            return
+        self._wait(self.marks[count - 1])
+        prev = self.origin
         for j in range(count):
-            out.append(float(self._elapsed(self.starts[j], self.ends[j])))
+            start = self._restarts.pop(j, None)
+            out.append(float(self._elapsed(start if start is not None else prev, self.marks[j])))
+            if start is not None:
+                self._spares.append(start)
+            prev = self.marks[j]
+        last = count - 1
+        self.origin, self.marks[last] = self.marks[last], self.origin
+        self.rec[last] = self._recorder(self.marks[last])
 
 
 # --------------------------------------------------------------------- progress bar
@@ -614,7 +661,7 @@ def benchmark_md_trajectory(
         timing: "auto" (GPU events on CUDA, else host), "gpu" or "host" (no events).
         leak_tolerance_mb: projected growth over the run above which it is a leak.
         outlier_k: outlier threshold in robust standard deviations.
-        event_ring: CUDA event pairs kept before they are resolved.
+        event_ring: CUDA events (one per step) kept before they are resolved.
 
     Returns a :class:`TrajectoryResult`. Raises ``InvalidInputError`` for bad arguments
     (an uncallable model, no inputs, negative counts, an unknown ``timing`` ...);
@@ -739,6 +786,8 @@ def benchmark_md_trajectory(
             events.resolve(ring, gpu_ms)  # type: ignore[union-attr]
             base = i + 1
             next_ring += ring
+        if events is not None:
+            events.restart(i + 1 - base)  # the work above is not the next step's
         return min(next_mem, next_bar, next_ring), base
 
     # ---- the measured loop
@@ -755,19 +804,18 @@ def benchmark_md_trajectory(
     if sync_every is not None:
         k = sync_every
         if events is not None:
-            rs, re_ = events.rec_start, events.rec_end
+            marks = events.rec
+            events.begin()
             for i, x in enumerate(source_iter):
-                j = i - base
-                rs[j]()
                 t0 = pc()
                 out = model(x)
                 if (i + 1) % k == 0:
-                    re_[j]()
+                    marks[i - base]()
                     sync()
                     host_ns[i] = pc() - t0
                 else:
                     host_ns[i] = pc() - t0
-                    re_[j]()
+                    marks[i - base]()
                 if i == check:
                     check, base = slow(i)
         else:
@@ -780,14 +828,13 @@ def benchmark_md_trajectory(
                 if i == check:
                     check, base = slow(i)
     elif events is not None:
-        rs, re_ = events.rec_start, events.rec_end
+        marks = events.rec
+        events.begin()
         for i, x in enumerate(source_iter):
-            j = i - base
-            rs[j]()
             t0 = pc()
             out = model(x)
             host_ns[i] = pc() - t0
-            re_[j]()
+            marks[i - base]()
             if i == check:
                 check, base = slow(i)
     else:

@@ -237,3 +237,27 @@ def test_gpu_clean_model_with_allocator_warmup_growth_is_not_flagged() -> None:
     r = benchmark_md_trajectory(model, list(range(2000)), warmup_steps=0, device="cuda:0")
     assert r.memory_leak is False
     assert abs(r.memory_slope_bytes_per_step) * 2000 < (1 << 20)
+
+
+@gpu
+def test_gpu_step_times_are_the_kernels_and_host_work_between_steps_is_not_counted() -> None:
+    torch = pytest.importorskip("torch")
+    from gpukeeper import _core
+
+    if not _core.calibration_kernels_available():
+        pytest.skip("built without the calibration kernels")
+    torch.zeros(1, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def model(i: int) -> int:
+        _core.spin_kernel(100_000, stream)  # GPU-bound: 100 us of device work per step
+        return i
+
+    # A memory sample every 10 steps (PyTorch's counters: tens of us of host time) and a
+    # ring of 64 marks (resolved with a wait 15 times): neither may show up as step time.
+    r = benchmark_md_trajectory(model, list(range(1000)), device="cuda:0",
+                                memory_sample_every=10, event_ring=64)
+    assert r.timing_source == "gpu" and len(r.gpu_times_ms) == 1000
+    assert 100.0 <= r.gpu.median_ms * 1e3 <= 106.0
+    assert r.gpu.max_ms * 1e3 < 150.0, f"slowest step {r.gpu.max_ms * 1e3:.1f} us"
+    assert len(r.gpu.outlier_steps) <= 5

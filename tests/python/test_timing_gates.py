@@ -273,9 +273,13 @@ class FakeGate:
 class FakeGates:
     """Stands in for ``_core``'s gate API (what ``_gates()`` returns)."""
 
-    def __init__(self, log: List[str]) -> None:
+    def __init__(self, log: List[str], floor_ms: float = 0.0) -> None:
         self.log = log
         self.made: List[FakeGate] = []
+        self.floor_ms = floor_ms
+
+    def launch_floor_ms(self, device: int = 0, refresh: bool = False) -> float:
+        return self.floor_ms
 
     def StreamGate(self, stream: Any, device: int, timeout_ms: float) -> FakeGate:  # noqa: N802
         gate = FakeGate(self, stream, device, timeout_ms)
@@ -769,3 +773,38 @@ def test_gpu_hidden_timer_on_a_side_stream() -> None:
         error = _median_error_ns(torch, t, 10_000, side)
         assert t.stream == side
     assert -500.0 <= error <= 500.0, error
+
+
+def test_fake_timer_subtracts_the_launch_floor(fake_gpu: types.SimpleNamespace) -> None:
+    fake_gpu.gates.floor_ms = 0.25
+    t = _fake_timer(hide_launch_latency=True)
+    assert t.floor_ms == 0.25
+    with t:
+        time.sleep(0.002)
+    assert t.raw_elapsed_ms >= 2.0
+    assert t.elapsed_ms == pytest.approx(t.raw_elapsed_ms - 0.25)
+    # Never below zero: a bracket around nothing reads the floor, give or take.
+    fake_gpu.gates.floor_ms = 1e6
+    t = _fake_timer(hide_launch_latency=True)
+    with t:
+        pass
+    assert t.elapsed_ms == 0.0
+    # Without the gate nothing is subtracted.
+    plain = _fake_timer()
+    with plain:
+        pass
+    assert plain.floor_ms == 0.0 and plain.elapsed_ms == plain.raw_elapsed_ms
+
+
+def test_fake_benchmark_subtracts_and_reports_the_floor(fake_gpu: types.SimpleNamespace) -> None:
+    fake_gpu.gates.floor_ms = 0.5
+
+    def work() -> None:
+        time.sleep(0.002)
+
+    r = benchmark_function(work, n_calls=5, warmup=1)
+    assert r.launch_latency == "hidden" and r.gpu_floor_ms == 0.5
+    assert all(t >= 1.0 for t in r.gpu_times_ms)
+    assert all(h >= g + 0.5 for h, g in zip(r.host_times_ms, r.gpu_times_ms))
+    raw = benchmark_function(work, n_calls=5, warmup=1, hide_launch_latency=False)
+    assert raw.launch_latency == "included" and raw.gpu_floor_ms is None

@@ -17,7 +17,9 @@ when each start event is recorded: without a gate, the GPU time of a short call 
 include the launch latency of its first kernel (a 10 us kernel reads ~14 us). The gate
 (``_core.StreamGate``, nvbench's blocking kernel) holds the stream while the host
 launches, so the device runs start event, ``fn``'s kernels and stop event back to back:
-the GPU time is the device's work alone. A function that waits for the GPU inside
+the GPU time is the device's work alone, less the device's own cost of the bracket (the
+launch floor: the same gated events around an empty kernel, measured once per device,
+``result.gpu_floor_ms``). A function that waits for the GPU inside
 (``.item()``, a synchronize, a copy from pageable memory) cannot run behind a closed
 gate; the last warm-up call finds that out (its gate times out) and such functions are
 timed without a gate, with a warning.
@@ -461,6 +463,7 @@ def benchmark_function(
     wall_limit_ns = (min_time * _MIN_TIME_WALL_FACTOR + 1.0) * 1e9 if min_time else math.inf
     count = 0
     launch_hidden = gates is not None
+    floor_ms = float(gates.launch_floor_ms(gate_index)) if gates is not None else 0.0
     while True:
         gate = gates.StreamGate(stream, gate_index, gate_timeout) if gates is not None else None
         if flusher is not None:
@@ -482,6 +485,8 @@ def benchmark_function(
                 launch_hidden = False
                 warnings.append(_gate_timed_out_warning(gate_timeout, "in a measured call"))
                 continue
+            if gate is not None:
+                g = max(0.0, g - floor_ms)
             gpu_times.append(g)
             t = g
         else:
@@ -548,6 +553,7 @@ def benchmark_function(
         warmup=warmup,
         l2_flush=flusher is not None and flusher.nbytes > 0,
         launch_latency=("hidden" if launch_hidden else "included") if backend.is_gpu else "n/a",
+        gpu_floor_ms=floor_ms if launch_hidden else None,
         stop_reason=stop_reason,
         total_time_s=total_s,
         memory_before_bytes=memory.before,

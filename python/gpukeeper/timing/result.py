@@ -65,7 +65,9 @@ class BenchmarkResult:
     ``launch_latency``: ``"hidden"`` when each call's GPU time was taken behind a gate
     (the device's work alone, see ``benchmark_function``), ``"included"`` when the
     launch latency of the call's first kernel is inside its GPU time, ``"n/a"`` for host
-    timing.
+    timing. ``gpu_floor_ms``: with hidden launch latency, the device's own cost of the
+    gated event bracket (an empty kernel's reading), already subtracted from each GPU
+    time; None otherwise.
 
     Conditions: ``noisy`` (relative noise above the limit), ``throttled`` (True/False
     from NVML, None when unknown), ``recompiles`` (torch.compile frames compiled while
@@ -82,6 +84,7 @@ class BenchmarkResult:
     warmup: int = 0
     l2_flush: bool = False
     launch_latency: str = "n/a"
+    gpu_floor_ms: Optional[float] = None
     stop_reason: str = "n_calls"
     total_time_s: float = 0.0
     memory_before_bytes: Optional[int] = None

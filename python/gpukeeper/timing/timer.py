@@ -423,7 +423,11 @@ class CUDATimer:
     really takes. ``hide_launch_latency=True`` measures the device's work alone: a gate
     kernel holds the stream from ``start()`` to ``stop()``, so the launches only fill the
     queue and the device then runs start mark, work and stop mark back to back (nvbench's
-    blocking kernel). Use it to time kernels, not regions: work that makes the host wait
+    blocking kernel); and the device's own cost of that bracket (``floor_ms``: what the
+    same gated marks read around an empty kernel, ~3 us, measured once per device by
+    ``_core.launch_floor_ms``) is subtracted, so a kernel reads what a profiler reports
+    as its duration (``raw_elapsed_ms`` keeps the reading as taken). Use it to time
+    kernels, not regions: work that makes the host wait
     for the stream inside the region (``.item()``, ``.cpu()``, a synchronize, a copy from
     pageable memory, more launches than the queue holds) stalls until the gate times out
     (``gate_timeout_ms``); the reading then includes that wait, ``launch_hidden`` is
@@ -466,6 +470,10 @@ class CUDATimer:
         self._start = self._backend.new_event()
         self._end = self._backend.new_event()
         self._gate: Any = None
+        self._floor_ms = 0.0
+        if self._gates is not None:
+            self._floor_ms = float(self._gates.launch_floor_ms(self._backend.device.index or 0))
+        self._raw: Optional[float] = None
         self._state = "idle"  # idle -> running -> stopped -> running ...
         self._host_start = 0
         self._host_ns = 0
@@ -544,7 +552,10 @@ class CUDATimer:
                 + ("it is still running" if self._state == "running" else "it was never started")
             )
         if self._elapsed is None:
-            self._elapsed = self._backend.elapsed_ms(self._start, self._end)
+            self._raw = self._backend.elapsed_ms(self._start, self._end)
+            self._elapsed = self._raw
+            if self._gate is not None and self._gate.outcome == "opened":
+                self._elapsed = max(0.0, self._raw - self._floor_ms)
             if self._gate is not None and self._gate.outcome == "timed_out":
                 warnings.warn(
                     f"CUDATimer {self.name!r}: the launch latency was not hidden: the gate "
@@ -556,6 +567,19 @@ class CUDATimer:
                     stacklevel=2,
                 )
         return self._elapsed
+
+    @property
+    def raw_elapsed_ms(self) -> float:
+        """The event pair's reading as taken (``elapsed_ms`` before the floor is
+        subtracted; the same value for timers without ``hide_launch_latency``)."""
+        self.elapsed_ms  # noqa: B018 - resolves the measurement
+        assert self._raw is not None
+        return self._raw
+
+    @property
+    def floor_ms(self) -> float:
+        """The launch floor subtracted from hidden-latency readings (0.0 otherwise)."""
+        return self._floor_ms
 
     @property
     def launch_hidden(self) -> Optional[bool]:
