@@ -4,7 +4,8 @@ Compares a bare loop ``for x in inputs: out = model(x)`` with the instrumented l
 ``benchmark_md_trajectory`` (its ``total_time_s`` covers the measured loop only), for
 a no-op model (the overhead itself; target <= 1 us per step without per-step sync) and
 a ~100 us busy step (the slowdown of a real step loop; target <= 2%). Each figure is the
-best of ``--repeats`` runs (the least disturbed by the machine). On a CUDA machine with
+best of ``--repeats`` runs (the least disturbed by the machine), bare and instrumented
+runs alternating. On a CUDA machine with
 PyTorch it adds the configurations with GPU event timing, and two real GPU step loops:
 a 100 us calibration kernel per step (GPU-bound), and a small MLP force field (energy and
 forces by autograd for 256 atoms, ~100 us of launches per step: host-bound). The bare
@@ -52,9 +53,13 @@ def measure(model: Callable[[Any], Any], steps: int, repeats: int,
     for _ in range(3):
         model(inputs[0])
     sync()
-    bare = min(bare_loop(model, inputs, sync) for _ in range(repeats))
-    runs = [benchmark_md_trajectory(model, inputs, warmup_steps=10, progress=False, **kw)
-            for _ in range(repeats)]
+    # Bare and instrumented runs alternate, so that both see the same machine (clock
+    # changes and neighbours on a shared host move both alike); best of each.
+    bares, runs = [], []
+    for _ in range(repeats):
+        bares.append(bare_loop(model, inputs, sync))
+        runs.append(benchmark_md_trajectory(model, inputs, warmup_steps=10, progress=False, **kw))
+    bare = min(bares)
     best = min(runs, key=lambda r: r.total_time_s)
     inst = best.total_time_s
     return {

@@ -309,13 +309,14 @@ class CoreBackend(TimerBackend):
         self._index = device.index or 0
 
     def current_stream(self) -> Any:
+        # The int handle: recording on it is one C call, with no attribute lookups.
         torch = _torch_cuda()
         if torch is not None:
-            return torch.cuda.current_stream(self._index)
+            return int(torch.cuda.current_stream(self._index).cuda_stream)
         cupy = _cupy_cuda()
         if cupy is not None:
             with cupy.cuda.Device(self._index):
-                return cupy.cuda.get_current_stream()
+                return int(cupy.cuda.get_current_stream().ptr)
         return 0
 
     def new_event(self) -> Any:
