@@ -475,6 +475,9 @@ def _cuda_probe(index: int) -> Tuple[Callable[[], int], str]:
 
 # --------------------------------------------------------------------- GPU events
 
+# Steps of a full ring left queued (unresolved) when it is resolved mid-run.
+_RING_KEEP = 64
+
 
 class _Events:
     """A ring of CUDA "lap" marks on the current stream (PyTorch's, else CuPy's).
@@ -560,22 +563,34 @@ class _Events:
     def synchronize(self) -> None:
         self._sync()
 
-    def resolve(self, count: int, out: List[float]) -> None:
-        """Appends the first ``count`` steps' laps (ms) to ``out``; the last mark becomes
-        the origin of the next step."""
-        if not count:
+    def resolve(self, count: int, out: List[float], keep: int = 0) -> None:
+        """Appends the laps (ms) of the first ``count - keep`` steps to ``out`` and
+        moves the last ``keep`` slots to the front of the ring (their steps may still be
+        queued). The last resolved mark becomes the origin of the next step.
+
+        Waiting only for mark ``count - keep - 1`` leaves ``keep`` steps of work queued,
+        so a GPU-bound loop never sees an idle device (whose next step would carry a
+        launch latency) because the ring was full."""
+        done = count - keep
+        if done <= 0:
             return
-        self._wait(self.marks[count - 1])
+        marks, rec = self.marks, self.rec
+        self._wait(marks[done - 1])
         prev = self.origin
-        for j in range(count):
+        for j in range(done):
             start = self._restarts.pop(j, None)
-            out.append(float(self._elapsed(start if start is not None else prev, self.marks[j])))
+            out.append(float(self._elapsed(start if start is not None else prev, marks[j])))
             if start is not None:
                 self._spares.append(start)
-            prev = self.marks[j]
-        last = count - 1
-        self.origin, self.marks[last] = self.marks[last], self.origin
-        self.rec[last] = self._recorder(self.marks[last])
+            prev = marks[j]
+        spent = self.origin
+        self.origin = marks[done - 1]
+        marks[done - 1] = spent
+        rec[done - 1] = self._recorder(spent)
+        # In place: the measured loop holds ``rec``.
+        marks[:] = marks[done:] + marks[:done]
+        rec[:] = rec[done:] + rec[:done]
+        self._restarts = {j - done: e for j, e in self._restarts.items()}
 
 
 # --------------------------------------------------------------------- progress bar
@@ -783,9 +798,10 @@ def benchmark_md_trajectory(
             bar.update(i + 1)  # type: ignore[union-attr]
             next_bar += bar.every  # type: ignore[union-attr]
         if i == next_ring:
-            events.resolve(ring, gpu_ms)  # type: ignore[union-attr]
-            base = i + 1
-            next_ring += ring
+            keep = min(_RING_KEEP, ring // 2)
+            events.resolve(ring, gpu_ms, keep)  # type: ignore[union-attr]
+            base += ring - keep
+            next_ring = base + ring - 1
         if events is not None:
             events.restart(i + 1 - base)  # the work above is not the next step's
         return min(next_mem, next_bar, next_ring), base

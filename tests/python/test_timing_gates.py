@@ -668,7 +668,8 @@ def test_gpu_benchmark_hides_the_launch_latency() -> None:
     assert _no_launch_warnings(r)
     assert len(r.gpu_times_ms) == 50
     median_us = r.median_ms * 1e3
-    assert 9.9 <= median_us <= 11.0, r.summary()
+    # The target: within 0.5 us of the kernel's duration (10 us plus a few ns of spin).
+    assert 9.5 <= median_us <= 10.6, r.summary()
     assert r.host_median_ms >= r.median_ms * 0.9  # the host waited for each call
 
 
