@@ -4,18 +4,14 @@
 
 #include <cstdint>
 
-#include "gpukeeper/core/errors.hpp"
 #include "gpukeeper/kernels/calibration.hpp"
+#include "gpukeeper/kernels/device_clock.cuh"
 
 namespace gpukeeper {
 
 namespace {
 
-__device__ __forceinline__ std::uint64_t global_timer_ns() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using kernels::global_timer_ns;
 
 __global__ void spin_kernel(std::uint64_t duration_ns, std::uint64_t* out) {
   const std::uint64_t start = global_timer_ns();
@@ -27,24 +23,13 @@ __global__ void spin_kernel(std::uint64_t duration_ns, std::uint64_t* out) {
   }
 }
 
-// Throws like GK_CUDA_CHECK, with only header-defined pieces (this library does not link
-// back into the core).
-void check(cudaError_t status, const char* call) {
-  if (status == cudaSuccess) return;
-  const char* name = cudaGetErrorName(status);
-  const char* text = cudaGetErrorString(status);
-  (void)cudaGetLastError();
-  throw DeviceError(call, static_cast<int>(status), name ? name : "unknown",
-                    text ? text : "no message");
-}
-
 }  // namespace
 
 bool calibration_kernels_available() noexcept { return true; }
 
 void launch_spin_kernel(std::uint64_t duration_ns, stream_t stream, std::uint64_t* device_out) {
   spin_kernel<<<1, 1, 0, reinterpret_cast<cudaStream_t>(stream)>>>(duration_ns, device_out);
-  check(cudaGetLastError(), "spin_kernel<<<>>>");
+  kernels::check_launch("spin_kernel<<<>>>");
 }
 
 }  // namespace gpukeeper

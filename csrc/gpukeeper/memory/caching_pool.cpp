@@ -509,7 +509,7 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
   return released;
 }
 
-void CachingPool::release_segment(Segment* seg) {
+void CachingPool::unlink_free_segment(Segment* seg) {
   Block* block = seg->first;
   index_of(block).remove(block);
   remove_pending(block);
@@ -517,6 +517,10 @@ void CachingPool::release_segment(Segment* seg) {
   if (seg->prev != nullptr) seg->prev->next = seg->next;
   if (seg->next != nullptr) seg->next->prev = seg->prev;
   if (segments_ == seg) segments_ = seg->next;
+}
+
+void CachingPool::release_segment(Segment* seg) {
+  unlink_free_segment(seg);
   upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, seg->alloc_stream);
   count(reserved_, -static_cast<std::ptrdiff_t>(seg->size));
   count(segment_count_, -1);
@@ -848,13 +852,7 @@ void CachingPool::sync_reserved() noexcept {
 }
 
 void CachingPool::release_expandable_segment(Segment* seg) {
-  Block* block = seg->first;
-  index_of(block).remove(block);
-  remove_pending(block);
-  blocks_.recycle(block);
-  if (seg->prev != nullptr) seg->prev->next = seg->next;
-  if (seg->next != nullptr) seg->next->prev = seg->prev;
-  if (segments_ == seg) segments_ = seg->next;
+  unlink_free_segment(seg);
   for (Segment*& current : expandable_) {
     if (current == seg) current = nullptr;
   }

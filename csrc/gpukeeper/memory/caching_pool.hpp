@@ -165,6 +165,9 @@ class CachingPool {
   void refresh_largest() const noexcept;
   std::size_t release_free_segments(std::size_t keep_reserved);
   void release_segment(detail::Segment* segment);
+  // Takes a wholly free segment's one block out of the free index and the segment out of
+  // the segment list; what backs its memory is the caller's to give back.
+  void unlink_free_segment(detail::Segment* segment);
   std::size_t segment_size_for(std::size_t size, bool small) const noexcept;
   std::string oom_message(std::size_t bytes) const;
   void notify_watermarks();

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <mutex>
-#include <string>
 #include <vector>
 
 #include "gpukeeper/core/errors.hpp"
@@ -55,11 +54,7 @@ double measure_floor_ms(int device) {
 }  // namespace
 
 double launch_floor_ms(int device, bool refresh) {
-  if (!timing_uses_cuda(device) || device < 0 || !stream_gates_available()) {
-    throw DeviceError("launch_floor_ms", 0, "unavailable",
-                      "the launch floor needs a usable CUDA device and the gate kernel (device " +
-                          std::to_string(device) + ")");
-  }
+  require_stream_gates(device, "launch_floor_ms");
 #ifdef GPUKEEPER_WITH_CUDA
   static std::mutex mutex;
   static std::vector<double> cache;  // by device id; negative: not measured

@@ -137,8 +137,18 @@ GateSlotPool& slot_pool(int device) {
   return *pools[device];
 }
 
+}  // namespace
+
+bool stream_gates_available() noexcept {
+  try {
+    return calibration_kernels_available() && cuda_device_count() > 0;
+  } catch (...) {
+    return false;
+  }
+}
+
 // The device must be a usable CUDA device: gates have no CPU meaning.
-void require_gate_device(int device, const char* what) {
+void require_stream_gates(int device, const char* what) {
   if (!timing_uses_cuda(device) || device < 0) {  // throws InvalidInputError for bad ids
     throw DeviceError(what, 0, "unavailable",
                       "stream gates need a usable CUDA device (device " + std::to_string(device) +
@@ -150,20 +160,10 @@ void require_gate_device(int device, const char* what) {
   }
 }
 
-}  // namespace
-
-bool stream_gates_available() noexcept {
-  try {
-    return calibration_kernels_available() && cuda_device_count() > 0;
-  } catch (...) {
-    return false;
-  }
-}
-
 StreamGate::StreamGate(int device, stream_t stream, std::uint64_t timeout_ns)
     : device_(device), stream_(stream), timeout_ns_(timeout_ns) {
   if (timeout_ns == 0) throw InvalidInputError("StreamGate timeout must be > 0 ns");
-  require_gate_device(device, "StreamGate");
+  require_stream_gates(device, "StreamGate");
 #ifdef GPUKEEPER_WITH_CUDA
   detail::DeviceGuard guard(device);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -234,7 +234,7 @@ void StreamGate::reset() noexcept {
 }
 
 GateSlotStats gate_slot_stats(int device) {
-  require_gate_device(device, "gate_slot_stats");
+  require_stream_gates(device, "gate_slot_stats");
   return slot_pool(device).stats();
 }
 

@@ -33,6 +33,10 @@ namespace gpukeeper {
 // Whether gates can be closed here: a CUDA build with the kernels and a usable device.
 bool stream_gates_available() noexcept;
 
+// Throws (naming `what`) unless gates can be closed on `device`: InvalidInputError for an
+// id the machine does not have, DeviceError without CUDA, a device or the kernels.
+void require_stream_gates(int device, const char* what);
+
 class StreamGate {
  public:
   // Long enough for any launch sequence a caller would time, short enough that a region
