@@ -209,6 +209,37 @@ TEST_CASE("streams: emergency_cleanup waits for the streams that used the memory
   REQUIRE(waited >= std::chrono::milliseconds(150));
 }
 
+TEST_CASE("streams: cleanup and destruction never touch a stream its owner destroyed",
+          "[streams]") {
+  // A CuPy stream collected before its pool was emptied crashed the process: the pool
+  // recorded an event on the dead handle. Release paths wait for the device instead.
+  GK_FOR_EACH_STREAM_ORDERED_KIND();
+  auto pool = make_pool(kind);
+  for (int round = 0; round < 20; ++round) {
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    void* p = pool->allocate(12 * MiB, reinterpret_cast<gpukeeper::stream_t>(s));
+    pool->deallocate(p);
+    REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+    // Other streams take the dead one's place in the driver's memory.
+    cudaStream_t churn[8];
+    for (auto& c : churn) REQUIRE(cudaStreamCreate(&c) == cudaSuccess);
+    for (auto& c : churn) REQUIRE(cudaStreamDestroy(c) == cudaSuccess);
+    REQUIRE(pool->emergency_cleanup() == 12 * MiB);
+    REQUIRE(pool->stats().reserved_bytes == 0);
+  }
+  void* kept = nullptr;
+  {
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    kept = pool->allocate(1 * MiB, reinterpret_cast<gpukeeper::stream_t>(s));
+    pool->deallocate(kept);
+    REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  }
+  pool.reset();  // the destructor waits for the device, not for the dead stream
+  SUCCEED("no event was recorded on a destroyed stream");
+}
+
 TEST_CASE("streams: a small block's segment tail stays with its stream", "[streams]") {
   GK_FOR_EACH_STREAM_ORDERED_KIND();
   TwoStreams s;

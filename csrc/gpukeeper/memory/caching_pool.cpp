@@ -79,13 +79,21 @@ CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions o
 CachingPool::~CachingPool() {
   // Memory comes back even if raw blocks were never returned: their owners broke the
   // contract, and keeping the device memory would only hide that.
-  for (auto& sf : streams_) events_.synchronize(sf->stream);
+  if (!streams_.empty()) {
+    try {
+      events_.synchronize_device();
+    } catch (...) {
+      // A failing device cannot be waited for; its memory is returned all the same.
+    }
+  }
   while (segments_ != nullptr) {
     Segment* seg = segments_;
     segments_ = seg->next;
     // Expandable ranges and their pages go with paged_.
     if (seg->table == nullptr) {
-      upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, seg->alloc_stream);
+      // Stream 0, not the segment's: the device is idle now, and the stream that made
+      // the segment may be gone.
+      upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, 0);
     }
   }
 }
@@ -463,8 +471,12 @@ std::size_t CachingPool::requested_size(const void* ptr) const {
 std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
   if (reserved_.load(std::memory_order_relaxed) <= keep_reserved) return 0;
   for (auto& sf : streams_) {
-    // Pages remember every stream that freed a block on them: wait for all streams.
-    if (paged_ || !sf->small.empty() || !sf->large.empty()) events_.synchronize(sf->stream);
+    // Pages remember every stream that freed a block on them: wait for all streams (one
+    // device-wide wait, see StreamEvents::synchronize_device).
+    if (paged_ || !sf->small.empty() || !sf->large.empty()) {
+      events_.synchronize_device();
+      break;
+    }
   }
   merge_pending();
   std::size_t released = 0;
@@ -521,7 +533,9 @@ void CachingPool::unlink_free_segment(Segment* seg) {
 
 void CachingPool::release_segment(Segment* seg) {
   unlink_free_segment(seg);
-  upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, seg->alloc_stream);
+  // Only after release_free_segments waited for the device: the memory is idle, so it
+  // goes back in stream 0's order; the stream that made the segment may be gone.
+  upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, 0);
   count(reserved_, -static_cast<std::ptrdiff_t>(seg->size));
   count(segment_count_, -1);
   count(upstream_frees_, 1);

@@ -34,7 +34,7 @@ bool StreamEvents::done(stream_t stream) {
   cudaEvent_t event = as_event(event_for(stream));
   if (cudaEventRecord(event, as_stream(stream)) != cudaSuccess) {
     clear_cuda_error();
-    synchronize(stream);
+    synchronize_device();
     return true;
   }
   cudaError_t status = cudaEventQuery(event);
@@ -43,17 +43,10 @@ bool StreamEvents::done(stream_t stream) {
   return false;
 }
 
-void StreamEvents::synchronize(stream_t stream) {
+void StreamEvents::synchronize_device() {
   if (!enabled_) return;
   DeviceGuard guard(device_);
-  cudaEvent_t event = as_event(event_for(stream));
-  if (cudaEventRecord(event, as_stream(stream)) != cudaSuccess) {
-    // The stream is gone; its remaining work is still ordered on the device.
-    clear_cuda_error();
-    GK_CUDA_CHECK(cudaDeviceSynchronize());
-    return;
-  }
-  GK_CUDA_CHECK(cudaEventSynchronize(event));
+  GK_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 #else
@@ -61,7 +54,7 @@ void StreamEvents::synchronize(stream_t stream) {
 StreamEvents::~StreamEvents() = default;
 void* StreamEvents::event_for(stream_t) { return nullptr; }
 bool StreamEvents::done(stream_t) { return true; }
-void StreamEvents::synchronize(stream_t) {}
+void StreamEvents::synchronize_device() {}
 
 #endif
 

@@ -20,12 +20,17 @@ class StreamEvents {
   StreamEvents(const StreamEvents&) = delete;
   StreamEvents& operator=(const StreamEvents&) = delete;
 
-  // True when all work queued on `stream` so far has completed. Does not block.
+  // True when all work queued on `stream` so far has completed. Does not block. It
+  // records on `stream`: the caller must know the stream is alive (a block freed on it
+  // is being reused, the stream's owner has not destroyed it).
   bool done(stream_t stream);
 
-  // Blocks until all work queued on `stream` so far has completed. A stream that no
-  // longer exists (destroyed by its owner) falls back to synchronizing the device.
-  void synchronize(stream_t stream);
+  // Blocks until all work queued on the device so far has completed. The release paths
+  // use this rather than one wait per stream: a stream the pool has seen may have been
+  // destroyed by its owner since, and recording on a destroyed stream's handle is
+  // undefined behaviour (a CuPy stream collected before a pool was emptied crashed the
+  // process in cudaEventRecord).
+  void synchronize_device();
 
  private:
   void* event_for(stream_t stream);  // cudaEvent_t, created on first use
