@@ -3,6 +3,8 @@
 // carries its own copy of libstdc++ next to PyTorch's must not (seen crashing in codecvt).
 #pragma once
 
+#include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <type_traits>
@@ -39,5 +41,30 @@ class Text {
  private:
   std::string text_;
 };
+
+// "1.50 GiB": bytes for people, in powers of 1024.
+inline std::string human_bytes(std::size_t bytes) {
+  char text[64];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 5) {
+    value /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) {
+    std::snprintf(text, sizeof text, "%zu B", bytes);
+  } else {
+    std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
+  }
+  return text;
+}
+
+// "0x7f12...": a pointer for messages.
+inline std::string hex(const void* ptr) {
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%" PRIxPTR, reinterpret_cast<std::uintptr_t>(ptr));
+  return text;
+}
 
 }  // namespace gpukeeper::detail

@@ -12,34 +12,13 @@ namespace gpukeeper {
 using detail::Block;
 using detail::FreeIndex;
 using detail::Segment;
+using detail::hex;
+using detail::human_bytes;
 
 namespace {
 
 constexpr std::size_t round_up(std::size_t value, std::size_t to) noexcept {
   return (value + to - 1) / to * to;
-}
-
-std::string human_bytes(std::size_t bytes) {
-  char text[64];
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 5) {
-    value /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0) {
-    std::snprintf(text, sizeof text, "%zu B", bytes);
-  } else {
-    std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
-  }
-  return text;
-}
-
-std::string hex(const void* ptr) {
-  char text[32];
-  std::snprintf(text, sizeof text, "0x%" PRIxPTR, reinterpret_cast<std::uintptr_t>(ptr));
-  return text;
 }
 
 }  // namespace
@@ -120,6 +99,7 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
     block = try_allocate(size, bytes, small, stream, grew);
     if (block == nullptr) {
       count(oom_events_, 1);
+      ++history_.alloc_retries;
       // Bigger than the limit or than the whole memory: dropping the cache cannot help.
       const std::size_t limit = limit_.load(std::memory_order_relaxed);
       const std::size_t total = upstream_->memory_info().total;  // 0: unknown
@@ -142,6 +122,10 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
   if (result == nullptr) {
     // The failed attempt may have released cache: let watermarks see the lower pressure
     // (and re-arm) before the error leaves.
+    {
+      std::lock_guard<SpinMutex> lock(mutex_);
+      ++history_.ooms;
+    }
     notify_watermarks();
     throw AllocationError(oom_message(bytes), bytes);
   }
@@ -229,9 +213,13 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
   const std::size_t reserved = reserved_.load(std::memory_order_relaxed);
   // Preferred segment first, then the least that holds the request.
   std::size_t candidates[2] = {segment_size_for(size, small), size};
+  bool limited = false;
   for (std::size_t seg_size : candidates) {
     if (seg_size < size) continue;
-    if (limit != 0 && reserved + seg_size > limit) continue;
+    if (limit != 0 && reserved + seg_size > limit) {
+      limited = true;
+      continue;
+    }
     void* raw = upstream_->allocate(seg_size, stream);
     if (raw == nullptr) continue;
     if (reinterpret_cast<std::uintptr_t>(raw) % kAlignment != 0) {
@@ -243,12 +231,15 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
                                nullptr);
     count(reserved_, static_cast<std::ptrdiff_t>(seg_size));
     count(upstream_allocations_, 1);
+    history_.reserved_bytes.increase(small, seg_size);
+    ++history_.device_allocs;
     std::size_t now = reserved_.load(std::memory_order_relaxed);
     if (now > peak_reserved_.load(std::memory_order_relaxed)) {
       peak_reserved_.store(now, std::memory_order_relaxed);
     }
     return seg->first;
   }
+  if (limited) ++history_.limit_rejections;
   return nullptr;
 }
 
@@ -272,6 +263,7 @@ Segment* CachingPool::add_segment(std::uintptr_t base, std::size_t size, stream_
   block->free = true;
   seg->first = seg->last = block;
   count(segment_count_, 1);
+  history_.segments.increase(small, 1);
   return seg;
 }
 
@@ -308,6 +300,10 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
   count(allocated_, static_cast<std::ptrdiff_t>(size));
   count(allocated_count_, 1);
   count(requested_, static_cast<std::ptrdiff_t>(requested));
+  const bool small = block->segment->small;
+  history_.allocated_bytes.increase(small, size);
+  history_.allocations.increase(small, 1);
+  history_.requested_bytes.increase(small, requested);
   std::size_t now = allocated_.load(std::memory_order_relaxed);
   if (now > peak_allocated_.load(std::memory_order_relaxed)) {
     peak_allocated_.store(now, std::memory_order_relaxed);
@@ -366,6 +362,10 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
   count(allocated_, -static_cast<std::ptrdiff_t>(block->size));
   count(allocated_count_, -1);
   count(requested_, -static_cast<std::ptrdiff_t>(block->requested));
+  const bool small = block->segment->small;
+  history_.allocated_bytes.decrease(small, block->size);
+  history_.allocations.decrease(small, 1);
+  history_.requested_bytes.decrease(small, block->requested);
   block->free = true;
   block->requested = 0;
   if (has_stream && upstream_->stream_ordered()) block->stream = stream;
@@ -475,6 +475,7 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
     // device-wide wait, see StreamEvents::synchronize_device).
     if (paged_ || !sf->small.empty() || !sf->large.empty()) {
       events_.synchronize_device();
+      ++history_.device_syncs;
       break;
     }
   }
@@ -483,6 +484,7 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
   if (paged_) {
     released = paged_->unmap_movable(keep_reserved);
     count(upstream_frees_, static_cast<std::ptrdiff_t>(released / paged_->page_size()));
+    history_.device_frees += released / paged_->page_size();
     sync_reserved();
   }
   for (Segment* seg = segments_; seg != nullptr; seg = seg->next) {
@@ -539,6 +541,9 @@ void CachingPool::release_segment(Segment* seg) {
   count(reserved_, -static_cast<std::ptrdiff_t>(seg->size));
   count(segment_count_, -1);
   count(upstream_frees_, 1);
+  history_.reserved_bytes.decrease(seg->small, seg->size);
+  history_.segments.decrease(seg->small, 1);
+  ++history_.device_frees;
   segment_records_.recycle(seg);
 }
 
@@ -606,7 +611,11 @@ void CachingPool::reset_peaks() noexcept {
   std::lock_guard<SpinMutex> lock(mutex_);
   peak_allocated_.store(allocated_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   peak_reserved_.store(reserved_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  history_.reset_peaks();
 }
+
+
+
 
 double CachingPool::memory_pressure() const {
   const std::size_t limit = limit_.load(std::memory_order_relaxed);
@@ -620,24 +629,6 @@ double CachingPool::memory_pressure() const {
   return std::min(1.0, used / static_cast<double>(info.total));
 }
 
-std::string CachingPool::oom_message(std::size_t bytes) const {
-  PoolStats s = stats();
-  detail::Text out;
-  out << "out of memory: could not allocate " << bytes << " bytes (" << human_bytes(bytes)
-      << ") from the " << to_string(upstream_->kind()) << " pool on device "
-      << upstream_->device() << "; pool allocated " << human_bytes(s.allocated_bytes)
-      << ", reserved " << human_bytes(s.reserved_bytes) << ", limit "
-      << (s.limit_bytes ? human_bytes(s.limit_bytes) : std::string("none"))
-      << ", largest free block " << human_bytes(s.largest_free_block);
-  try {
-    MemoryInfo info = upstream_->memory_info();
-    out << "; " << (upstream_->kind() == ResourceKind::host ? "host" : "device") << " free "
-        << human_bytes(info.free) << " of " << human_bytes(info.total);
-  } catch (const std::exception& e) {
-    out << "; memory info unavailable (" << e.what() << ")";
-  }
-  return out.str();
-}
 
 // ---------------------------------------------------------------- callbacks
 
@@ -728,66 +719,6 @@ std::size_t CachingPool::run_reclaimers(std::size_t needed) {
   return released;
 }
 
-// ---------------------------------------------------------------- validation
-
-std::string CachingPool::validate() const {
-  std::lock_guard<SpinMutex> lock(mutex_);
-  detail::Text problems;
-  std::size_t reserved = 0, segments = 0, allocated = 0, allocated_count = 0, requested = 0;
-  std::size_t free_blocks = 0;
-  for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) {
-    ++segments;
-    if (seg->table == nullptr) reserved += seg->size;
-    std::vector<std::uint32_t> page_refs;
-    if (seg->table != nullptr) page_refs.assign(seg->table->pages.size(), 0);
-    std::uintptr_t expect = seg->base;
-    const Block* prev = nullptr;
-    for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {
-      if (b->addr != expect) problems << "block " << hex((void*)b->addr) << " leaves a gap; ";
-      if (b->prev != prev) problems << "broken prev link at " << hex((void*)b->addr) << "; ";
-      if (b->segment != seg) problems << "block in wrong segment; ";
-      if (b->size == 0 || b->size % kAlignment) problems << "bad block size; ";
-      expect = b->addr + b->size;
-      if (b->free) {
-        ++free_blocks;
-        if (prev && prev->free && prev->stream == b->stream && !prev->pending && !b->pending) {
-          problems << "unmerged free pair at " << hex((void*)prev->addr) << " (" << prev->size
-                   << " + " << b->size << " bytes), neither pending a merge; ";
-        }
-        if (live_.find(b->addr) != nullptr) problems << "free block in live map; ";
-      } else {
-        ++allocated_count;
-        allocated += b->size;
-        requested += b->requested;
-        if (live_.find(b->addr) != b) problems << "live block missing from map; ";
-        if (seg->table != nullptr) {
-          const std::size_t page = paged_->page_size();
-          for (std::size_t i = (b->addr - seg->base) / page;
-               i <= (b->addr + b->size - 1 - seg->base) / page && i < page_refs.size(); ++i) {
-            ++page_refs[i];
-          }
-        }
-      }
-    }
-    if (prev != seg->last) problems << "segment's last block is wrong; ";
-    if (expect != seg->base + seg->size) problems << "blocks do not fill their segment; ";
-    if (seg->table != nullptr) problems << paged_->check(seg->table, page_refs);
-  }
-  std::size_t indexed = 0;
-  for (const auto& sf : streams_) indexed += sf->small.count() + sf->large.count();
-  if (indexed != free_blocks) {
-    problems << "free blocks " << free_blocks << " but " << indexed << " indexed; ";
-  }
-  if (live_.size() != allocated_count) problems << "live map size disagrees; ";
-  auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
-  if (paged_) reserved = paged_->mapped_bytes();
-  if (get(reserved_) != reserved) problems << "reserved counter " << get(reserved_) << " != " << reserved << "; ";
-  if (get(segment_count_) != segments) problems << "segment counter disagrees; ";
-  if (get(allocated_) != allocated) problems << "allocated counter " << get(allocated_) << " != " << allocated << "; ";
-  if (get(allocated_count_) != allocated_count) problems << "allocated count disagrees; ";
-  if (get(requested_) != requested) problems << "requested counter disagrees; ";
-  return problems.str();
-}
 
 }  // namespace gpukeeper
 
@@ -861,7 +792,23 @@ void CachingPool::sync_reserved() noexcept {
   if (now > peak_reserved_.load(std::memory_order_relaxed)) {
     peak_reserved_.store(now, std::memory_order_relaxed);
   }
-  upstream_allocations_.store(paged_->pages_created(), std::memory_order_relaxed);
+  // Pages move between ranges, so the split by size class is read off the ranges (a
+  // handful: one growing range per class, plus any not yet given back).
+  std::size_t mapped[2] = {0, 0};
+  for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) {
+    if (seg->table != nullptr) mapped[seg->small ? 0 : 1] += seg->table->mapped * paged_->page_size();
+  }
+  for (int cls = 0; cls < 2; ++cls) {
+    if (mapped[cls] > history_mapped_[cls]) {
+      history_.reserved_bytes.increase(cls == 0, mapped[cls] - history_mapped_[cls]);
+    } else {
+      history_.reserved_bytes.decrease(cls == 0, history_mapped_[cls] - mapped[cls]);
+    }
+    history_mapped_[cls] = mapped[cls];
+  }
+  const std::uint64_t created = paged_->pages_created();
+  history_.device_allocs += created - upstream_allocations_.load(std::memory_order_relaxed);
+  upstream_allocations_.store(created, std::memory_order_relaxed);
   pages_moved_.store(paged_->pages_moved(), std::memory_order_relaxed);
 }
 
@@ -872,6 +819,7 @@ void CachingPool::release_expandable_segment(Segment* seg) {
   }
   paged_->unreserve(seg->table);
   count(segment_count_, -1);
+  history_.segments.decrease(seg->small, 1);
   segment_records_.recycle(seg);
 }
 

@@ -28,6 +28,7 @@
 #include "gpukeeper/memory/block.hpp"
 #include "gpukeeper/memory/free_index.hpp"
 #include "gpukeeper/memory/paged_memory.hpp"
+#include "gpukeeper/memory/pool_history.hpp"
 #include "gpukeeper/memory/pool_stats.hpp"
 #include "gpukeeper/memory/ptr_map.hpp"
 #include "gpukeeper/memory/resource.hpp"
@@ -88,7 +89,15 @@ class CachingPool {
   std::size_t requested_size(const void* ptr) const;
 
   PoolStats stats() const noexcept;
+  // Resets every peak (of stats() and of history()) to the current value.
   void reset_peaks() noexcept;
+  // The pool's history in PyTorch's terms (pool_history.hpp); takes the lock and walks
+  // the books for the inactive splits: a slow path, for reports.
+  PoolHistory history() const;
+  // Restarts history()'s totals and event counts (not PoolStats' counters).
+  void reset_accumulated() noexcept;
+  // Every segment with its blocks, in address order (see SegmentSnapshot).
+  std::vector<SegmentSnapshot> snapshot() const;
 
   // Limits reserved bytes (0 removes the limit). Releases cached segments to get under
   // it. InvalidInputError when below the bytes currently allocated.
@@ -185,6 +194,8 @@ class CachingPool {
   detail::Segment* expandable_[2] = {nullptr, nullptr};  // growing range: [0] small, [1] large
 
   mutable SpinMutex mutex_;  // guards everything below up to the counters
+  PoolHistory history_;
+  std::size_t history_mapped_[2] = {0, 0};  // expandable: mapped bytes per class, as last seen
   detail::RecordArena<detail::Block> blocks_;
   detail::RecordArena<detail::Segment> segment_records_;
   detail::Segment* segments_ = nullptr;
