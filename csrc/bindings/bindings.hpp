@@ -21,6 +21,7 @@ void set_python_error();
 // Adds a METH_FASTCALL method to a pybind11 class: the few calls on hot paths skip
 // pybind11's generic argument dispatch.
 void add_fast_method(py::handle cls, PyMethodDef* def);
+void init_pool_history(py::module_& m);
 void init_memory(py::module_& m);
 void init_buffer(py::module_& m);
 void init_torch_allocator(py::module_& m);

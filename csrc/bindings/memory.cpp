@@ -401,6 +401,32 @@ void init_memory(py::module_& m) {
           },
           py::arg("device_id"))
       .def(
+          "history",
+          [](PoolRegistry& reg, const py::handle& device) -> py::object {
+            int id = to_device_id(device);
+            if (id >= reg.device_count()) return py::none();
+            auto pool = reg.find(id);  // a pool not made yet has done nothing
+            return py::cast(pool ? pool->history() : PoolHistory{});
+          },
+          py::arg("device_id"),
+          "PoolHistory of the device's pool (PyTorch's memory_stats terms), or None for an "
+          "unknown id.")
+      .def(
+          "reset_accumulated",
+          [](PoolRegistry& reg, const py::handle& device) {
+            if (auto pool = reg.find(to_device_id(device))) pool->reset_accumulated();
+          },
+          py::arg("device_id"), "Restarts the totals and event counts of history().")
+      .def(
+          "snapshot",
+          [](PoolRegistry& reg, const py::handle& device) -> py::object {
+            auto pool = reg.find(to_device_id(device));
+            if (!pool) return py::list();
+            return py::cast(pool->snapshot());
+          },
+          py::arg("device_id"),
+          "The device pool's segments (SegmentSnapshot) with their blocks, in address order.")
+      .def(
           "validate",
           [](PoolRegistry& reg, const py::handle& device) -> std::string {
             auto pool = reg.find(to_device_id(device));

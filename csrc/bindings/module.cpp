@@ -63,6 +63,7 @@ PYBIND11_MODULE(_core, m) {
       },
       "(available, total) bytes of host memory.");
 
+  init_pool_history(m);
   init_memory(m);
   init_buffer(m);
   init_torch_allocator(m);

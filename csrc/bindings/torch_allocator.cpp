@@ -1,13 +1,22 @@
 // The allocator PyTorch calls when use_torch_allocator() is active (through
 // torch.cuda.memory.CUDAPluggableAllocator, which loads these two symbols from this
 // module's file). One caching pool per device, shared by all of PyTorch's streams.
+#include <dlfcn.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <atomic>
+#include <cstdint>
+#include <cxxabi.h>
 #include <mutex>
+#include <stdexcept>
+#include <string>
+#include <typeinfo>
 
 #include "bindings.hpp"
 #include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/core/text.hpp"
 #include "gpukeeper/memory/pool_registry.hpp"
 
 namespace gpukeeper::py_bindings {
@@ -53,9 +62,186 @@ std::shared_ptr<CachingPool> torch_pool(int device) {
   return pool;
 }
 
+// ---- PyTorch's own out-of-memory error, thrown through PyTorch's C++ frames
+//
+// PyTorch turns a C++ c10::OutOfMemoryError into torch.cuda.OutOfMemoryError (which
+// accelerate, Lightning and user code catch); any other exception becomes a plain
+// RuntimeError, and a NULL return a tensor without memory. gpukeeper is not built
+// against PyTorch, so the error is made at run time from libc10's exported constructor
+// and type_info (found with dlsym in the libc10 PyTorch loaded; Python passes its path).
+
+// c10::SourceLocation, as laid out in c10/util/StringUtil.h.
+struct TorchSourceLocation {
+  const char* function;
+  const char* file;
+  std::uint32_t line;
+};
+// A constructor (this, SourceLocation, std::string) of c10's error classes, called as a
+// plain function: the Itanium C++ ABI passes `this` as the first argument.
+using TorchErrorConstructor = void (*)(void* self, TorchSourceLocation where, std::string message);
+
+struct TorchOom {
+  TorchErrorConstructor construct = nullptr;  // OutOfMemoryError's, or Error's (base)
+  void* vtable = nullptr;                     // set after Error's constructor, if used
+  std::type_info* type = nullptr;
+};
+std::atomic<const TorchOom*> g_torch_oom{nullptr};
+
+// Room for the exception object: c10::Error is about 130 bytes in PyTorch 2.x. Handlers
+// catch it by reference, so the size is only the room its constructor may write in.
+constexpr std::size_t kTorchErrorBytes = 1024;
+
+const char* kLinkNote =
+    " (a C++ std::string ABI other than libstdc++'s C++11 one cannot reach PyTorch's "
+    "error types)";
+
+std::string link_torch_oom(const std::string& libc10_path) {
+#if defined(_GLIBCXX_USE_CXX11_ABI) && _GLIBCXX_USE_CXX11_ABI
+  void* lib = dlopen(libc10_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return "libc10 is not loaded from " + libc10_path;
+  auto* oom = new TorchOom();
+  oom->type = static_cast<std::type_info*>(dlsym(lib, "_ZTIN3c1016OutOfMemoryErrorE"));
+  oom->construct = reinterpret_cast<TorchErrorConstructor>(dlsym(
+      lib, "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"));
+  if (oom->construct == nullptr) {
+    // Older builds inherit OutOfMemoryError's constructors: build the base, then make
+    // the object an OutOfMemoryError as the inherited constructor does (its vtable).
+    oom->construct = reinterpret_cast<TorchErrorConstructor>(dlsym(
+        lib, "_ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"));
+    auto* table = static_cast<char*>(dlsym(lib, "_ZTVN3c1016OutOfMemoryErrorE"));
+    oom->vtable = table == nullptr ? nullptr : table + 2 * sizeof(void*);  // the address point
+    if (oom->vtable == nullptr) oom->construct = nullptr;
+  }
+  dlclose(lib);  // RTLD_NOLOAD took a reference; PyTorch keeps the library loaded
+  if (oom->type == nullptr || oom->construct == nullptr) {
+    delete oom;
+    return "libc10 exports no c10::OutOfMemoryError constructor or type_info";
+  }
+  delete g_torch_oom.exchange(oom);
+  return "";
+#else
+  (void)libc10_path;
+  return std::string("not available in this build") + kLinkNote;
+#endif
+}
+
+void destroy_torch_error(void* object) {
+  // c10::Error derives from std::exception alone: the virtual destructor of that base
+  // subobject (at offset 0) runs the whole object's.
+  static_cast<std::exception*>(object)->~exception();
+}
+
+[[noreturn]] void throw_torch_oom(const std::string& message) {
+  const TorchOom* oom = g_torch_oom.load();
+  if (oom == nullptr) throw std::runtime_error(message);
+  void* object = abi::__cxa_allocate_exception(kTorchErrorBytes);
+  try {
+    oom->construct(object, TorchSourceLocation{"gpukeeper_torch_malloc", __FILE__, __LINE__},
+                   message);
+  } catch (...) {
+    abi::__cxa_free_exception(object);
+    throw std::runtime_error(message);
+  }
+  if (oom->vtable != nullptr) *static_cast<void**>(object) = oom->vtable;
+  abi::__cxa_throw(object, oom->type, destroy_torch_error);
+}
+
+// PyTorch's wording first: code that recognises an OOM by its text (accelerate's
+// should_reduce_batch_size, many training scripts) looks for "CUDA out of memory.".
+std::string torch_oom_text(std::size_t size, const std::string& detail) {
+  return "CUDA out of memory. Tried to allocate " + detail::human_bytes(size) +
+         ". gpukeeper: " + detail;
+}
+
+// The pool of a device if PyTorch has allocated there, for reads (never made here).
+std::shared_ptr<CachingPool> existing_torch_pool(int device) {
+  return device < 0 ? nullptr : torch_pools().find(device);
+}
+
 }  // namespace
 
 void init_torch_allocator(py::module_& m) {
+  m.def(
+      "_link_torch_oom",
+      [](const std::string& libc10_path) { return link_torch_oom(libc10_path); },
+      py::arg("libc10_path"),
+      "Finds PyTorch's c10::OutOfMemoryError in the loaded libc10 at this path, so that a "
+      "failed allocation raises torch.cuda.OutOfMemoryError. Returns '' or why not.");
+  m.def(
+      "_torch_pool_counter",
+      [](int device, int which) -> std::size_t {
+        auto pool = existing_torch_pool(device);
+        if (!pool) return 0;
+        PoolStats s = pool->stats();
+        switch (which) {
+          case 0: return s.allocated_bytes;
+          case 1: return s.reserved_bytes;
+          case 2: return s.peak_allocated_bytes;
+          case 3: return s.peak_reserved_bytes;
+          default: throw InvalidInputError("_torch_pool_counter: which must be 0..3");
+        }
+      },
+      py::arg("device"), py::arg("which"),
+      "allocated (0), reserved (1), peak allocated (2) or peak reserved (3) bytes of the "
+      "pool behind PyTorch on a device; 0 before its first allocation there.");
+  m.def(
+      "_torch_pool_history",
+      [](int device) -> py::object {
+        auto pool = existing_torch_pool(device);
+        return py::cast(pool ? pool->history() : PoolHistory{});
+      },
+      py::arg("device"), "PoolHistory of the pool behind PyTorch on a device (empty if none).");
+  m.def(
+      "_torch_pool_snapshot",
+      [](int device) -> py::object {
+        auto pool = existing_torch_pool(device);
+        return pool ? py::cast(pool->snapshot()) : py::list();
+      },
+      py::arg("device"), "Segments of the pool behind PyTorch on a device.");
+  m.def(
+      "_torch_pool_reset",
+      [](int device, bool peaks, bool accumulated) {
+        auto pool = existing_torch_pool(device);
+        if (!pool) return;
+        if (peaks) pool->reset_peaks();
+        if (accumulated) pool->reset_accumulated();
+      },
+      py::arg("device"), py::arg("peaks"), py::arg("accumulated"),
+      "Resets the peaks and/or the totals of the pool behind PyTorch on a device.");
+  m.def(
+      "_torch_pool_set_fraction",
+      [](int device, double fraction) {
+        if (!(fraction >= 0.0 && fraction <= 1.0)) {
+          throw InvalidInputError("memory fraction must be in [0, 1], got " + std::to_string(fraction));
+        }
+        auto pool = torch_pool(device);
+        const std::size_t total = pool->upstream().memory_info().total;
+        // 1.0 means "the whole device": no limit, as PyTorch's default.
+        pool->set_limit(fraction >= 1.0 ? 0 : static_cast<std::size_t>(fraction * static_cast<double>(total)));
+      },
+      py::arg("device"), py::arg("fraction"),
+      "Limits the pool behind PyTorch on a device to fraction * the device's memory.");
+  m.def(
+      "_torch_pool_fraction",
+      [](int device) -> double {
+        auto pool = existing_torch_pool(device);
+        if (!pool || pool->limit() == 0) return 1.0;
+        const std::size_t total = pool->upstream().memory_info().total;
+        return total == 0 ? 1.0 : static_cast<double>(pool->limit()) / static_cast<double>(total);
+      },
+      py::arg("device"), "The limit of the pool behind PyTorch as a fraction of the device.");
+  m.def(
+      "_torch_oom_probe",
+      [](const std::string& message) -> py::tuple {
+        // Throws the error a failed allocation throws and catches it here, as PyTorch's
+        // handlers would: lets tests check the linked type without a GPU.
+        try {
+          throw_torch_oom(message);
+        } catch (const std::exception& e) {
+          return py::make_tuple(std::string(typeid(e).name()), std::string(e.what()));
+        }
+      },
+      py::arg("message"));
   m.def("_torch_malloc_symbols",
         []() { return py::make_tuple("gpukeeper_torch_malloc", "gpukeeper_torch_free"); },
         "Names of the allocation functions this module exports for PyTorch.");
@@ -112,18 +298,26 @@ void init_torch_allocator(py::module_& m) {
 
 // The signatures of torch.cuda.memory.CUDAPluggableAllocator: alloc(size, device, stream)
 // and free(ptr, size, device, stream). Exported with default visibility from a module
-// built with hidden visibility. Errors cannot cross this C boundary: a failed allocation
-// returns nullptr, which PyTorch turns into its OutOfMemoryError.
+// built with hidden visibility. A failed allocation throws PyTorch's c10::OutOfMemoryError
+// (see throw_torch_oom) through PyTorch's C++ callers, which are built with exceptions:
+// a NULL return would give PyTorch a tensor without memory.
 extern "C" {
 
 __attribute__((visibility("default"))) void* gpukeeper_torch_malloc(std::size_t size, int device,
                                                                      void* stream) {
-  if (size == 0) return nullptr;  // PyTorch asks for 0 bytes for empty tensors
+  if (size == 0) return nullptr;  // PyTorch asks for 0 bytes for empty tensors, as its own does
+  namespace gk = gpukeeper;
   try {
-    return gpukeeper::py_bindings::torch_pool(device)->allocate(
-        size, reinterpret_cast<gpukeeper::stream_t>(stream));
-  } catch (...) {
-    return nullptr;
+    return gk::py_bindings::torch_pool(device)->allocate(size, reinterpret_cast<gk::stream_t>(stream));
+  } catch (const gk::AllocationError& e) {
+    gk::py_bindings::throw_torch_oom(gk::py_bindings::torch_oom_text(size, e.what()));
+  } catch (const gk::InvalidInputError& e) {
+    // A size beyond any device: PyTorch's own allocator calls that an out-of-memory too.
+    // Anything else (a device that does not exist) reaches PyTorch as a RuntimeError.
+    if (size > gk::CachingPool::kMaxRequest) {
+      gk::py_bindings::throw_torch_oom(gk::py_bindings::torch_oom_text(size, e.what()));
+    }
+    throw;
   }
 }
 

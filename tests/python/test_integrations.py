@@ -29,12 +29,11 @@ def test_the_module_exports_the_pluggable_allocator_symbols():
     malloc = lib.gpukeeper_torch_malloc
     malloc.restype = ctypes.c_void_p
     malloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    assert malloc(0, 0, None) is None  # empty tensors get no memory
-    if not gpukeeper.cuda_available():
-        # No device: the failure must come back as NULL (PyTorch's OOM), never as a crash.
-        assert malloc(1024, 0, None) is None
-        assert malloc(1024, -1, None) is None
-    else:
+    assert malloc(0, 0, None) is None  # empty tensors get no memory, as PyTorch's own
+    # A failing request throws a C++ exception for PyTorch's frames to catch (through
+    # ctypes it would end the process): tested under PyTorch on the GPU, and by
+    # test_torch_memory_api's probe of the error type here.
+    if gpukeeper.cuda_available():
         ptr = malloc(1024, 0, None)
         assert ptr is not None
         assert torch_allocator.stats(0).allocated_bytes >= 1024

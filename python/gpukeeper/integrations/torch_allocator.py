@@ -3,27 +3,68 @@
 >>> import gpukeeper
 >>> gpukeeper.use_torch_allocator()        # before the first CUDA tensor
 >>> x = torch.randn(1024, 1024, device="cuda")
->>> gpukeeper.integrations.torch_allocator.stats(0).allocated_bytes
+>>> torch.cuda.memory_allocated()          # answered from gpukeeper's pool
 4194304
 
-Under a pluggable allocator PyTorch's own ``memory_allocated()`` and ``memory_stats()``
-report nothing; gpukeeper's statistics (``stats``), ``memory_report`` and ``GPUContext``
-read this pool instead. ``torch.cuda.empty_cache()`` does not reach the pool either:
-use ``release()`` (``cleanup_cuda`` and ``GPUContext`` do).
+While it is active, PyTorch's memory API (``memory_allocated``, ``memory_stats``,
+``memory_summary``, ``reset_peak_memory_stats``, ``empty_cache``, ``memory_snapshot``
+...) answers from the pool behind PyTorch (``torch_memory_api``); gpukeeper's own
+``stats``, ``memory_report`` and ``GPUContext`` read the same books. An allocation that
+fails after the pool released its cache and asked the other frameworks for theirs raises
+``torch.cuda.OutOfMemoryError`` with gpukeeper's full message, so ``except
+torch.cuda.OutOfMemoryError``, ``accelerate.utils.find_executable_batch_size`` and
+``gpukeeper.retry_on_oom`` work as with PyTorch's own allocator.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Optional, Tuple
+import warnings
+from typing import Any, Optional, Tuple
 
 from gpukeeper import _core, frameworks
 from gpukeeper._core import PoolStats
 from gpukeeper.errors import GpuError
+from gpukeeper.integrations import torch_memory_api
 
-__all__ = ["use_torch_allocator", "is_active", "stats", "pool_usage", "release"]
+__all__ = [
+    "use_torch_allocator",
+    "is_active",
+    "stats",
+    "pool_usage",
+    "release",
+    "install_memory_api",
+    "restore_memory_api",
+    "oom_error_status",
+]
 
 _active = False
+_oom_status = "use_torch_allocator() has not run"
+
+
+def _libc10_paths(torch: Any) -> list:
+    """Where the libc10 that PyTorch loaded may be: its lib folder, then the process map."""
+    paths = [os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")]
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(" ")[-1]
+                if path.endswith("/libc10.so") and path not in paths:
+                    paths.append(path)
+    except OSError:
+        pass  # not Linux: the lib folder is all there is to try
+    return paths
+
+
+def _link_oom_error(torch: Any) -> str:
+    """Lets a failed allocation raise torch.cuda.OutOfMemoryError; '' or why not."""
+    why = "no libc10 found"
+    for path in _libc10_paths(torch):
+        why = _core._link_torch_oom(path)
+        if not why:
+            return ""
+    return why
 
 
 def _reclaim(needed: int) -> int:
@@ -35,15 +76,19 @@ def _reclaim(needed: int) -> int:
     return released
 
 
-def use_torch_allocator() -> None:
+def use_torch_allocator(memory_api: bool = True) -> None:
     """Routes PyTorch's CUDA allocations through gpukeeper's caching pool.
 
     Must run before PyTorch allocates CUDA memory (its allocator cannot be swapped once
     used): raises ``GpuError`` saying so otherwise, and when PyTorch has no CUDA. Calling
-    it again once active does nothing.
+    it again once active does nothing. ``memory_api`` (default True) makes PyTorch's
+    memory functions answer from the pool (``install_memory_api``); without it they
+    raise, as under any pluggable allocator.
     """
-    global _active
+    global _active, _oom_status
     if _active:
+        if memory_api:
+            install_memory_api()
         return
     import torch
 
@@ -61,6 +106,33 @@ def use_torch_allocator() -> None:
         ) from exc
     _core._set_torch_reclaim(_reclaim)
     _active = True
+    _oom_status = _link_oom_error(torch)
+    if _oom_status:
+        warnings.warn(
+            "use_torch_allocator(): an allocation that fails will raise RuntimeError, not "
+            f"torch.cuda.OutOfMemoryError ({_oom_status}); its message still starts with "
+            "'CUDA out of memory.'",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    if memory_api:
+        install_memory_api()
+
+
+def install_memory_api() -> None:
+    """Answers torch.cuda's memory functions from the pool behind PyTorch (see
+    ``torch_memory_api``). Done by ``use_torch_allocator()``; a no-op when done."""
+    torch_memory_api.install(sys.modules["torch"])
+
+
+def restore_memory_api() -> None:
+    """Puts PyTorch's own memory functions back (they then raise under this allocator)."""
+    torch_memory_api.restore()
+
+
+def oom_error_status() -> str:
+    """'' when a failed allocation raises torch.cuda.OutOfMemoryError, else why not."""
+    return _oom_status
 
 
 def is_active() -> bool:

@@ -1,0 +1,273 @@
+"""PyTorch's memory API answered from gpukeeper's books while ``use_torch_allocator()`` is on.
+
+Under a pluggable allocator PyTorch's own statistics raise ("CUDAPluggableAllocator does
+not yet support getDeviceStats"), so the first ``torch.cuda.memory_allocated()`` of a
+training loop (Hugging Face Trainer, Lightning's DeviceStatsMonitor, accelerate, most
+hand-written loops) would crash. ``install()`` (called by ``use_torch_allocator()``)
+answers them from the pool behind PyTorch instead, per device:
+
+- ``memory_allocated``, ``memory_reserved``, ``max_memory_allocated``,
+  ``max_memory_reserved``: one read of the pool's counters (well under a microsecond);
+- ``memory_stats`` / ``memory_stats_as_nested_dict`` / ``memory_summary``: the pool's
+  history in PyTorch's keys (``allocated_bytes.all.current`` ...; see
+  ``memory_stats_dict``);
+- ``reset_peak_memory_stats``, ``reset_max_memory_allocated``,
+  ``reset_accumulated_memory_stats``; ``empty_cache`` (releases the pool's cache);
+  ``set_per_process_memory_fraction`` / ``get_per_process_memory_fraction`` (the pool's
+  limit); ``memory_snapshot`` and ``torch.cuda.memory._snapshot()`` in PyTorch's format,
+  which ``torch.cuda._memory_viz`` reads. ``mem_get_info`` asks the driver and needs
+  nothing.
+
+The route: PyTorch's Python functions all reach a handful of ``torch._C`` primitives
+(``_cuda_memoryStats``, ``_cuda_resetPeakMemoryStats``, ``_cuda_emptyCache`` ...) that
+they look up at each call. Replacing those primitives covers every function, also names
+imported before the hook (``from torch.cuda import memory_stats``), with no C++ linked
+against PyTorch; the four hot counters are also replaced in ``torch.cuda`` and
+``torch.cuda.memory`` by direct reads, because PyTorch's versions flatten the whole stats
+dict on each call. ``restore()`` puts PyTorch's own functions back.
+
+What differs from PyTorch's allocator: a block freed on a stream is cached at once (no
+"awaiting free" state), so ``active_*`` equals ``allocated_*``; ``inactive_split*`` has
+current values only; there is no ``max_split_size`` (reported as -1, PyTorch's "none"),
+so ``oversize_*`` is 0; memory history recording (``_record_memory_history``) is not
+supported, so snapshots carry no stack frames or trace entries.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from gpukeeper import _core
+from gpukeeper.errors import InvalidInputError
+
+__all__ = ["install", "restore", "is_installed", "memory_stats_dict", "snapshot_dict"]
+
+# torch._C primitives replaced while installed, and the functions that replace them.
+_PRIMITIVES = (
+    "_cuda_memoryStats",
+    "_cuda_resetPeakMemoryStats",
+    "_cuda_resetAccumulatedMemoryStats",
+    "_cuda_emptyCache",
+    "_cuda_memorySnapshot",
+    "_cuda_setMemoryFraction",
+    "_cuda_getMemoryFraction",
+)
+# Public functions replaced by direct counter reads (in torch.cuda and torch.cuda.memory).
+_FAST = ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved")
+
+_saved: List[Tuple[Any, str, Any]] = []  # (owner, name, original) while installed
+
+
+# --------------------------------------------------------------------- formats
+
+
+def _counter(c: Any) -> Dict[str, int]:
+    return {"current": int(c.current), "peak": int(c.peak), "allocated": int(c.allocated),
+            "freed": int(c.freed)}
+
+
+def _family(f: Any) -> Dict[str, Dict[str, int]]:
+    return {"all": _counter(f.all), "large_pool": _counter(f.large), "small_pool": _counter(f.small)}
+
+
+_ZERO = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+
+
+def memory_stats_dict(history: Any) -> Dict[str, Any]:
+    """A pool's ``PoolHistory`` as ``torch.cuda.memory_stats_as_nested_dict()`` gives it.
+
+    ``history`` is what ``MemoryPool.history(device)`` or the pool behind PyTorch returns.
+    The keys are PyTorch's (``allocated_bytes``, ``reserved_bytes``, ``active_bytes``,
+    ``requested_bytes``, ``inactive_split_bytes``, their counts ``allocation``,
+    ``segment``, ``active``, ``inactive_split``, each with ``all``/``large_pool``/
+    ``small_pool`` and ``current``/``peak``/``allocated``/``freed``; ``num_alloc_retries``,
+    ``num_ooms``, ``num_sync_all_streams``, ``num_device_alloc``, ``num_device_free``,
+    ``num_oom_rejections``, ``max_split_size``, ``oversize_allocations``,
+    ``oversize_segments``).
+    """
+    allocated = _family(history.allocated_bytes)
+    allocations = _family(history.allocations)
+    return {
+        "allocated_bytes": allocated,
+        "active_bytes": _family(history.allocated_bytes),
+        "requested_bytes": _family(history.requested_bytes),
+        "reserved_bytes": _family(history.reserved_bytes),
+        "inactive_split_bytes": _family(history.inactive_split_bytes),
+        "allocation": allocations,
+        "active": _family(history.allocations),
+        "segment": _family(history.segments),
+        "inactive_split": _family(history.inactive_splits),
+        "num_alloc_retries": int(history.alloc_retries),
+        "num_ooms": int(history.ooms),
+        "num_sync_all_streams": int(history.device_syncs),
+        "num_device_alloc": int(history.device_allocs),
+        "num_device_free": int(history.device_frees),
+        "num_oom_rejections": int(history.limit_rejections),
+        "max_split_size": -1,
+        "oversize_allocations": dict(_ZERO),
+        "oversize_segments": dict(_ZERO),
+    }
+
+
+def snapshot_dict(segments_by_device: Dict[int, List[Any]]) -> Dict[str, Any]:
+    """Pools' ``SegmentSnapshot`` lists as ``torch.cuda.memory._snapshot()`` gives them.
+
+    ``segments_by_device`` maps a device ordinal to ``MemoryPool.snapshot(device)`` (or
+    the pool behind PyTorch's). The result has ``segments`` (each with ``device``,
+    ``address``, ``total_size``, ``allocated_size``, ``active_size``,
+    ``requested_size``, ``stream``, ``segment_type``, ``segment_pool_id``,
+    ``is_expandable``, ``frames`` and ``blocks`` of ``address``, ``size``,
+    ``requested_size``, ``state``, ``frames``) and ``device_traces`` (empty: no history
+    is recorded), which ``torch.cuda._memory_viz`` reads.
+    """
+    segments = []
+    for device in sorted(segments_by_device):
+        for seg in segments_by_device[device]:
+            blocks = []
+            allocated = requested = 0
+            for b in seg.blocks:
+                if b.allocated:
+                    allocated += b.size
+                    requested += b.requested
+                blocks.append({
+                    "address": int(b.address),
+                    "size": int(b.size),
+                    "requested_size": int(b.requested),
+                    "state": "active_allocated" if b.allocated else "inactive",
+                    "frames": [],
+                })
+            segments.append({
+                "device": int(device),
+                "address": int(seg.address),
+                "total_size": int(seg.size),
+                "allocated_size": allocated,
+                "active_size": allocated,
+                "requested_size": requested,
+                "stream": int(seg.stream),
+                "segment_type": "small" if seg.small else "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": bool(seg.expandable),
+                "frames": [],
+                "blocks": blocks,
+            })
+    n_devices = max(segments_by_device, default=-1) + 1
+    return {
+        "segments": segments,
+        "device_traces": [[] for _ in range(n_devices)],
+        "allocator_settings": {"backend": "gpukeeper"},
+    }
+
+
+# --------------------------------------------------------------------- the replacements
+
+
+def _device_count(torch: Any) -> int:
+    return int(torch.cuda.device_count())
+
+
+def _current_device(torch: Any) -> Callable[[], int]:
+    # The raw getter skips torch.cuda.current_device()'s lazy-init check (a few hundred
+    # ns); builds without CUDA lack it.
+    return getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def _make_index(torch: Any) -> Callable[[Any], int]:
+    get_device = _current_device(torch)
+    get_index = torch.cuda._utils._get_device_index
+
+    def index(device: Any) -> int:
+        if device is None:
+            return int(get_device())
+        if type(device) is not int:
+            device = get_index(device, optional=True)  # str, torch.device, torch.cuda.device
+        if not 0 <= device < _device_count(torch):
+            raise InvalidInputError(
+                f"CUDA device {device} does not exist: PyTorch sees {_device_count(torch)} device(s)")
+        return device
+
+    return index
+
+
+def _replacements(torch: Any) -> Dict[str, Callable[..., Any]]:
+    """The torch._C primitives and fast public functions, bound to this torch."""
+    index = _make_index(torch)
+    get_device = _current_device(torch)
+    counter = _core._torch_pool_counter
+
+    def _cuda_memoryStats(device: Any) -> Dict[str, Any]:
+        return memory_stats_dict(_core._torch_pool_history(index(device)))
+
+    def _cuda_resetPeakMemoryStats(device: Any) -> None:
+        _core._torch_pool_reset(index(device), True, False)
+
+    def _cuda_resetAccumulatedMemoryStats(device: Any) -> None:
+        _core._torch_pool_reset(index(device), False, True)
+
+    def _cuda_emptyCache() -> None:
+        from gpukeeper.integrations import torch_allocator
+
+        torch_allocator.release()
+
+    def _cuda_memorySnapshot(arg: Any = None) -> Dict[str, Any]:
+        # arg: None, or (pool id, pool id, include_traces). Only the default pool exists.
+        if arg is not None and tuple(arg[:2]) != (0, 0):
+            return snapshot_dict({})
+        devices = [int(d) for d in _core._torch_pool_devices()]
+        return snapshot_dict({d: _core._torch_pool_snapshot(d) for d in devices})
+
+    def _cuda_setMemoryFraction(fraction: float, device: Any) -> None:
+        _core._torch_pool_set_fraction(index(device), float(fraction))
+
+    def _cuda_getMemoryFraction(device: Any) -> float:
+        return float(_core._torch_pool_fraction(index(device)))
+
+    # The hot four: one counter read each (torch's own flatten ~100 keys per call).
+    def memory_allocated(device: Any = None) -> int:
+        """Bytes in live tensors on ``device`` (gpukeeper's pool behind PyTorch)."""
+        return counter(get_device() if device is None else index(device), 0)
+
+    def memory_reserved(device: Any = None) -> int:
+        """Bytes the pool behind PyTorch holds from the driver on ``device``."""
+        return counter(get_device() if device is None else index(device), 1)
+
+    def max_memory_allocated(device: Any = None) -> int:
+        """Peak of ``memory_allocated`` since the start or the last peak reset."""
+        return counter(get_device() if device is None else index(device), 2)
+
+    def max_memory_reserved(device: Any = None) -> int:
+        """Peak of ``memory_reserved`` since the start or the last peak reset."""
+        return counter(get_device() if device is None else index(device), 3)
+
+    found = dict(locals())
+    return {name: found[name] for name in _PRIMITIVES + _FAST}
+
+
+def install(torch: Any = None) -> None:
+    """Answers PyTorch's memory API from the pool behind PyTorch (idempotent)."""
+    if _saved:
+        return
+    torch = torch if torch is not None else sys.modules["torch"]
+    funcs = _replacements(torch)
+    owners: List[Tuple[Any, Tuple[str, ...]]] = [
+        (torch._C, _PRIMITIVES),
+        (torch.cuda.memory, _FAST),
+        (torch.cuda, _FAST),
+    ]
+    for owner, names in owners:
+        for name in names:
+            if hasattr(owner, name):
+                _saved.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, funcs[name])
+
+
+def restore() -> None:
+    """Puts PyTorch's own memory functions back."""
+    while _saved:
+        owner, name, original = _saved.pop()
+        setattr(owner, name, original)
+
+
+def is_installed() -> bool:
+    """Whether PyTorch's memory API is answered by gpukeeper now."""
+    return bool(_saved)
