@@ -3,9 +3,12 @@
 Each allocator runs in a fresh child process (PyTorch's allocator can only be chosen
 before its first CUDA allocation), alternating, in one run of this program:
   - torch.empty(n bytes, device='cuda') + del, for 256 B, 64 KiB, 1 MiB, 64 MiB;
-  - one training step of a small MLP (forward, backward, Adam), synchronized per step.
-Prints a table of medians and writes JSON (--json PATH). Targets (issue 3): within 10%
-of PyTorch on torch.empty+del, within 2% on the step.
+  - one training step of a small MLP (forward, backward, Adam), synchronized per step;
+  - the memory queries training loops make every step (torch.cuda.memory_allocated(),
+    max_memory_allocated(), memory_reserved(), memory_stats()), which under
+    use_torch_allocator() answer from gpukeeper's books.
+Prints a table of medians and writes JSON (--json PATH). Targets: within 10% of PyTorch
+on torch.empty+del and 2% on the step (issue 3); a memory query at most 1 us (issue 9).
 
     python benchmarks/python/torch_allocator_bench.py [--json out.json] [--rounds 3]
 """
@@ -20,6 +23,26 @@ import sys
 import time
 
 SIZES = [(256, "256B"), (64 << 10, "64KiB"), (1 << 20, "1MiB"), (64 << 20, "64MiB")]
+QUERIES = ["memory_allocated", "max_memory_allocated", "memory_reserved", "memory_stats"]
+QUERY_TARGET_NS = 1000.0
+
+
+def time_queries(torch, quick: bool) -> dict:
+    """Median ns per call of each memory query (batches of calls, median of batches)."""
+    result = {}
+    for name in QUERIES:
+        fn = getattr(torch.cuda, name)
+        per_batch = (200 if name == "memory_stats" else 2000) // (4 if quick else 1)
+        for _ in range(50):
+            fn()
+        samples = []
+        for _ in range(15 if quick else 41):
+            start = time.perf_counter_ns()
+            for _ in range(per_batch):
+                fn()
+            samples.append((time.perf_counter_ns() - start) / per_batch)
+        result[name] = statistics.median(samples)
+    return result
 
 
 def child(mode: str, quick: bool) -> dict:
@@ -67,6 +90,7 @@ def child(mode: str, quick: bool) -> dict:
         step()
         torch.cuda.synchronize()
         steps.append((time.perf_counter_ns() - start) / 1e3)
+    out["query_ns"] = time_queries(torch, quick)
     out["step_us"] = statistics.median(steps)
     out["step_us_p10"] = sorted(steps)[len(steps) // 10]
     out["step_us_p90"] = sorted(steps)[len(steps) * 9 // 10]
@@ -128,6 +152,15 @@ def main() -> int:
     rows.append({"case": "MLP training step", "torch": a, "gpukeeper": b, "ratio": b / a,
                  "unit": "us", "target": 1.02, "verdict": verdict})
     print(f"{'MLP training step':<28}{a:>10.1f}us{b:>10.1f}us{b / a:>9.3f}  <=1.02 {verdict}")
+    for name in QUERIES:
+        a = med("torch", lambda r: r["query_ns"][name])
+        b = med("gpukeeper", lambda r: r["query_ns"][name])
+        target = QUERY_TARGET_NS if name != "memory_stats" else None
+        verdict = "-" if target is None else ("met" if b <= target else "MISSED")
+        rows.append({"case": f"{name}()", "torch": a, "gpukeeper": b, "ratio": b / a,
+                     "unit": "ns", "target_ns": target, "verdict": verdict})
+        goal = f"<={target / 1000:.0f}us {verdict}" if target else ""
+        print(f"{name + '()':<28}{a:>10.0f}ns{b:>10.0f}ns{b / a:>9.3f}  {goal}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"rows": rows, "runs": runs}, fh, indent=1)

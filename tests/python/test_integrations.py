@@ -114,3 +114,85 @@ def test_cupy_allocates_on_a_gpukeeper_pool():
         restore_cupy_allocator()
     pool.emergency_cleanup(0)
     assert pool.stats(0).reserved_bytes == 0
+
+
+# --------------------------------------------------------------------- CuPy's requests
+
+
+class _FakeCupy:
+    """The few pieces of CuPy that use_cupy_allocator touches, as CuPy 14 has them."""
+
+    def __init__(self):
+        import types
+
+        class OutOfMemoryError(MemoryError):
+            def __init__(self, size, total, limit=0):
+                self._size, self._total, self._limit = size, total, limit
+                super().__init__(f"Out of memory allocating {size:,} bytes")
+
+            def __reduce__(self):
+                return (type(self), (self._size, self._total, self._limit))
+
+        class Memory:
+            def __init__(self, size):
+                self.size, self.ptr = size, 0  # CuPy's Memory(0) holds no memory
+
+        class MemoryPointer:
+            def __init__(self, mem, offset):
+                self.mem, self.ptr = mem, mem.ptr + offset
+
+        class UnownedMemory:
+            def __init__(self, ptr, size, owner, device_id):
+                self.ptr, self.size, self.owner, self.device_id = ptr, size, owner, device_id
+
+        memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError, Memory=Memory,
+                                       MemoryPointer=MemoryPointer, UnownedMemory=UnownedMemory)
+        self.allocator = None
+        stream = types.SimpleNamespace(ptr=0)
+        self.cuda = types.SimpleNamespace(
+            memory=memory, MemoryPointer=MemoryPointer, UnownedMemory=UnownedMemory,
+            runtime=types.SimpleNamespace(getDevice=lambda: 0),
+            get_current_stream=lambda: stream,
+            set_allocator=lambda f: setattr(self, "allocator", f))
+
+
+class _AsDevicePool:
+    """A host pool that says it holds device memory (CuPy's hook accepts only those)."""
+
+    kind = "device"
+
+    def __init__(self, pool):
+        self._pool = pool
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
+
+def test_cupy_hook_answers_zero_bytes_and_oom_as_cupys_own_pool(monkeypatch):
+    import pickle
+
+    from gpukeeper.errors import AllocationError
+    from gpukeeper.integrations import cupy_allocator
+
+    fake = _FakeCupy()
+    monkeypatch.setattr(cupy_allocator, "_import_cupy", lambda: fake)
+    host = gpukeeper.MemoryPool("host")
+    host.set_max_pool_size(0, 4 << 20)
+    cupy_allocator.use_cupy_allocator(_AsDevicePool(host))
+    empty = fake.allocator(0)
+    assert empty.ptr == 0 and empty.mem.size == 0
+    assert host.stats(0).allocated_bytes == 0
+    live = fake.allocator(1000)
+    assert live.ptr != 0 and host.stats(0).allocated_bytes == 1024
+    for size in (64 << 20, 1 << 60):  # beyond the limit; beyond any device
+        with pytest.raises(fake.cuda.memory.OutOfMemoryError) as info:
+            fake.allocator(size)
+        assert isinstance(info.value, AllocationError) and isinstance(info.value, MemoryError)
+        assert str(size) in str(info.value).replace(",", "") or "bytes" in str(info.value)
+        again = pickle.loads(pickle.dumps(info.value))
+        assert isinstance(again, fake.cuda.memory.OutOfMemoryError)
+    with pytest.raises(ValueError):
+        fake.allocator(-1)
+    del live
+    assert host.stats(0).allocated_bytes == 0
+    assert host.validate(0) == ""

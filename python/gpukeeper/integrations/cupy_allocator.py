@@ -6,16 +6,27 @@
 8388608
 
 Each CuPy allocation is one ``ManagedBuffer`` on the current CuPy stream; it returns to
-the pool when CuPy drops the memory. ``use_cupy_allocator(None)`` restores CuPy's own pool.
+the pool when CuPy drops the memory. ``restore_cupy_allocator()`` gives CuPy its own pool
+back.
+
+Requests behave as with CuPy's own pool: 0 bytes (``cupy.empty(0)``, cuFFT plans) get a
+null pointer and no memory; a request that cannot be served raises
+``cupy.cuda.memory.OutOfMemoryError`` (also gpukeeper's ``AllocationError``) carrying
+gpukeeper's full message, so CuPy's own handlers (and users') catch it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Set
+from typing import Any, Dict, Optional, Set
 
 from gpukeeper import frameworks
-from gpukeeper.errors import GpuError
+from gpukeeper.errors import AllocationError, GpuError, InvalidInputError
 from gpukeeper.memory import MemoryPool, Precision
+
+# Larger requests are refused by the pool as input errors; CuPy's own pool calls them an
+# out-of-memory (cudaMalloc fails), and so does this hook.
+_MAX_REQUEST = 1 << 50
+_oom_types: Dict[type, type] = {}
 
 __all__ = ["use_cupy_allocator", "restore_cupy_allocator"]
 
@@ -26,6 +37,35 @@ def _import_cupy() -> Any:
     except ImportError as exc:
         raise GpuError("use_cupy_allocator() needs CuPy, which is not installed") from exc
     return cupy
+
+
+def _oom_type(cupy: Any) -> type:
+    """CuPy's OutOfMemoryError, that is also gpukeeper's AllocationError (made once)."""
+    base = cupy.cuda.memory.OutOfMemoryError
+    made = _oom_types.get(base)
+    if made is None:
+
+        class PoolOutOfMemoryError(base, AllocationError):  # type: ignore[misc, valid-type]
+            """A CuPy request the gpukeeper pool could not serve."""
+
+            def __init__(self, size: int, total: int = -1, limit: int = 0,
+                         message: Optional[str] = None) -> None:
+                base.__init__(self, size, total, limit)
+                if message is not None:
+                    self.args = (message,)
+
+            def __str__(self) -> str:
+                return str(self.args[0]) if self.args else base.__str__(self)
+
+            def __reduce__(self) -> Any:
+                return (type(self), (self._size, self._total, self._limit, str(self)))
+
+        # Importable by name, so that the error pickles (to another process, a log).
+        PoolOutOfMemoryError.__module__ = __name__
+        PoolOutOfMemoryError.__qualname__ = "PoolOutOfMemoryError"
+        made = _oom_types[base] = PoolOutOfMemoryError
+        globals()["PoolOutOfMemoryError"] = made
+    return made
 
 
 def use_cupy_allocator(pool: Optional[MemoryPool] = None) -> MemoryPool:
@@ -49,13 +89,27 @@ def use_cupy_allocator(pool: Optional[MemoryPool] = None) -> MemoryPool:
                 released += amount
         return released
 
+    oom_type = _oom_type(cupy)
+    memory_module = cupy.cuda.memory
+
     def allocate(size: int) -> Any:
+        if size == 0:
+            # CuPy's pool: no memory and a null pointer, on the current device.
+            return memory_module.MemoryPointer(memory_module.Memory(0), 0)
         device = cupy.cuda.runtime.getDevice()
         if device not in hooked:
             pool.add_reclaim_callback(device, reclaim)
             hooked.add(device)
         stream = cupy.cuda.get_current_stream().ptr
-        buf = pool.get_managed_buffer(device, size, Precision.Uint8, stream)
+        try:
+            buf = pool.get_managed_buffer(device, size, Precision.Uint8, stream)
+        except AllocationError as exc:
+            used = pool.stats(device).allocated_bytes
+            raise oom_type(size, used, pool.stats(device).limit_bytes, str(exc)) from None
+        except InvalidInputError as exc:
+            if size <= _MAX_REQUEST:
+                raise
+            raise oom_type(size, -1, 0, str(exc)) from None
         # The buffer is the memory's owner: CuPy keeps it alive as long as the memory.
         memory = cupy.cuda.UnownedMemory(buf.ptr, size, buf, device)
         return cupy.cuda.MemoryPointer(memory, 0)
