@@ -7,6 +7,46 @@
 
 namespace gpukeeper::py_bindings {
 
+namespace {
+
+py::dict counter_dict(const StatCounter& c) {
+  py::dict d;
+  d["current"] = c.current;
+  d["peak"] = c.peak;
+  d["allocated"] = c.allocated;
+  d["freed"] = c.freed;
+  return d;
+}
+
+py::dict family_dict(const StatFamily& f) {
+  py::dict d;
+  d["all"] = counter_dict(f.all);
+  d["large_pool"] = counter_dict(f.large);
+  d["small_pool"] = counter_dict(f.small);
+  return d;
+}
+
+// One call instead of ~100 attribute reads: memory_stats() runs every step in some loops.
+py::dict history_dict(const PoolHistory& h) {
+  py::dict d;
+  d["allocated_bytes"] = family_dict(h.allocated_bytes);
+  d["allocations"] = family_dict(h.allocations);
+  d["requested_bytes"] = family_dict(h.requested_bytes);
+  d["reserved_bytes"] = family_dict(h.reserved_bytes);
+  d["segments"] = family_dict(h.segments);
+  d["inactive_split_bytes"] = family_dict(h.inactive_split_bytes);
+  d["inactive_splits"] = family_dict(h.inactive_splits);
+  d["alloc_retries"] = h.alloc_retries;
+  d["ooms"] = h.ooms;
+  d["limit_rejections"] = h.limit_rejections;
+  d["device_allocs"] = h.device_allocs;
+  d["device_frees"] = h.device_frees;
+  d["device_syncs"] = h.device_syncs;
+  return d;
+}
+
+}  // namespace
+
 void init_pool_history(py::module_& m) {
   py::class_<StatCounter>(m, "StatCounter",
                           "One quantity: current value, peak, and total increase/decrease.")
@@ -37,7 +77,10 @@ void init_pool_history(py::module_& m) {
       .def_readonly("limit_rejections", &PoolHistory::limit_rejections)
       .def_readonly("device_allocs", &PoolHistory::device_allocs)
       .def_readonly("device_frees", &PoolHistory::device_frees)
-      .def_readonly("device_syncs", &PoolHistory::device_syncs);
+      .def_readonly("device_syncs", &PoolHistory::device_syncs)
+      .def("to_dict", &history_dict,
+           "Every figure as nested dicts: family -> all/large_pool/small_pool -> "
+           "current/peak/allocated/freed, plus the event counts.");
   py::class_<BlockSnapshot>(m, "BlockSnapshot", "One block of a segment.")
       .def_readonly("address", &BlockSnapshot::address)
       .def_readonly("size", &BlockSnapshot::size)

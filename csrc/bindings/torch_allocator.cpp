@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <typeinfo>
+#include <vector>
 
 #include "bindings.hpp"
 #include "gpukeeper/core/errors.hpp"
@@ -95,32 +96,52 @@ const char* kLinkNote =
     " (a C++ std::string ABI other than libstdc++'s C++11 one cannot reach PyTorch's "
     "error types)";
 
-std::string link_torch_oom(const std::string& libc10_path) {
+// The first of `libraries` that exports `symbol`, or nullptr.
+void* find_symbol(const std::vector<void*>& libraries, const char* symbol) {
+  for (void* lib : libraries) {
+    if (void* found = dlsym(lib, symbol)) return found;
+  }
+  return nullptr;
+}
+
+std::string link_torch_oom(const std::vector<std::string>& library_paths) {
 #if defined(_GLIBCXX_USE_CXX11_ABI) && _GLIBCXX_USE_CXX11_ABI
-  void* lib = dlopen(libc10_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr) return "libc10 is not loaded from " + libc10_path;
+  // PyTorch loads its libraries privately (RTLD_LOCAL): look in each. The type_info and
+  // vtable of OutOfMemoryError live where it is thrown (libc10_cuda in older releases),
+  // its constructors in libc10 when exported.
+  std::vector<void*> libraries;
+  for (const std::string& path : library_paths) {
+    if (void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) libraries.push_back(lib);
+  }
+  if (libraries.empty()) return "none of PyTorch's libraries is loaded";
   auto* oom = new TorchOom();
-  oom->type = static_cast<std::type_info*>(dlsym(lib, "_ZTIN3c1016OutOfMemoryErrorE"));
-  oom->construct = reinterpret_cast<TorchErrorConstructor>(dlsym(
-      lib, "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"));
+  oom->type = static_cast<std::type_info*>(find_symbol(libraries, "_ZTIN3c1016OutOfMemoryErrorE"));
+  oom->construct = reinterpret_cast<TorchErrorConstructor>(find_symbol(
+      libraries,
+      "_ZN3c1016OutOfMemoryErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"));
   if (oom->construct == nullptr) {
-    // Older builds inherit OutOfMemoryError's constructors: build the base, then make
-    // the object an OutOfMemoryError as the inherited constructor does (its vtable).
-    oom->construct = reinterpret_cast<TorchErrorConstructor>(dlsym(
-        lib, "_ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"));
-    auto* table = static_cast<char*>(dlsym(lib, "_ZTVN3c1016OutOfMemoryErrorE"));
+    // Releases whose OutOfMemoryError only inherits Error's constructors: build the
+    // base, then make the object an OutOfMemoryError as the inherited constructor does
+    // (its vtable; the class adds no members).
+    oom->construct = reinterpret_cast<TorchErrorConstructor>(find_symbol(
+        libraries,
+        "_ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE"));
+    auto* table = static_cast<char*>(find_symbol(libraries, "_ZTVN3c1016OutOfMemoryErrorE"));
     oom->vtable = table == nullptr ? nullptr : table + 2 * sizeof(void*);  // the address point
     if (oom->vtable == nullptr) oom->construct = nullptr;
   }
-  dlclose(lib);  // RTLD_NOLOAD took a reference; PyTorch keeps the library loaded
+  // Each dlopen(RTLD_NOLOAD) took a reference; PyTorch keeps the libraries loaded.
+  for (void* lib : libraries) dlclose(lib);
   if (oom->type == nullptr || oom->construct == nullptr) {
+    const std::string why = std::string("PyTorch's libraries export no c10::OutOfMemoryError ") +
+                            (oom->type == nullptr ? "type_info" : "constructor or vtable");
     delete oom;
-    return "libc10 exports no c10::OutOfMemoryError constructor or type_info";
+    return why;
   }
   delete g_torch_oom.exchange(oom);
   return "";
 #else
-  (void)libc10_path;
+  (void)library_paths;
   return std::string("not available in this build") + kLinkNote;
 #endif
 }
@@ -163,10 +184,10 @@ std::shared_ptr<CachingPool> existing_torch_pool(int device) {
 void init_torch_allocator(py::module_& m) {
   m.def(
       "_link_torch_oom",
-      [](const std::string& libc10_path) { return link_torch_oom(libc10_path); },
-      py::arg("libc10_path"),
-      "Finds PyTorch's c10::OutOfMemoryError in the loaded libc10 at this path, so that a "
-      "failed allocation raises torch.cuda.OutOfMemoryError. Returns '' or why not.");
+      [](const std::vector<std::string>& paths) { return link_torch_oom(paths); },
+      py::arg("library_paths"),
+      "Finds PyTorch's c10::OutOfMemoryError in its loaded libraries at these paths, so "
+      "that a failed allocation raises torch.cuda.OutOfMemoryError. Returns '' or why not.");
   m.def(
       "_torch_pool_counter",
       [](int device, int which) -> std::size_t {

@@ -80,6 +80,14 @@ def test_stats_dict_has_torch_keys_and_the_pools_figures(busy_pool):
     assert all(isinstance(v, int) for v in stats.values())
 
 
+def test_the_flat_stats_are_torchs_flattening_of_the_nested_ones(busy_pool):
+    pool, _ = busy_pool
+    h = pool.history(0)
+    flat = torch_memory_api.memory_stats_flat(h)
+    assert flat == _flatten(torch_memory_api.memory_stats_dict(h))
+    assert list(flat) == sorted(flat)
+
+
 def test_torchs_memory_summary_reads_every_key_it_needs(busy_pool, monkeypatch):
     pool, _ = busy_pool
     flat = _flatten(torch_memory_api.memory_stats_dict(pool.history(0)))
@@ -166,12 +174,15 @@ def test_bad_devices_get_a_typed_error(monkeypatch):
 
 
 def test_the_oom_error_is_pytorchs_own_type():
-    lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")
-    assert _core._link_torch_oom(lib) == ""
+    from gpukeeper.integrations import torch_allocator
+
+    paths = torch_allocator._torch_library_paths(torch)
+    assert any(os.path.basename(p) == "libc10.so" for p in paths)
+    assert _core._link_torch_oom(paths) == ""
     type_name, text = _core._torch_oom_probe("CUDA out of memory. Tried to allocate 1 B.")
     assert type_name == "N3c1016OutOfMemoryErrorE"
     assert text.startswith("CUDA out of memory. Tried to allocate 1 B.")
-    assert "not loaded" in _core._link_torch_oom("/no/such/libc10.so")
+    assert "is loaded" in _core._link_torch_oom(["/no/such/libc10.so"])
     # A failed link keeps the working one.
     assert _core._torch_oom_probe("x")[0] == "N3c1016OutOfMemoryErrorE"
 

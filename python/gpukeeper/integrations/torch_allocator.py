@@ -18,10 +18,11 @@ torch.cuda.OutOfMemoryError``, ``accelerate.utils.find_executable_batch_size`` a
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import warnings
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from gpukeeper import _core, frameworks
 from gpukeeper._core import PoolStats
@@ -43,28 +44,26 @@ _active = False
 _oom_status = "use_torch_allocator() has not run"
 
 
-def _libc10_paths(torch: Any) -> list:
-    """Where the libc10 that PyTorch loaded may be: its lib folder, then the process map."""
-    paths = [os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")]
+def _torch_library_paths(torch: Any) -> List[str]:
+    """PyTorch's shared libraries loaded in this process (libc10 first), from the process
+    map; without one (not Linux), those in its lib folder."""
+    lib_dir = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib"))
+    found: List[str] = []
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 path = line.rstrip("\n").split(" ")[-1]
-                if path.endswith("/libc10.so") and path not in paths:
-                    paths.append(path)
+                if path.endswith(".so") and "/" in path and path not in found:
+                    if os.path.dirname(os.path.realpath(path)) == lib_dir:
+                        found.append(path)
     except OSError:
-        pass  # not Linux: the lib folder is all there is to try
-    return paths
+        found = sorted(glob.glob(os.path.join(lib_dir, "*.so")))
+    return sorted(found, key=lambda p: (not os.path.basename(p).startswith("libc10"), p))
 
 
 def _link_oom_error(torch: Any) -> str:
     """Lets a failed allocation raise torch.cuda.OutOfMemoryError; '' or why not."""
-    why = "no libc10 found"
-    for path in _libc10_paths(torch):
-        why = _core._link_torch_oom(path)
-        if not why:
-            return ""
-    return why
+    return _core._link_torch_oom(_torch_library_paths(torch))
 
 
 def _reclaim(needed: int) -> int:
