@@ -214,15 +214,11 @@ _CLOCK_DROP = 0.90
 
 def _nvml_sample(index: int) -> Tuple[Optional[Dict[str, Any]], str]:
     """(clocks and reasons, "") or (None, why not)."""
-    try:
-        from gpukeeper.report import _NVML, _nvml_handle
-    except Exception as exc:  # the report module failed to import: say so, do not fail
-        return None, f"unavailable: {exc}"
-    nvml, reason = _NVML.get()
+    nvml, reason = _nvml.NVML.get()
     if nvml is None:
         return None, reason
     try:
-        handle, _ = _nvml_handle(nvml, index)
+        handle, _ = _nvml.device_handle(nvml, index)
         sample: Dict[str, Any] = {
             "sm_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
             "mem_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
