@@ -33,6 +33,7 @@ __all__ = [
     "live_arrays",
     "jax_gpu_devices",
     "holds_jax_arrays",
+    "jax_device_index",
     "jax_block_until_ready",
     "jax_memory_stats",
     "jax_release_hint",
@@ -332,6 +333,28 @@ def holds_jax_arrays(value: Any) -> bool:
             except Exception:
                 return True  # an array whose devices cannot be read: JAX work all the same
     return False
+
+
+def jax_device_index(value: Any) -> Optional[int]:
+    """The id of the GPU device holding the first JAX array in ``value`` (JAX numbers a
+    process's GPUs as CUDA does), or None."""
+    jax = sys.modules.get("jax")
+    array_type = getattr(jax, "Array", None) if jax is not None else None
+    if array_type is None:
+        return None
+    try:
+        leaves = jax.tree_util.tree_leaves(value)
+    except Exception:
+        leaves = [value]
+    for leaf in leaves:
+        if isinstance(leaf, array_type):
+            try:
+                for d in leaf.devices():
+                    if d.platform == "gpu":
+                        return int(d.id)
+            except Exception:
+                continue
+    return None
 
 
 def jax_block_until_ready(value: Any) -> Any:
