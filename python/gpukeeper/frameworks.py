@@ -595,7 +595,7 @@ def _libcuda_loaded() -> Optional[bool]:
     global _libcuda_seen
     if _libcuda_seen:
         return True
-    loaded = host.library_loaded("libcuda.so" if sys.platform != "win32" else "nvcuda")
+    loaded = host.library_loaded("libcuda.so.1") if sys.platform != "win32" else None
     if loaded:
         _libcuda_seen = True
     return loaded
