@@ -956,8 +956,8 @@ def benchmark_md_trajectory(
     # loaded; otherwise the warm-up's result and the process's CUDA contexts decide
     # (a pure-Python/numpy model must not be "timed" on an idle GPU).
     torch_or_cupy = _device._torch() is not None or "cupy" in sys.modules
-    detect = device is None and not torch_or_cupy
-    index = _device.resolve_device_index("cpu" if detect else device)
+    index = _device.resolve_device_index(device if (device is not None or torch_or_cupy) else "cpu")
+    detect = device is None and index is None
     warnings: List[str] = []
 
     use_events = index is not None and timing != "host" and torch_or_cupy
@@ -1206,22 +1206,7 @@ def benchmark_md_trajectory(
             "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, "
             "so the work it still had queued after the last step may be missing from the wall "
             "clock (pass synchronize=, e.g. lambda: simulation.context.getState())")
-    wall_rate = n / total_time if total_time > 0 else math.inf
-    steps_per_s = wall_rate
-    coverage: Optional[float] = None
-    throughput = "wall clock of the whole trajectory" + (
-        "" if synchronized else " (without a final synchronization)")
-    if gpu_ms:
-        gpu_total_s = math.fsum(gpu_ms) / 1e3
-        coverage = gpu_total_s / total_time if total_time > 0 else None
-        if coverage is not None and coverage >= _EVENTS_COVER and gpu_total_s > 0:
-            steps_per_s = n / gpu_total_s
-            throughput = (f"events: the steps' GPU times add up to {coverage:.1%} of the loop's "
-                          "wall time, so the timed stream was busy between the marks")
-        elif coverage is not None:
-            throughput += (f": the steps' GPU times add up to only {coverage:.1%} of it, so the "
-                           "events do not hold all of the work (it runs elsewhere, or after the "
-                           "last mark)")
+    steps_per_s, throughput, coverage = _throughput(n, total_time, gpu_ms, synchronized)
     ns_day = steps_per_s * timestep * 1e-6 * 86400.0 if timestep is not None else None
     per_atom = (1e6 / steps_per_s / n_atoms) if n_atoms is not None and steps_per_s > 0 else None
 
@@ -1245,6 +1230,30 @@ def benchmark_md_trajectory(
         memory_noise_bytes=verdict.noise if verdict else None,
         memory_series=all_series,
     )
+
+
+def _throughput(n: int, total_time: float, gpu_ms: Optional[List[float]],
+                synchronized: Optional[bool]) -> Tuple[float, str, Optional[float]]:
+    """(steps per second, what decided it, events coverage): the wall clock of the whole
+    loop, unless the steps' GPU times add up to nearly all of it (``_EVENTS_COVER``):
+    then the timed stream was busy between the marks, the events hold the work, and
+    they leave out the host's bookkeeping between steps."""
+    steps_per_s = n / total_time if total_time > 0 else math.inf
+    throughput = "wall clock of the whole trajectory" + (
+        "" if synchronized is not False else " (without a final synchronization)")
+    if not gpu_ms:
+        return steps_per_s, throughput, None
+    gpu_total_s = math.fsum(gpu_ms) / 1e3
+    coverage = gpu_total_s / total_time if total_time > 0 else None
+    if coverage is not None and coverage >= _EVENTS_COVER and gpu_total_s > 0:
+        return n / gpu_total_s, (
+            f"events: the steps' GPU times add up to {coverage:.1%} of the loop's wall time, "
+            "so the timed stream was busy between the marks"), coverage
+    if coverage is not None:
+        throughput += (f": the steps' GPU times add up to only {coverage:.1%} of it, so the "
+                       "events do not hold all of the work (it runs elsewhere, or after the "
+                       "last mark)")
+    return steps_per_s, throughput, coverage
 
 
 def _cross_reading(cross: Optional[_Series], index: Optional[int]) -> Optional[Tuple[int, int]]:
