@@ -34,16 +34,37 @@ How it measures (and why):
 - **Memory** is sampled between steps, never inside the measured window. On CUDA it is
   the bytes allocated by the loaded frameworks (gpukeeper's own counters when PyTorch
   allocates through ``use_torch_allocator()``: about a microsecond; PyTorch's counters
-  otherwise: 45-70 us a read, hence sampling). In CPU mode it is the process's resident
-  set size (``/proc/self/statm``): what a host-memory leak grows, whatever allocated it.
+  otherwise: 45-70 us a read, hence sampling), cross-checked at the start and the end
+  against NVML's figure for this process: device memory that grows and that no counter
+  explains (an engine allocating in its own context) is a warning. Where the work is
+  not a framework's (an engine's own CUDA context, or a ``synchronize`` callable was
+  given) it is NVML's figure for this process (``"nvml_process"``); for JAX steps,
+  JAX's ``bytes_in_use``. In CPU mode three series are sampled: the process's resident
+  set size (``memory_source`` ``"process_rss"``, what ``memory_delta_gb`` reports), and
+  the in-use counts that exist: glibc's ``mallinfo2()`` (``"malloc_in_use"``) and
+  ``tracemalloc`` when it is tracing (``memory_series`` holds them all).
   ``memory_sample_every="auto"`` keeps the reading's cost under 0.4 us per step (a read
   every ``ceil(cost / 0.4 us)`` steps), with at least 16 samples over the run.
-- **Leak verdict**: the least-squares slope (bytes per step) of the samples taken in the
-  *second half* of the measured steps; a leak when ``slope * n_steps`` exceeds
-  ``leak_tolerance_mb``. A slope, not two end points: one late allocation or a cache
-  that fills in the first steps (a caching allocator warming up) is growth, not a leak.
-  ``memory_slope_bytes_per_step`` is that slope; ``memory_slope_all_bytes_per_step`` the
-  slope over all samples.
+- **Leak verdict** (:func:`leak_verdict`): the least-squares slope (bytes per step) of
+  the samples taken in the *second half* of the measured steps, projected over the run
+  and compared with ``leak_tolerance_mb``. A slope, not two end points: one late
+  allocation or a cache that fills in the first steps (a caching allocator warming up)
+  is growth, not a leak. Under noise: the series' noise is the largest move between two
+  samples that the steady per-step move does not explain; when it exceeds the tolerance
+  the verdict is ``None`` ("inconclusive: process_rss noise 12 MB > tolerance 1 MB"),
+  unless the growth is also over 4 times the noise. In CPU mode the in-use counts
+  decide (RSS also moves when the C allocator keeps or returns pages: tens of MB in a
+  loop that makes and drops big arrays); RSS decides only a leak they cannot see
+  (memory taken outside malloc), when it grows steadily and quietly.
+  ``memory_leak_source`` names the series that decided, ``memory_leak_reason`` says
+  why, ``memory_noise_bytes`` is its noise; ``memory_slope_bytes_per_step`` is the
+  slope of ``memory_source``, ``memory_slope_all_bytes_per_step`` over all its samples.
+- **What ran where**: ``work`` is ``"gpu"`` or ``"cpu"``, ``timing_method`` says how the
+  steps were timed. GPU work that no framework owns (OpenMM's CUDA platform makes its
+  own context) is timed on the host clock; gpukeeper cannot wait for it, so pass
+  ``synchronize`` (``lambda: context.getState()``), else ``synchronized`` is False and a
+  warning says the engine's queued work may be missing from the wall clock. JAX steps
+  are timed on the host around ``jax.block_until_ready`` on each step's result.
 - **Jitter**: the standard deviation of successive differences ``x[i+1] - x[i]``; unlike
   ``std`` it ignores slow drift and measures step-to-step unsteadiness.
 - **Drift**: median of the last decile of steps minus median of the first decile
@@ -52,9 +73,12 @@ How it measures (and why):
   deviation; 1.4826 makes it a standard deviation for normal data), the scale floored at
   1% of the median so a perfectly steady run does not flag nanosecond noise.
 - **Throughput**: ``steps_per_s`` is measured steps over the loop's wall time (the final
-  synchronization included): the sustained rate. With ``timestep_fs``:
-  ``ns_per_day = steps_per_s * timestep_fs * 1e-6 * 86400``; with ``n_atoms``:
-  ``us_per_atom_step = 1e6 / steps_per_s / n_atoms``.
+  synchronization included): the sustained rate; unless the steps' GPU times add up to
+  at least 99% of that wall time (the timed stream was busy between the marks, so the
+  events hold the work), then over their sum, which leaves out the bookkeeping between
+  steps. ``throughput_source`` says which decided, ``events_coverage`` is the ratio.
+  With ``timestep_fs``: ``ns_per_day = steps_per_s * timestep_fs * 1e-6 * 86400``; with
+  ``n_atoms``: ``us_per_atom_step = 1e6 / steps_per_s / n_atoms``.
 - Standard deviations are population ones (ddof=0, as numpy's default); percentiles
   interpolate linearly (numpy's default method).
 

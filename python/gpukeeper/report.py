@@ -14,6 +14,15 @@ The report splits this process's device memory into
 * the **CUDA context and libraries**: this process's device memory as NVML sees it minus
   what the frameworks reserved (the context itself, loaded kernels, cuBLAS/cuDNN
   handles and anything allocated behind the frameworks' backs);
+* **other contexts in this process**: the CUDA contexts that are not the primary one
+  the frameworks share (an engine such as OpenMM makes its own with ``cuCtxCreate``).
+  The driver cannot list a process's contexts, so they are counted from what can be
+  seen (``cuda_contexts``, a lower bound): the primary context's state, a non-primary
+  context current on the calling thread, NVML listing the process on a device whose
+  primary context does not exist. Their memory (``other_contexts_bytes``) is the
+  process's figure minus the frameworks' when the primary context does not exist; when
+  both exist NVML's one figure per process cannot be split, and the report says so
+  (``unaccounted_bytes`` is then the sum of contexts, libraries and engines);
 * **other processes** on the device (NVML's per-process list), and the device's **free**
   and **total** memory.
 
@@ -29,10 +38,8 @@ Without CUDA (CPU-only build, no driver, no device) the report is in **CPU mode*
 memory), ``frameworks`` holds gpukeeper's host pools, ``process_bytes`` is this
 process's resident set size, and ``notes`` says why CUDA is unavailable.
 
-Device numbers are CUDA's (after ``CUDA_VISIBLE_DEVICES``); the matching NVML device is
-found by PCI bus id (when CuPy is loaded), by UUID (when PyTorch has initialised CUDA),
-else through ``CUDA_VISIBLE_DEVICES``, else by the same index, which assumes CUDA's
-device order is NVML's (true for identical GPUs, or with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+NVML access (loading, device matching, per-process figures) lives in
+:mod:`gpukeeper.nvml`; this module only assembles the report.
 """
 
 from __future__ import annotations
