@@ -30,8 +30,9 @@ import sys
 import time
 from typing import Any, Dict, Optional, Tuple, Union
 
-from gpukeeper import _core, frameworks
+from gpukeeper import _core, frameworks, host, nvml
 from gpukeeper.errors import DeviceError, InvalidInputError
+from gpukeeper.host import process_rss_bytes
 
 __all__ = [
     "get_device",
@@ -138,33 +139,6 @@ def resolve_device_index(device: Any = None) -> Optional[int]:
     return index
 
 
-def process_rss_bytes() -> int:
-    """Resident set size of this process in bytes (``/proc/self/statm``; ``ru_maxrss`` as
-    a last resort on systems without procfs, which is the peak rather than the current)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
-
-
-def _peak_rss_bytes() -> int:
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    import resource
-
-    scale = 1 if sys.platform == "darwin" else 1024
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * scale
-
-
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", "r", errors="replace") as f:
@@ -250,13 +224,11 @@ def _driver_api_info(index: int) -> Optional[Dict[str, Any]]:
 
 def _nvml_info(index: int, info: Dict[str, Any]) -> None:
     """Fills clocks, driver version, UUID and PCI id from NVML (pynvml), when present."""
-    from gpukeeper import report
-
-    nvml, _reason = report._NVML.get()
-    if nvml is None:
+    lib, _reason = nvml.NVML.get()
+    if lib is None:
         return
     try:
-        handle, _how = report._nvml_handle(nvml, index)
+        handle, _how = nvml.device_handle(lib, index)
     except Exception:
         return
 
@@ -269,30 +241,30 @@ def _nvml_info(index: int, info: Dict[str, Any]) -> None:
             return  # not supported on this board (e.g. clocks on some vGPUs)
         info[key] = value.decode() if isinstance(value, bytes) else value
 
-    put("name", nvml.nvmlDeviceGetName)
-    put("uuid", nvml.nvmlDeviceGetUUID)
-    put("sm_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_SM)
-    put("memory_clock_max_mhz", nvml.nvmlDeviceGetMaxClockInfo, nvml.NVML_CLOCK_MEM)
-    put("sm_clock_mhz", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM)
-    put("memory_clock_mhz", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM)
+    put("name", lib.nvmlDeviceGetName)
+    put("uuid", lib.nvmlDeviceGetUUID)
+    put("sm_clock_max_mhz", lib.nvmlDeviceGetMaxClockInfo, lib.NVML_CLOCK_SM)
+    put("memory_clock_max_mhz", lib.nvmlDeviceGetMaxClockInfo, lib.NVML_CLOCK_MEM)
+    put("sm_clock_mhz", lib.nvmlDeviceGetClockInfo, lib.NVML_CLOCK_SM)
+    put("memory_clock_mhz", lib.nvmlDeviceGetClockInfo, lib.NVML_CLOCK_MEM)
     if info.get("compute_capability") is None:
         try:
-            major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+            major, minor = lib.nvmlDeviceGetCudaComputeCapability(handle)
             info["compute_capability"] = f"{major}.{minor}"
             info["compute_capability_tuple"] = (int(major), int(minor))
         except Exception:
             pass
     if info.get("total_memory_bytes") is None:
         try:
-            info["total_memory_bytes"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+            info["total_memory_bytes"] = int(lib.nvmlDeviceGetMemoryInfo(handle).total)
         except Exception:
             pass
     try:
-        info["pci_bus_id"] = report._text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        info["pci_bus_id"] = nvml.text(lib.nvmlDeviceGetPciInfo(handle).busId)
     except Exception:
         pass
-    if not info.get("driver_version") and report._NVML.driver:
-        info["driver_version"] = report._NVML.driver
+    if not info.get("driver_version") and nvml.NVML.driver:
+        info["driver_version"] = nvml.NVML.driver
 
 
 def get_gpu_info(device: Any = None) -> Dict[str, Any]:
@@ -439,7 +411,7 @@ def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
     index = resolve_device_index(device)
     if index is None:
         rss = process_rss_bytes()
-        peak = max(rss, _peak_rss_bytes())
+        peak = max(rss, host.peak_rss_bytes())
         try:
             free, total = (int(x) for x in _core.host_memory_info())
         except Exception:
@@ -450,12 +422,10 @@ def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
         out["host_pools_allocated_bytes"] = pools.allocated if pools else 0
         out["host_pools_reserved_bytes"] = pools.reserved if pools else 0
     else:
-        from gpukeeper import report
-
         allocated, reserved, breakdown = _device_counts(index)
         peak = max(allocated, _torch_peak(index) or 0)
         try:
-            free, total, how = report._device_free_total(index)
+            free, total, how = nvml.device_free_total(index)
         except (DeviceError, InvalidInputError):
             free, total, how = 0, 0, "unavailable"
         out = {"mode": "cuda", "device": index, "source": "frameworks", "free_total_source": how,

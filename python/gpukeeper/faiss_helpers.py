@@ -15,7 +15,7 @@ import warnings
 from typing import Any, Optional, Tuple
 
 from gpukeeper.errors import GpuError, InvalidInputError
-from gpukeeper.report import _device_free_total
+from gpukeeper.nvml import device_free_total
 
 GiB = 1 << 30
 
@@ -110,7 +110,7 @@ def calculate_faiss_temp_memory(
 
     if total_bytes is None or available_bytes is None:
         try:
-            free, total, _source = _device_free_total(device)
+            free, total, _source = device_free_total(device)
         except Exception:
             free, total = None, None  # no CUDA device: formula only (documented)
         total_bytes = total if total_bytes is None else total_bytes

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import sys
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+from gpukeeper import host, nvml
 
 __all__ = [
     "FrameworkMemory",
@@ -28,6 +31,20 @@ __all__ = [
     "host_pool_memory",
     "LiveArray",
     "live_arrays",
+    "jax_gpu_devices",
+    "holds_jax_arrays",
+    "jax_device_index",
+    "jax_block_until_ready",
+    "jax_memory_stats",
+    "jax_release_hint",
+    "release_hint",
+    "gpu_frameworks_loaded",
+    "primary_context_active",
+    "ContextCensus",
+    "context_census",
+    "context_devices",
+    "engine_memory",
+    "ENGINE",
 ]
 
 
@@ -292,6 +309,107 @@ def _jax_synchronize(device: Optional[int]) -> None:
         pass
 
 
+def jax_gpu_devices() -> List[Any]:
+    """JAX's GPU devices when JAX is loaded (never imported here), else []."""
+    return _jax_devices()
+
+
+def holds_jax_arrays(value: Any) -> bool:
+    """True when ``value`` (any pytree: an array, a tuple, a dict ...) holds a JAX array
+    on a GPU: the work that made it ran in JAX, on JAX's own streams."""
+    jax = sys.modules.get("jax")
+    array_type = getattr(jax, "Array", None) if jax is not None else None
+    if array_type is None:
+        return False
+    try:
+        leaves = jax.tree_util.tree_leaves(value)
+    except Exception:
+        leaves = [value]
+    for leaf in leaves:
+        if isinstance(leaf, array_type):
+            try:
+                if all(d.platform == "gpu" for d in leaf.devices()):
+                    return True
+            except Exception:
+                return True  # an array whose devices cannot be read: JAX work all the same
+    return False
+
+
+def jax_device_index(value: Any) -> Optional[int]:
+    """The id of the GPU device holding the first JAX array in ``value`` (JAX numbers a
+    process's GPUs as CUDA does), or None."""
+    jax = sys.modules.get("jax")
+    array_type = getattr(jax, "Array", None) if jax is not None else None
+    if array_type is None:
+        return None
+    try:
+        leaves = jax.tree_util.tree_leaves(value)
+    except Exception:
+        leaves = [value]
+    for leaf in leaves:
+        if isinstance(leaf, array_type):
+            try:
+                for d in leaf.devices():
+                    if d.platform == "gpu":
+                        return int(d.id)
+            except Exception:
+                continue
+    return None
+
+
+def jax_block_until_ready(value: Any) -> Any:
+    """``jax.block_until_ready(value)``: waits for the JAX work that produces ``value``
+    (every array leaf of it). No-op without JAX."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return value
+    return jax.block_until_ready(value)
+
+
+def jax_memory_stats(device: int = 0) -> Optional[Dict[str, int]]:
+    """JAX's allocator statistics of its GPU device ``device`` (``bytes_in_use``,
+    ``peak_bytes_in_use``, ``pool_bytes`` ...), or None when unavailable."""
+    devices = _jax_devices()
+    if device >= len(devices):
+        return None
+    try:
+        stats = devices[device].memory_stats()
+    except Exception:
+        return None
+    return dict(stats) if stats else None
+
+
+def jax_release_hint() -> str:
+    """How to make JAX give its device memory back, given this process's settings.
+
+    XLA's default allocator preallocates 75% of the device (``XLA_PYTHON_CLIENT_PREALLOCATE``)
+    and, preallocated or grown on demand, never returns a byte to the driver; only the
+    ``platform`` allocator frees memory when arrays are freed (slower: no cache).
+    The variables are read when JAX's GPU backend starts, so they must be set before.
+    """
+    allocator = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower()
+    if allocator == "platform":
+        return ("XLA_PYTHON_CLIENT_ALLOCATOR=platform is set: JAX frees memory when arrays "
+                "are freed; what is still reserved is held by live arrays")
+    preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").strip().lower()
+    if preallocate in ("false", "0"):
+        return ("JAX's allocator never returns memory to the driver: set "
+                "XLA_PYTHON_CLIENT_ALLOCATOR=platform before JAX starts to make it returnable")
+    return ("JAX preallocates 75% of the device and never returns it: set "
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand) or "
+            "XLA_PYTHON_CLIENT_ALLOCATOR=platform (return memory when arrays are freed) "
+            "before JAX starts")
+
+
+def release_hint(name: str) -> Optional[str]:
+    """For a framework whose cache cannot be released from outside (JAX), how the user
+    can make it returnable; None for the frameworks whose caches ``release_all_caches``
+    empties."""
+    if name == "jax":
+        return jax_release_hint()
+    return None
+
+
 # --------------------------------------------------------------------- the registry
 
 _READERS: Dict[str, Callable[[int], Optional[FrameworkMemory]]] = {
@@ -351,8 +469,55 @@ def release_all_caches(device: Optional[int] = None) -> Dict[str, int]:
 
 # --------------------------------------------------------------------- devices in use
 
-# (cuDevicePrimaryCtxGetState, [CUdevice per ordinal]) once loaded; False when the driver
-# cannot be reached through ctypes (no libcuda, or cuInit failed).
+class _Driver:
+    """The few driver calls used to look at contexts without creating one."""
+
+    def __init__(self, lib: Any, handles: List[int]) -> None:
+        self.lib = lib
+        self.handles = handles  # CUdevice per CUDA ordinal
+        get_state = lib.cuDevicePrimaryCtxGetState
+        get_state.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_int)]
+        get_state.restype = ctypes.c_int
+        self.get_state = get_state
+
+    def primary_active(self, ordinal: int) -> Optional[bool]:
+        flags = ctypes.c_uint(0)
+        active = ctypes.c_int(0)
+        if self.get_state(self.handles[ordinal], ctypes.byref(flags), ctypes.byref(active)) != 0:
+            return None
+        return bool(active.value)
+
+    def foreign_current_context(self) -> Optional[int]:
+        """The CUDA ordinal of the context current on this thread when it is not its
+        device's primary context (one an engine made with cuCtxCreate), else None."""
+        lib = self.lib
+        try:
+            ctx = ctypes.c_void_p(0)
+            if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+                return None
+            dev = ctypes.c_int(0)
+            if lib.cuCtxGetDevice(ctypes.byref(dev)) != 0 or dev.value not in self.handles:
+                return None
+            ordinal = self.handles.index(dev.value)
+            active = self.primary_active(ordinal)
+            if active is None:
+                return None
+            if not active:
+                return ordinal  # a context is current and the primary one does not exist
+            # Retaining an active primary context only counts a reference (it creates
+            # nothing); released at once.
+            primary = ctypes.c_void_p(0)
+            if lib.cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev) != 0:
+                return None
+            release = getattr(lib, "cuDevicePrimaryCtxRelease_v2", None) or lib.cuDevicePrimaryCtxRelease
+            release(dev)
+            return ordinal if primary.value != ctx.value else None
+        except (AttributeError, OSError):
+            return None
+
+
+# The driver once loaded; False when it cannot be reached through ctypes (no libcuda, or
+# cuInit failed).
 _driver: Any = None
 _driver_lock = threading.Lock()
 
@@ -375,14 +540,7 @@ def _load_driver() -> Any:
                 if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
                     raise OSError("cuDeviceGet failed")
                 handles.append(dev.value)
-            get_state = lib.cuDevicePrimaryCtxGetState
-            get_state.argtypes = [
-                ctypes.c_int,
-                ctypes.POINTER(ctypes.c_uint),
-                ctypes.POINTER(ctypes.c_int),
-            ]
-            get_state.restype = ctypes.c_int
-            _driver = (get_state, handles)
+            _driver = _Driver(lib, handles)
         except (OSError, AttributeError):
             _driver = False
         return _driver
@@ -397,24 +555,18 @@ def _cuda_maybe_in_use() -> bool:
 
 
 def active_devices() -> List[int]:
-    """CUDA devices on which this process holds a context, without creating one.
+    """CUDA devices on which this process holds a primary context, without creating one.
 
     Asks the driver (``cuDevicePrimaryCtxGetState`` through ctypes; every framework here
     uses the primary context). Without a reachable driver: the devices of gpukeeper's
-    device pools and PyTorch's current device. Empty when nothing uses CUDA.
+    device pools and PyTorch's current device. Empty when no framework uses CUDA (see
+    :func:`context_devices` for contexts that no framework made).
     """
     if not _cuda_maybe_in_use():
         return []
     driver = _load_driver()
     if driver:
-        get_state, handles = driver
-        flags = ctypes.c_uint(0)
-        active = ctypes.c_int(0)
-        result = []
-        for ordinal, handle in enumerate(handles):
-            if get_state(handle, ctypes.byref(flags), ctypes.byref(active)) == 0 and active.value:
-                result.append(ordinal)
-        return result
+        return [d for d in range(len(driver.handles)) if driver.primary_active(d)]
     devices = set()
     for pool in live_pools():
         if getattr(pool, "kind", "device") in ("device", "async"):
@@ -427,6 +579,168 @@ def active_devices() -> List[int]:
                 devices.add(d)
         devices.add(torch.cuda.current_device())
     return sorted(devices)
+
+
+# --------------------------------------------------------------------- a CUDA context with no framework
+
+#: The name under which memory of CUDA contexts that no framework owns is counted.
+ENGINE = "engine"
+
+_libcuda_seen = False
+
+
+def _libcuda_loaded() -> Optional[bool]:
+    """Whether the CUDA driver library is mapped into the process (once seen, it stays:
+    nothing unloads it). Without it no CUDA context can exist, so nothing else is asked."""
+    global _libcuda_seen
+    if _libcuda_seen:
+        return True
+    loaded = host.library_loaded("libcuda.so.1") if sys.platform != "win32" else None
+    if loaded:
+        _libcuda_seen = True
+    return loaded
+
+
+def gpu_frameworks_loaded() -> List[str]:
+    """The frameworks loaded in the process that run GPU work gpukeeper can see: PyTorch
+    (imported, with usable CUDA), CuPy, JAX with a GPU, and gpukeeper's device pools."""
+    names = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "cuda"):
+        try:
+            if torch.cuda.is_available():
+                names.append("torch")
+        except Exception:
+            pass
+    if _cupy() is not None:
+        names.append("cupy")
+    if _jax_devices():
+        names.append("jax")
+    if any(getattr(p, "kind", "device") in ("device", "async") for p in live_pools()):
+        names.append("gpukeeper")
+    return names
+
+
+def primary_context_active(device: int) -> Optional[bool]:
+    """Whether the primary context of CUDA device ``device`` exists (the one PyTorch,
+    CuPy, JAX and gpukeeper share), asked without creating one. False when the CUDA
+    driver is not even loaded in the process; None when the driver cannot be asked."""
+    if _libcuda_loaded() is False:
+        return False
+    driver = _load_driver()
+    if not driver or device >= len(driver.handles):
+        return None
+    return driver.primary_active(device)
+
+
+@dataclass(frozen=True)
+class ContextCensus:
+    """The CUDA contexts this process holds on one device, as far as can be seen.
+
+    ``primary``: whether the primary context exists (None: unknown). ``other``: a lower
+    bound of the *other* contexts (made with ``cuCtxCreate``, e.g. by OpenMM): 1 when
+    one is seen (NVML lists this process on a device whose primary context does not
+    exist, or one is current on the calling thread), 0 when none is seen (the driver
+    cannot list a process's contexts, so one current on no thread goes unseen), None
+    when nothing could be asked. ``listed``/``process_bytes``: this process in NVML's
+    list and its device memory there. ``how``: the evidence, in words.
+    """
+
+    device: int
+    primary: Optional[bool]
+    other: Optional[int]
+    listed: Optional[bool]
+    process_bytes: Optional[int]
+    how: str
+
+    @property
+    def count(self) -> Optional[int]:
+        """Contexts seen on the device (a lower bound); None when nothing is known."""
+        if self.primary is None and self.other is None:
+            return None
+        return int(bool(self.primary)) + (self.other or 0)
+
+
+def context_census(
+    device: int,
+    *,
+    reading: Optional[nvml.ProcessReading] = None,
+    primary_in_use: bool = False,
+) -> ContextCensus:
+    """Counts this process's CUDA contexts on ``device`` without creating one (the
+    driver's primary-context state, the context current on this thread, NVML's
+    per-process list). ``reading``: that list's answer when the caller has it already;
+    ``primary_in_use``: the caller knows the primary context exists (a framework holds
+    memory on the device, and the frameworks allocate in the primary context)."""
+    loaded = _libcuda_loaded()
+    if reading is None:
+        reading = nvml.this_process_memory(device) if loaded is not False else nvml.ProcessReading(False, 0)
+    primary = True if primary_in_use else primary_context_active(device)
+    driver = _load_driver() if loaded is not False else None
+    foreign = driver.foreign_current_context() if driver else None
+    evidence = []
+    other: Optional[int] = 0 if (primary is not None or reading.listed is not None) else None
+    if foreign == device:
+        other = 1
+        evidence.append("a context other than the primary one is current on this thread")
+    if reading.listed and primary is False:
+        other = 1
+        evidence.append("NVML lists this process on the device and its primary context does not exist")
+    if loaded is False:
+        evidence.append("the CUDA driver is not loaded in this process")
+    elif primary is None:
+        evidence.append("the driver cannot be asked about the primary context")
+    else:
+        evidence.append("primary context active" if primary else "no primary context")
+    if reading.listed is None and reading.reason:
+        evidence.append(f"NVML: {reading.reason}")
+    return ContextCensus(device, primary, other, reading.listed, reading.used_bytes, "; ".join(evidence))
+
+
+def _cuda_device_count() -> int:
+    driver = _load_driver()
+    if driver:
+        return len(driver.handles)
+    try:
+        from gpukeeper import _core
+
+        status = _core.cuda_status()
+        return int(status["device_count"]) if status["available"] else 0
+    except Exception:
+        return 0
+
+
+def context_devices() -> List[int]:
+    """CUDA devices on which this process holds any CUDA context: a framework's primary
+    context or one an engine made for itself (``cuCtxCreate``: OpenMM), without
+    creating one. NVML's per-process list where it can tell, else the driver's
+    primary-context state. Empty when the CUDA driver is not loaded in the process."""
+    if _libcuda_loaded() is False:
+        return []
+    found = []
+    for device in range(_cuda_device_count()):
+        reading = nvml.this_process_memory(device)
+        if reading.listed:
+            found.append(device)
+        elif reading.listed is None and primary_context_active(device):
+            found.append(device)
+    return found
+
+
+def engine_memory(device: int) -> Optional[FrameworkMemory]:
+    """Device memory of this process that no loaded framework accounts for, from NVML's
+    per-process figure: its CUDA contexts and what engines allocate in them. Only read
+    when no GPU framework is loaded (then it is all of the process's device memory, and
+    a change in it is the engine's); None when a framework is loaded, when the process
+    holds no context on ``device``, or when NVML cannot tell. ``allocated`` and
+    ``reserved`` are the same figure: from outside, an engine's live buffers and its
+    cache cannot be told apart."""
+    if gpu_frameworks_loaded() or _libcuda_loaded() is False:
+        return None
+    reading = nvml.this_process_memory(device)
+    if not reading.listed or reading.used_bytes is None:
+        return None
+    return FrameworkMemory(ENGINE, reading.used_bytes, reading.used_bytes)
 
 
 # --------------------------------------------------------------------- host memory

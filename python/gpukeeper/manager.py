@@ -35,7 +35,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from gpukeeper import _core, frameworks
 from gpukeeper.errors import InvalidInputError
-from gpukeeper.report import MemoryReport, _device_free_total, _resolve_device, memory_report
+from gpukeeper.nvml import device_free_total as _device_free_total
+from gpukeeper.report import MemoryReport, _resolve_device, memory_report
 
 __all__ = [
     "GPUMemoryManager",
@@ -166,12 +167,12 @@ class GPUMemoryManager:
         if self.device is None:
             return ""
         try:
-            from gpukeeper import report as _report
+            from gpukeeper import nvml as _nvml
 
-            nvml, _ = _report._NVML.get()
+            nvml, _ = _nvml.NVML.get()
             if nvml is not None:
-                handle, _how = _report._nvml_handle(nvml, self.device)
-                return _report._text(nvml.nvmlDeviceGetName(handle))
+                handle, _how = _nvml.device_handle(nvml, self.device)
+                return _nvml.text(nvml.nvmlDeviceGetName(handle))
         except Exception:
             pass
         torch = sys.modules.get("torch")

@@ -34,16 +34,37 @@ How it measures (and why):
 - **Memory** is sampled between steps, never inside the measured window. On CUDA it is
   the bytes allocated by the loaded frameworks (gpukeeper's own counters when PyTorch
   allocates through ``use_torch_allocator()``: about a microsecond; PyTorch's counters
-  otherwise: 45-70 us a read, hence sampling). In CPU mode it is the process's resident
-  set size (``/proc/self/statm``): what a host-memory leak grows, whatever allocated it.
+  otherwise: 45-70 us a read, hence sampling), cross-checked at the start and the end
+  against NVML's figure for this process: device memory that grows and that no counter
+  explains (an engine allocating in its own context) is a warning. Where the work is
+  not a framework's (an engine's own CUDA context, or a ``synchronize`` callable was
+  given) it is NVML's figure for this process (``"nvml_process"``); for JAX steps,
+  JAX's ``bytes_in_use``. In CPU mode three series are sampled: the process's resident
+  set size (``memory_source`` ``"process_rss"``, what ``memory_delta_gb`` reports), and
+  the in-use counts that exist: glibc's ``mallinfo2()`` (``"malloc_in_use"``) and
+  ``tracemalloc`` when it is tracing (``memory_series`` holds them all).
   ``memory_sample_every="auto"`` keeps the reading's cost under 0.4 us per step (a read
   every ``ceil(cost / 0.4 us)`` steps), with at least 16 samples over the run.
-- **Leak verdict**: the least-squares slope (bytes per step) of the samples taken in the
-  *second half* of the measured steps; a leak when ``slope * n_steps`` exceeds
-  ``leak_tolerance_mb``. A slope, not two end points: one late allocation or a cache
-  that fills in the first steps (a caching allocator warming up) is growth, not a leak.
-  ``memory_slope_bytes_per_step`` is that slope; ``memory_slope_all_bytes_per_step`` the
-  slope over all samples.
+- **Leak verdict** (:func:`leak_verdict`): the least-squares slope (bytes per step) of
+  the samples taken in the *second half* of the measured steps, projected over the run
+  and compared with ``leak_tolerance_mb``. A slope, not two end points: one late
+  allocation or a cache that fills in the first steps (a caching allocator warming up)
+  is growth, not a leak. Under noise: the series' noise is the largest move between two
+  samples that the steady per-step move does not explain; when it exceeds the tolerance
+  the verdict is ``None`` ("inconclusive: process_rss noise 12 MB > tolerance 1 MB"),
+  unless the growth is also over 4 times the noise. In CPU mode the in-use counts
+  decide (RSS also moves when the C allocator keeps or returns pages: tens of MB in a
+  loop that makes and drops big arrays); RSS decides only a leak they cannot see
+  (memory taken outside malloc), when it grows steadily and quietly.
+  ``memory_leak_source`` names the series that decided, ``memory_leak_reason`` says
+  why, ``memory_noise_bytes`` is its noise; ``memory_slope_bytes_per_step`` is the
+  slope of ``memory_source``, ``memory_slope_all_bytes_per_step`` over all its samples.
+- **What ran where**: ``work`` is ``"gpu"`` or ``"cpu"``, ``timing_method`` says how the
+  steps were timed. GPU work that no framework owns (OpenMM's CUDA platform makes its
+  own context) is timed on the host clock; gpukeeper cannot wait for it, so pass
+  ``synchronize`` (``lambda: context.getState()``), else ``synchronized`` is False and a
+  warning says the engine's queued work may be missing from the wall clock. JAX steps
+  are timed on the host around ``jax.block_until_ready`` on each step's result.
 - **Jitter**: the standard deviation of successive differences ``x[i+1] - x[i]``; unlike
   ``std`` it ignores slow drift and measures step-to-step unsteadiness.
 - **Drift**: median of the last decile of steps minus median of the first decile
@@ -52,9 +73,12 @@ How it measures (and why):
   deviation; 1.4826 makes it a standard deviation for normal data), the scale floored at
   1% of the median so a perfectly steady run does not flag nanosecond noise.
 - **Throughput**: ``steps_per_s`` is measured steps over the loop's wall time (the final
-  synchronization included): the sustained rate. With ``timestep_fs``:
-  ``ns_per_day = steps_per_s * timestep_fs * 1e-6 * 86400``; with ``n_atoms``:
-  ``us_per_atom_step = 1e6 / steps_per_s / n_atoms``.
+  synchronization included): the sustained rate; unless the steps' GPU times add up to
+  at least 99% of that wall time (the timed stream was busy between the marks, so the
+  events hold the work), then over their sum, which leaves out the bookkeeping between
+  steps. ``throughput_source`` says which decided, ``events_coverage`` is the ratio.
+  With ``timestep_fs``: ``ns_per_day = steps_per_s * timestep_fs * 1e-6 * 86400``; with
+  ``n_atoms``: ``us_per_atom_step = 1e6 / steps_per_s / n_atoms``.
 - Standard deviations are population ones (ddof=0, as numpy's default); percentiles
   interpolate linearly (numpy's default method).
 
@@ -73,15 +97,23 @@ import math
 import os
 import sys
 import time
+import tracemalloc
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from gpukeeper import device as _device
-from gpukeeper import frameworks
+from gpukeeper import frameworks, host, nvml
 from gpukeeper.errors import InvalidInputError
 
-__all__ = ["TrajectoryResult", "benchmark_md_trajectory", "LatencyStats", "latency_stats"]
+__all__ = [
+    "TrajectoryResult",
+    "benchmark_md_trajectory",
+    "LatencyStats",
+    "latency_stats",
+    "LeakVerdict",
+    "leak_verdict",
+]
 
 GB = float(1 << 30)
 MB = float(1 << 20)
@@ -184,6 +216,131 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
 
 
+# --------------------------------------------------------------------- leak verdicts
+
+# A series noisier than the tolerance still proves a leak when its projected growth is
+# at least this many times its noise: a single jump of h inside the second half fits a
+# line whose projection over the run is up to 3h, so growth above 4x the largest jump
+# cannot be one jump of the allocator.
+_ABOVE_NOISE = 4.0
+
+
+@dataclass(frozen=True)
+class LeakVerdict:
+    """The verdict of one memory series (see :func:`leak_verdict`).
+
+    ``leak``: True (grows), False (stable), None (inconclusive: the series moves by more
+    than the tolerance for reasons a line does not explain). ``slope``: bytes per step
+    over the second half; ``growth``: ``slope * n_steps``; ``noise``: the largest move
+    between two samples that the steady slope does not explain (bytes); ``steady``: the
+    fraction of sample intervals in the second half over which the series grew;
+    ``reason``: one readable line.
+    """
+
+    source: str
+    leak: Optional[bool]
+    slope: float
+    growth: float
+    noise: float
+    steady: float
+    samples: int
+    reason: str
+
+
+def _late(xs: Sequence[float], ys: Sequence[float], n_steps: int) -> List[Tuple[float, float]]:
+    late = [(x, float(y)) for x, y in zip(xs, ys) if x >= n_steps / 2.0]
+    if len(late) < 3:
+        late = [(x, float(y)) for x, y in zip(xs, ys)][-3:]
+    return late
+
+
+def leak_verdict(
+    steps: Sequence[float],
+    values: Sequence[float],
+    n_steps: int,
+    tolerance_mb: float,
+    source: str = "memory",
+) -> LeakVerdict:
+    """Whether a memory series sampled over a run of ``n_steps`` grows.
+
+    ``steps``: the number of calls made when each reading was taken; ``values``: the
+    readings (bytes). The growth is the least-squares slope over the second half of the
+    run, projected over the whole run (a slope, not two end points: a cache that fills
+    early is not a leak). The noise is the largest move between two consecutive
+    samples in the second half that the median per-step move does not explain: a steady
+    leak moves the same way every interval (noise near 0), an allocator that keeps and
+    hands back pages moves in jumps.
+
+    - noise <= tolerance: a leak when the growth exceeds the tolerance;
+    - noise > tolerance: a leak only when the growth exceeds the tolerance *and*
+      4 times the noise (more than one jump could make); otherwise inconclusive (None).
+
+    Raises ``InvalidInputError`` for mismatched or empty series.
+    """
+    if len(steps) != len(values) or len(values) < 2:
+        raise InvalidInputError(
+            f"leak_verdict needs two equally long series of at least 2 samples, got "
+            f"{len(steps)} steps and {len(values)} values")
+    if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 1:
+        raise InvalidInputError(f"n_steps must be an int >= 1, got {n_steps!r}")
+    if isinstance(tolerance_mb, bool) or not isinstance(tolerance_mb, (int, float)) or not tolerance_mb >= 0:
+        raise InvalidInputError(f"tolerance_mb must be a number >= 0, got {tolerance_mb!r}")
+    xs = [float(x) for x in steps]
+    late = _late(xs, values, n_steps)
+    lx = [x for x, _ in late]
+    ly = [y for _, y in late]
+    slope = _slope(lx, ly)
+    growth = slope * n_steps
+    spans = [lx[i + 1] - lx[i] for i in range(len(lx) - 1)]
+    moves = [ly[i + 1] - ly[i] for i in range(len(ly) - 1)]
+    rates = sorted(m / s for m, s in zip(moves, spans) if s > 0)
+    typical = _percentile(rates, 50.0) if rates else 0.0
+    noise = max((abs(m - typical * s) for m, s in zip(moves, spans)), default=0.0)
+    steady = sum(1 for m in moves if m > 0) / len(moves) if moves else 0.0
+    tol = tolerance_mb * MB
+    over = f"{growth / MB:+.2f} MB over {n_steps} steps ({slope:+.1f} B/step)"
+    if noise <= tol:
+        leak: Optional[bool] = growth > tol
+        reason = (f"{'leak' if leak else 'stable'}: {source} {over}, tolerance {tolerance_mb:g} MB "
+                  f"(noise {noise / MB:.2f} MB)")
+    elif growth > tol and growth > _ABOVE_NOISE * noise:
+        leak = True
+        reason = (f"leak: {source} {over}, above its noise {noise / MB:.2f} MB "
+                  f"(tolerance {tolerance_mb:g} MB)")
+    else:
+        leak = None
+        reason = (f"inconclusive: {source} noise {noise / MB:.2f} MB > tolerance {tolerance_mb:g} MB "
+                  f"(growth {over})")
+    return LeakVerdict(source, leak, slope, growth, noise, steady, len(late), reason)
+
+
+def _combine(primary: LeakVerdict, in_use: Optional[LeakVerdict]) -> LeakVerdict:
+    """One verdict from a held-bytes series (RSS) and an in-use series (malloc, tracemalloc).
+
+    In-use counts decide: they move only when memory is allocated or freed, where RSS
+    also moves when the allocator keeps or returns pages. RSS overrules them only for a
+    leak they cannot see (memory taken outside malloc: mmap, a library's own allocator),
+    and only when it grows steadily with noise under the tolerance; growth made of a few
+    jumps is the allocator's, not proof of a leak.
+    """
+    if in_use is None:
+        return primary
+    if in_use.leak:
+        return in_use
+    if primary.leak and primary.noise <= primary.growth / _ABOVE_NOISE and primary.steady >= 0.5:
+        return LeakVerdict(
+            primary.source, True, primary.slope, primary.growth, primary.noise, primary.steady,
+            primary.samples,
+            primary.reason + f", steadily, while {in_use.source} does not grow: memory taken "
+            "outside malloc (mmap, a library's own allocator)")
+    note = primary.reason
+    if primary.leak:
+        note = (f"{primary.source} grows {primary.growth / MB:+.2f} MB in jumps, not steadily: "
+                "the allocator keeping freed memory")
+    return LeakVerdict(in_use.source, in_use.leak, in_use.slope, in_use.growth, in_use.noise,
+                       in_use.steady, in_use.samples, f"{in_use.reason}; cross-check {note}")
+
+
 # --------------------------------------------------------------------- the result
 
 
@@ -223,6 +380,17 @@ class TrajectoryResult:
     leak_tolerance_mb: float
     memory_leak: Optional[bool]
     warnings: List[str] = field(default_factory=list)
+    # what ran where, and how it was timed
+    work: str = "cpu"  # "gpu" or "cpu": where the steps' work runs
+    timing_method: str = ""  # how the per-step times were taken, in words
+    synchronized: Optional[bool] = True  # the wall clock ends at a wait for all the work
+    throughput_source: str = "wall clock"  # what decided steps_per_s and ns_per_day
+    events_coverage: Optional[float] = None  # sum of GPU step times / loop wall time
+    # which series decided the leak verdict, and why
+    memory_leak_source: Optional[str] = None
+    memory_leak_reason: str = ""
+    memory_noise_bytes: Optional[float] = None
+    memory_series: Dict[str, List[int]] = field(default_factory=dict)
 
     # ---- the primary series (GPU time when measured, else host latency)
     @property
@@ -276,9 +444,10 @@ class TrajectoryResult:
     def summary(self) -> str:
         s = self.stats
         lines = [
-            f"MD trajectory: {self.name} on {self.device}",
+            f"MD trajectory: {self.name} on {self.device} ({self.work.upper()} work)",
             f"  steps: {self.n_steps} (+{self.warmup_steps} warm-up), timing: {self.timing_source}"
-            + (f", sync every {self.sync_every}" if self.sync_every else ""),
+            + (f", sync every {self.sync_every}" if self.sync_every else "")
+            + (f" ({self.timing_method})" if self.timing_method else ""),
             f"  latency  mean {s.mean_ms:.4f} ms  median {s.median_ms:.4f}  std {s.std_ms:.4f}  "
             f"min {s.min_ms:.4f}  max {s.max_ms:.4f}",
             f"  tail     p95 {s.p95_ms:.4f} ms  p99 {s.p99_ms:.4f} ms  jitter {s.jitter_ms:.4f} ms  "
@@ -295,9 +464,9 @@ class TrajectoryResult:
             thr += f", {self.ns_per_day:.3f} ns/day (dt {self.timestep_fs} fs)"
         if self.us_per_atom_step is not None:
             thr += f", {self.us_per_atom_step:.4f} us/atom-step ({self.n_atoms} atoms)"
-        lines.append(thr)
+        lines.append(thr + f" [{self.throughput_source}]")
         if self.memory_source is not None:
-            verdict = "LEAK" if self.memory_leak else "stable"
+            verdict = {True: "LEAK", False: "stable", None: "inconclusive"}[self.memory_leak]
             lines.append(
                 f"  memory ({self.memory_source}, every {self.memory_sample_every} step(s), "
                 f"{len(self.memory_steps)} samples): delta {self.memory_delta_gb * 1024:+.2f} MB, "
@@ -305,6 +474,8 @@ class TrajectoryResult:
                 f"{self.memory_slope_bytes_per_step or 0.0:+.1f} B/step -> {verdict} "
                 f"(tolerance {self.leak_tolerance_mb} MB over the run)"
             )
+            if self.memory_leak_reason:
+                lines.append(f"  leak verdict from {self.memory_leak_source}: {self.memory_leak_reason}")
         for w in self.warnings:
             lines.append(f"  WARNING: {w}")
         return "\n".join(lines)
@@ -339,12 +510,19 @@ class TrajectoryResult:
             "memory_slope_all_bytes_per_step": self.memory_slope_all_bytes_per_step,
             "leak_tolerance_mb": self.leak_tolerance_mb, "memory_leak": self.memory_leak,
             "warnings": list(self.warnings),
+            "work": self.work, "timing_method": self.timing_method,
+            "synchronized": self.synchronized, "throughput_source": self.throughput_source,
+            "events_coverage": self.events_coverage,
+            "memory_leak_source": self.memory_leak_source,
+            "memory_leak_reason": self.memory_leak_reason,
+            "memory_noise_bytes": self.memory_noise_bytes,
         }
         if include_steps:
             d["host_times_ms"] = list(self.host_times_ms)
             d["gpu_times_ms"] = None if self.gpu_times_ms is None else list(self.gpu_times_ms)
             d["memory_steps"] = list(self.memory_steps)
             d["memory_bytes"] = list(self.memory_bytes)
+            d["memory_series"] = {k: list(v) for k, v in self.memory_series.items()}
         # NaN is not JSON: drift_pct of a zero first decile becomes None.
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
@@ -418,27 +596,31 @@ class TrajectoryResult:
 # --------------------------------------------------------------------- memory probes
 
 
-class _RssProbe:
-    """Process RSS through one open ``/proc/self/statm`` descriptor (pread: ~1 us)."""
+class _Series:
+    """One memory reading sampled between steps: a name (the ``memory_source`` it is
+    reported under), the reader, and whether it counts bytes *in use* (an allocator's
+    live bytes: a leak shows up at once) or bytes *held* (RSS, a process's device
+    memory: caches and pages the allocator keeps move it too)."""
 
-    source = "process_rss"
+    def __init__(self, name: str, read: Callable[[], int], in_use: bool,
+                 close: Optional[Callable[[], None]] = None) -> None:
+        self.name = name
+        self.read = read
+        self.in_use = in_use
+        self.close = close or (lambda: None)
 
-    def __init__(self) -> None:
-        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        try:
-            self._fd: Optional[int] = os.open("/proc/self/statm", os.O_RDONLY)
-        except OSError:
-            self._fd = None
 
-    def __call__(self) -> int:
-        if self._fd is None:
-            return _device.process_rss_bytes()
-        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+def _host_series() -> List[_Series]:
+    """RSS (what the process holds) first, then the in-use counts that exist here:
+    tracemalloc when it is tracing, glibc's mallinfo2."""
+    rss = host.RssReader()
+    series = [_Series(rss.source, rss, False, rss.close)]
+    if tracemalloc.is_tracing():
+        series.append(_Series("tracemalloc", lambda: int(tracemalloc.get_traced_memory()[0]), True))
+    in_use = host.malloc_in_use_reader()
+    if in_use is not None:
+        series.append(_Series("malloc_in_use", in_use, True))
+    return series
 
 
 def _cuda_probe(index: int) -> Tuple[Callable[[], int], str]:
@@ -637,6 +819,82 @@ def _check_pos(name: str, value: Any) -> Optional[float]:
     return float(value)
 
 
+# Events decide the throughput only when the steps' GPU times add up to at least this
+# share of the loop's wall time: then the timed stream was busy between the marks and
+# the events hold the work (and leave out the bookkeeping between steps). Below it, work
+# ran where the events do not look (another context, an engine's own stream) or after
+# the last mark, and the wall clock decides.
+_EVENTS_COVER = 0.99
+
+
+@dataclass
+class _Plan:
+    """Where the steps' work runs and how it is timed and synchronized."""
+
+    # "cpu"; "events" (CUDA events on a framework's stream); "framework" (a framework's
+    # work on the host clock); "jax"; "engine" (a CUDA context no framework owns)
+    kind: str
+    index: Optional[int]
+    how: str
+
+
+def _plan(index: Optional[int], detect: bool, use_events: bool, framework: bool, last: Any,
+          synchronize: Optional[Callable[[], Any]]) -> _Plan:
+    """Decides, after the warm-up, what the steps are (their last result is ``last``)."""
+    user = "the caller's synchronize()" if synchronize is not None else "no synchronization"
+    if (index is not None or detect) and frameworks.holds_jax_arrays(last):
+        jax_index = frameworks.jax_device_index(last)
+        return _Plan("jax", jax_index if jax_index is not None else (index or 0),
+                     "JAX work: host clock around jax.block_until_ready on each step's result")
+    if use_events:
+        return _Plan("events", index, "CUDA events on the framework's current stream, one per step"
+                     + (f"; the wall clock ends at {user}" if synchronize is not None else ""))
+    if index is not None and framework:
+        return _Plan("framework", index, "host clock (timing='host'), ended by a device synchronization"
+                     + (f" and {user}" if synchronize is not None else ""))
+    if index is not None:
+        return _Plan("engine", index, f"GPU work no framework owns: host clock, ended by {user}")
+    if detect and not frameworks.gpu_frameworks_loaded():
+        devices = frameworks.context_devices()
+        if devices:
+            return _Plan("engine", devices[0],
+                         f"a CUDA context with no framework on cuda:{devices[0]}: host clock, "
+                         f"ended by {user}")
+    return _Plan("cpu", None, "host clock (CPU work)")
+
+
+def _device_series(plan: _Plan, synchronize: Optional[Callable[[], Any]],
+                   notes: List[str]) -> Tuple[List[_Series], Optional[_Series]]:
+    """The memory series of a GPU run (the first decides) and an NVML cross-check.
+
+    The frameworks' counters where the work is theirs; NVML's figure for this process
+    where it is not (an engine's own context, or a ``synchronize`` that says the steps
+    run somewhere gpukeeper cannot wait for); JAX's allocator statistics for JAX.
+    """
+    index = plan.index if plan.index is not None else 0
+    nvml_read, why = nvml.process_memory_reader(index)
+    nvml_series = _Series("nvml_process", nvml_read, False) if nvml_read is not None else None
+    if plan.kind == "jax":
+        stats = frameworks.jax_memory_stats(index)
+        if stats is not None and "bytes_in_use" in stats:
+            def read_jax() -> int:
+                s = frameworks.jax_memory_stats(index) or {}
+                return int(s.get("bytes_in_use", 0))
+
+            return [_Series("jax", read_jax, True)], nvml_series
+        notes.append("JAX gives no memory statistics on this device")
+    elif plan.kind in ("events", "framework"):
+        reserved = sum(m.reserved or 0 for m in frameworks.memory_by_framework(index).values())
+        if nvml_series is None or (synchronize is None and reserved > 0):
+            probe, source = _cuda_probe(index)
+            return [_Series(source, probe, True)], nvml_series
+    if nvml_series is not None:
+        return [nvml_series], None
+    notes.append(f"the device memory of this process cannot be read (NVML {why}): "
+                 "host memory is watched instead")
+    return _host_series(), None
+
+
 def benchmark_md_trajectory(
     model_func: Callable[[Any], Any],
     inputs: Iterable[Any],
@@ -655,6 +913,7 @@ def benchmark_md_trajectory(
     leak_tolerance_mb: float = 1.0,
     outlier_k: float = 5.0,
     event_ring: int = 4096,
+    synchronize: Optional[Callable[[], Any]] = None,
 ) -> TrajectoryResult:
     """Runs ``model_func(x)`` once per step over ``inputs`` and profiles every step.
 
@@ -665,8 +924,11 @@ def benchmark_md_trajectory(
         check_memory_leak: sample memory and give a leak verdict (``memory_leak``).
         warmup_steps: calls before measuring, cycling through ``inputs`` (not measured).
         timestep_fs, n_atoms: enable ``ns_per_day`` and ``us_per_atom_step``.
-        device: where the model runs (as ``get_device``); None: CUDA when usable with a
-            framework loaded, else CPU. Pass ``"cpu"`` for a CPU model on a GPU machine.
+        device: where the model runs (as ``get_device``); None: CUDA when a framework
+            that can run it is loaded (PyTorch, CuPy; JAX when the steps return JAX
+            arrays), or when the process holds a CUDA context no framework owns (an
+            engine such as OpenMM); else CPU. Pass ``"cpu"`` for a CPU model on a GPU
+            machine.
         name: label (default: the function's name).
         memory_sample_every: read memory after every N-th step, or "auto" (module doc).
         progress: a text bar on stderr; None: on when stderr is a tty and the run has at
@@ -677,6 +939,13 @@ def benchmark_md_trajectory(
         leak_tolerance_mb: projected growth over the run above which it is a leak.
         outlier_k: outlier threshold in robust standard deviations.
         event_ring: CUDA events (one per step) kept before they are resolved.
+        synchronize: waits for the steps' work where gpukeeper cannot: an engine's own
+            CUDA context (e.g. ``lambda: simulation.context.getState()`` for OpenMM).
+            Called after the warm-up, inside every ``sync_every``-th step and before the
+            loop's wall clock stops. Without it, the work such an engine still has queued
+            after the last step may be missing from the wall clock (the result says so).
+            Passing it also says the steps' memory is the engine's: it is then read from
+            NVML's figure for this process.
 
     Returns a :class:`TrajectoryResult`. Raises ``InvalidInputError`` for bad arguments
     (an uncallable model, no inputs, negative counts, an unknown ``timing`` ...);
@@ -703,54 +972,65 @@ def benchmark_md_trajectory(
     _check_pos("leak_tolerance_mb", leak_tolerance_mb) if leak_tolerance_mb != 0 else None
     _check_pos("outlier_k", outlier_k)
     _check_int("event_ring", event_ring, 1)
+    if synchronize is not None and not callable(synchronize):
+        raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
     label = name or getattr(model_func, "__name__", None) or type(model_func).__name__
 
-    # Without an explicit device, CUDA only when a framework that could run the model is
-    # loaded: otherwise a pure-Python/numpy model would be "timed" on an idle GPU.
-    if device is None and not (_device._torch() is not None or "cupy" in sys.modules):
-        device = "cpu"
-    index = _device.resolve_device_index(device)
-    dev_label = "cpu" if index is None else f"cuda:{index}"
+    # Without an explicit device, CUDA when a framework that could run the model is
+    # loaded; otherwise the warm-up's result and the process's CUDA contexts decide
+    # (a pure-Python/numpy model must not be "timed" on an idle GPU).
+    torch_or_cupy = _device._torch() is not None or "cupy" in sys.modules
+    index = _device.resolve_device_index(device if (device is not None or torch_or_cupy) else "cpu")
+    detect = device is None and index is None
     warnings: List[str] = []
 
-    use_events = index is not None and timing != "host" and (
-        _device._torch() is not None or "cupy" in sys.modules)
+    use_events = index is not None and timing != "host" and torch_or_cupy
     if timing == "gpu" and not use_events:
         raise InvalidInputError(
-            f"timing='gpu' needs a CUDA device and PyTorch or CuPy loaded (device: {dev_label})")
+            f"timing='gpu' needs a CUDA device and PyTorch or CuPy loaded (device: "
+            f"{'cpu' if index is None else f'cuda:{index}'}); an engine's own context or JAX "
+            "is timed on the host clock")
 
     def sync() -> None:
         if index is not None:
             frameworks.synchronize_all(index)
+        if synchronize is not None:
+            synchronize()
 
     # ---- warm-up (also times a typical step, for the memory sampling period)
     cyc = itertools.cycle(data)
     t_w = time.perf_counter()
     warm_ns: List[int] = []
+    out: Any = None
     for _ in range(warmup_steps):
         x = next(cyc)
         t0 = time.perf_counter_ns()
         out = model_func(x)
         warm_ns.append(time.perf_counter_ns() - t0)
+    plan = _plan(index, detect, use_events, torch_or_cupy, out, synchronize)
+    if plan.kind == "jax":
+        frameworks.jax_block_until_ready(out)
     out = None
+    index = plan.index
     sync()
     warmup_time = time.perf_counter() - t_w
+    use_events = use_events and plan.kind == "events"
+    dev_label = "cpu" if index is None else f"cuda:{index}"
 
-    # ---- memory probe and its period
-    probe: Optional[Callable[[], int]] = None
-    rss: Optional[_RssProbe] = None
-    source: Optional[str] = None
+    # ---- memory series and their period
+    series: List[_Series] = []
+    cross: Optional[_Series] = None
     every = 0
     if check_memory_leak:
-        if index is None:
-            rss = _RssProbe()
-            probe, source = rss, rss.source
+        if plan.kind == "cpu":
+            series = _host_series()
         else:
-            probe, source = _cuda_probe(index)
+            series, cross = _device_series(plan, synchronize, warnings)
         costs = []
         for _ in range(5):
             t0 = time.perf_counter_ns()
-            probe()
+            for s in series:
+                s.read()
             costs.append(time.perf_counter_ns() - t0)
         cost = sorted(costs)[2]
         if memory_sample_every == "auto":
@@ -761,13 +1041,15 @@ def benchmark_md_trajectory(
             every = min(every, max(1, n // 16))
         else:
             every = int(memory_sample_every)
+    readers = [s.read for s in series]
+    n_series = len(series)
 
     # ---- preallocated books: array stores keep no Python objects alive per step, so
     # the bookkeeping itself neither allocates nor grows the memory it watches.
     host_ns = array("q", bytes(8 * n))
     max_samples = (n // every + 2) if every else 0
     mem_step = array("q", bytes(8 * max_samples))
-    mem_val = array("q", bytes(8 * max_samples))
+    mem_vals = [array("q", bytes(8 * max_samples)) for _ in series]
     n_samples = 0
     gpu_ms: List[float] = [] if use_events else None  # type: ignore[assignment]
     ring = min(n, event_ring)
@@ -791,7 +1073,8 @@ def benchmark_md_trajectory(
         nonlocal next_mem, next_bar, next_ring, base, n_samples
         if i == next_mem:
             mem_step[n_samples] = i
-            mem_val[n_samples] = probe()  # type: ignore[misc]
+            for k in range(n_series):
+                mem_vals[k][n_samples] = readers[k]()
             n_samples += 1
             next_mem += every
         if i == next_bar:
@@ -808,16 +1091,26 @@ def benchmark_md_trajectory(
 
     # ---- the measured loop
     source_iter = data if n == len(data) else itertools.islice(itertools.cycle(data), n)
-    initial = probe() if probe is not None else None
+    cross_before = _cross_reading(cross, index)
+    initial = [r() for r in readers] if readers else None
     if initial is not None:
         mem_step[0] = -1  # "before step 0"
-        mem_val[0] = initial
+        for k in range(n_series):
+            mem_vals[k][0] = initial[k]
         n_samples = 1
     pc = time.perf_counter_ns
     model = model_func
     check = min(next_mem, next_bar, next_ring)
     t_start = time.perf_counter()
-    if sync_every is not None:
+    if plan.kind == "jax":
+        block = frameworks.jax_block_until_ready
+        for i, x in enumerate(source_iter):
+            t0 = pc()
+            out = block(model(x))
+            host_ns[i] = pc() - t0
+            if i == check:
+                check, base = slow(i)
+    elif sync_every is not None:
         k = sync_every
         if events is not None:
             marks = events.rec
@@ -869,34 +1162,50 @@ def benchmark_md_trajectory(
         bar.close()
 
     # ---- memory verdict
-    final = probe() if probe is not None else None
-    if rss is not None:
-        rss.close()
+    final = [r() for r in readers] if readers else None
+    cross_after = _cross_reading(cross, index)
+    for s in series:
+        s.close()
     steps_l: List[int] = []
     bytes_l: List[int] = []
+    all_series: Dict[str, List[int]] = {}
     slope = slope_all = None
     leak: Optional[bool] = None
     peak: Optional[int] = None
-    if probe is not None:
-        bytes_l = list(mem_val[:n_samples]) + [final]  # type: ignore[list-item]
+    verdict: Optional[LeakVerdict] = None
+    if series:
         # x = calls made when the reading was taken: the initial reading at 0, the one
         # after step i at i+1, the final one (after the synchronization) at n.
         xs = [0.0] + [float(s + 1) for s in mem_step[1:n_samples]] + [float(n)]
         steps_l = [int(v) for v in xs]
+        for k, s in enumerate(series):
+            all_series[s.name] = list(mem_vals[k][:n_samples]) + [final[k]]  # type: ignore[index]
+        bytes_l = all_series[series[0].name]
         slope_all = _slope(xs, [float(b) for b in bytes_l])
-        late = [(x, float(b)) for x, b in zip(xs, bytes_l) if x >= n / 2.0]
-        if len(late) < 3:
-            late = list(zip(xs, (float(b) for b in bytes_l)))[-3:]
-        slope = _slope([x for x, _ in late], [y for _, y in late])
-        leak = slope * n > leak_tolerance_mb * MB
+        verdicts = [leak_verdict(xs, all_series[s.name], n, leak_tolerance_mb, s.name) for s in series]
+        in_use = next((v for v, s in zip(verdicts, series) if s.in_use), None)
+        verdict = verdicts[0] if series[0].in_use else _combine(verdicts[0], in_use)
+        slope = verdicts[0].slope
+        leak = verdict.leak
         peak = max(bytes_l)
         if leak:
             warnings.append(
-                f"memory grows by {slope:.1f} bytes/step ({slope * n / MB:.2f} MB over "
-                f"{n} steps, tolerance {leak_tolerance_mb} MB): leak")
-        if len(late) < 4:
-            warnings.append(f"only {len(late)} memory samples in the second half: the leak "
+                f"memory grows by {verdict.slope:.1f} bytes/step ({verdict.growth / MB:.2f} MB over "
+                f"{n} steps, tolerance {leak_tolerance_mb} MB, {verdict.source}): leak")
+        elif leak is None:
+            warnings.append(f"leak verdict {verdict.reason}")
+        if verdict.samples < 4:
+            warnings.append(f"only {verdict.samples} memory samples in the second half: the leak "
                             "verdict is weak (lower memory_sample_every or run more steps)")
+    if cross_before is not None and cross_after is not None:
+        grew = (cross_after[0] - cross_before[0]) - (cross_after[1] - cross_before[1])
+        if grew > leak_tolerance_mb * MB:
+            warnings.append(
+                f"this process's device memory grew by {grew / MB:.2f} MB that no framework counter "
+                f"explains (NVML {cross_before[0] / MB:.1f} -> {cross_after[0] / MB:.1f} MB; frameworks "
+                f"reserved {cross_before[1] / MB:.1f} -> {cross_after[1] / MB:.1f} MB): another engine "
+                f"or CUDA context in this process allocates it, and the leak verdict reads "
+                f"{series[0].name if series else 'nothing'} (pass synchronize= to read NVML)")
 
     host_ms = [v / 1e6 for v in host_ns]
     host_stats = latency_stats(host_ms, outlier_k)
@@ -913,7 +1222,15 @@ def benchmark_md_trajectory(
     if n >= 20 and not math.isnan(primary.drift_pct) and abs(primary.drift_pct) > 10.0:
         warnings.append(f"latency drifts by {primary.drift_pct:+.1f}% from the first to the last decile")
 
-    steps_per_s = n / total_time if total_time > 0 else math.inf
+    # ---- throughput: the wall clock, unless the events provably hold the work
+    synchronized: Optional[bool] = True
+    if plan.kind == "engine" and synchronize is None:
+        synchronized = False
+        warnings.append(
+            "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, "
+            "so the work it still had queued after the last step may be missing from the wall "
+            "clock (pass synchronize=, e.g. lambda: simulation.context.getState())")
+    steps_per_s, throughput, coverage = _throughput(n, total_time, gpu_ms, synchronized)
     ns_day = steps_per_s * timestep * 1e-6 * 86400.0 if timestep is not None else None
     per_atom = (1e6 / steps_per_s / n_atoms) if n_atoms is not None and steps_per_s > 0 else None
 
@@ -923,9 +1240,53 @@ def benchmark_md_trajectory(
         gpu=gpu_stats, total_time_s=total_time, warmup_time_s=warmup_time,
         steps_per_s=steps_per_s, ns_per_day=ns_day, us_per_atom_step=per_atom,
         timestep_fs=timestep, n_atoms=n_atoms, sync_every=sync_every,
-        memory_source=source, memory_sample_every=every or None, memory_steps=steps_l,
-        memory_bytes=bytes_l, memory_initial_bytes=initial, memory_final_bytes=final,
+        memory_source=series[0].name if series else None, memory_sample_every=every or None,
+        memory_steps=steps_l, memory_bytes=bytes_l,
+        memory_initial_bytes=initial[0] if initial else None,
+        memory_final_bytes=final[0] if final else None,
         memory_peak_bytes=peak, memory_slope_bytes_per_step=slope,
         memory_slope_all_bytes_per_step=slope_all, leak_tolerance_mb=float(leak_tolerance_mb),
         memory_leak=leak, warnings=warnings,
+        work="cpu" if plan.kind == "cpu" else "gpu", timing_method=plan.how,
+        synchronized=synchronized, throughput_source=throughput, events_coverage=coverage,
+        memory_leak_source=verdict.source if verdict else None,
+        memory_leak_reason=verdict.reason if verdict else "",
+        memory_noise_bytes=verdict.noise if verdict else None,
+        memory_series=all_series,
     )
+
+
+def _throughput(n: int, total_time: float, gpu_ms: Optional[List[float]],
+                synchronized: Optional[bool]) -> Tuple[float, str, Optional[float]]:
+    """(steps per second, what decided it, events coverage): the wall clock of the whole
+    loop, unless the steps' GPU times add up to nearly all of it (``_EVENTS_COVER``):
+    then the timed stream was busy between the marks, the events hold the work, and
+    they leave out the host's bookkeeping between steps."""
+    steps_per_s = n / total_time if total_time > 0 else math.inf
+    throughput = "wall clock of the whole trajectory" + (
+        "" if synchronized is not False else " (without a final synchronization)")
+    if not gpu_ms:
+        return steps_per_s, throughput, None
+    gpu_total_s = math.fsum(gpu_ms) / 1e3
+    coverage = gpu_total_s / total_time if total_time > 0 else None
+    if coverage is not None and coverage >= _EVENTS_COVER and gpu_total_s > 0:
+        return n / gpu_total_s, (
+            f"events: the steps' GPU times add up to {coverage:.1%} of the loop's wall time, "
+            "so the timed stream was busy between the marks"), coverage
+    if coverage is not None:
+        throughput += (f": the steps' GPU times add up to only {coverage:.1%} of it, so the "
+                       "events do not hold all of the work (it runs elsewhere, or after the "
+                       "last mark)")
+    return steps_per_s, throughput, coverage
+
+
+def _cross_reading(cross: Optional[_Series], index: Optional[int]) -> Optional[Tuple[int, int]]:
+    """(NVML bytes of this process, frameworks' reserved bytes) on the device, for the
+    check that the frameworks' counters explain the process's device memory."""
+    if cross is None or index is None:
+        return None
+    try:
+        reserved = sum(m.reserved or 0 for m in frameworks.memory_by_framework(index).values())
+        return cross.read(), reserved
+    except Exception:
+        return None

@@ -14,6 +14,15 @@ The report splits this process's device memory into
 * the **CUDA context and libraries**: this process's device memory as NVML sees it minus
   what the frameworks reserved (the context itself, loaded kernels, cuBLAS/cuDNN
   handles and anything allocated behind the frameworks' backs);
+* **other contexts in this process**: the CUDA contexts that are not the primary one
+  the frameworks share (an engine such as OpenMM makes its own with ``cuCtxCreate``).
+  The driver cannot list a process's contexts, so they are counted from what can be
+  seen (``cuda_contexts``, a lower bound): the primary context's state, a non-primary
+  context current on the calling thread, NVML listing the process on a device whose
+  primary context does not exist. Their memory (``other_contexts_bytes``) is the
+  process's figure minus the frameworks' when the primary context does not exist; when
+  both exist NVML's one figure per process cannot be split, and the report says so
+  (``unaccounted_bytes`` is then the sum of contexts, libraries and engines);
 * **other processes** on the device (NVML's per-process list), and the device's **free**
   and **total** memory.
 
@@ -29,10 +38,8 @@ Without CUDA (CPU-only build, no driver, no device) the report is in **CPU mode*
 memory), ``frameworks`` holds gpukeeper's host pools, ``process_bytes`` is this
 process's resident set size, and ``notes`` says why CUDA is unavailable.
 
-Device numbers are CUDA's (after ``CUDA_VISIBLE_DEVICES``); the matching NVML device is
-found by PCI bus id (when CuPy is loaded), by UUID (when PyTorch has initialised CUDA),
-else through ``CUDA_VISIBLE_DEVICES``, else by the same index, which assumes CUDA's
-device order is NVML's (true for identical GPUs, or with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+NVML access (loading, device matching, per-process figures) lives in
+:mod:`gpukeeper.nvml`; this module only assembles the report.
 """
 
 from __future__ import annotations
@@ -41,184 +48,30 @@ import json
 import numbers
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from gpukeeper import _core, frameworks
+from gpukeeper import _core, frameworks, host
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.frameworks import FrameworkMemory
+from gpukeeper.nvml import (
+    NVML,
+    ProcessMemory,
+    ProcessReading,
+    device_handle,
+    device_processes,
+    error_text,
+    nvml_status,
+    process_name,
+    text,
+)
 
 __all__ = ["MemoryReport", "ProcessMemory", "memory_report", "memory_reports", "nvml_status"]
 
-_INSTALL_HINT = "install nvidia-ml-py"
-
-
-# --------------------------------------------------------------------- NVML, once
-
-
-class _Nvml:
-    """pynvml, imported and initialised once per process (thread-safe).
-
-    ``get()`` returns ``(module, "")`` when NVML works, else ``(None, reason)``. The
-    result is kept: a failed nvmlInit is not retried on every report (it costs ~ms).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tried = False
-        self._module: Any = None
-        self._reason = ""
-        self.driver = ""
-        # CUDA device index -> (NVML handle, how it was found); filled lazily.
-        self.handles: Dict[int, Tuple[Any, str]] = {}
-
-    def get(self) -> Tuple[Any, str]:
-        if self._tried:
-            return self._module, self._reason
-        with self._lock:
-            if not self._tried:
-                self._module, self._reason = self._load()
-                self._tried = True
-        return self._module, self._reason
-
-    def _load(self) -> Tuple[Any, str]:
-        try:
-            import pynvml  # type: ignore[import-not-found]
-        except ImportError as exc:
-            return None, f"unavailable: {exc} ({_INSTALL_HINT})"
-        try:
-            pynvml.nvmlInit()
-        except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-            return None, f"unavailable: nvmlInit failed: {_nvml_text(exc)}"
-        try:
-            self.driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        except Exception:
-            self.driver = ""  # only decorates the status line
-        return pynvml, ""
-
-    def status(self) -> str:
-        module, reason = self.get()
-        if module is None:
-            return reason
-        return f"ok (driver {self.driver})" if self.driver else "ok"
-
-    def reset(self) -> None:
-        """Forgets the loaded state (tests swap pynvml for a fake)."""
-        with self._lock:
-            self._tried = False
-            self._module = None
-            self._reason = ""
-            self.driver = ""
-            self.handles = {}
-
-
-_NVML = _Nvml()
-
-
-def nvml_status() -> str:
-    """``"ok (driver X)"`` when NVML works, else ``"unavailable: <why>"``."""
-    return _NVML.status()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _nvml_text(exc: BaseException) -> str:
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:  # NVMLError.__str__ itself calls into NVML
-        return type(exc).__name__
-
-
-# --------------------------------------------------------------------- CUDA device -> NVML
-
-
-def _cuda_visible_entry(device: int) -> Optional[str]:
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None
-    entries = [e.strip() for e in value.split(",")]
-    # CUDA stops at the first invalid entry; a valid one is an index or a UUID prefix.
-    return entries[device] if device < len(entries) and entries[device] else None
-
-
-def _torch_uuid(device: int) -> Optional[str]:
-    torch = sys.modules.get("torch")
-    try:
-        if torch is None or not torch.cuda.is_initialized():
-            return None  # reading properties could initialise CUDA: not for a report
-        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    except Exception:
-        return None
-    return str(uuid) if uuid else None
-
-
-def _cupy_pci_bus_id(device: int) -> Optional[str]:
-    cupy = sys.modules.get("cupy")
-    try:
-        if cupy is None:
-            return None
-        return _text(cupy.cuda.runtime.deviceGetPCIBusId(device))
-    except Exception:
-        return None
-
-
-def _nvml_handle(nvml: Any, device: int) -> Tuple[Any, str]:
-    """The NVML handle of CUDA device ``device`` and how it was matched (cached)."""
-    cached = _NVML.handles.get(device)
-    if cached is not None:
-        return cached
-    found: Optional[Tuple[Any, str]] = None
-    bus_id = _cupy_pci_bus_id(device)
-    if bus_id:
-        try:
-            found = (nvml.nvmlDeviceGetHandleByPciBusId(bus_id), f"PCI bus id {bus_id}")
-        except Exception:
-            found = None
-    if found is None:
-        uuid = _torch_uuid(device)
-        for candidate in ([f"GPU-{uuid}", f"MIG-{uuid}", uuid] if uuid else []):
-            try:
-                found = (nvml.nvmlDeviceGetHandleByUUID(candidate), f"UUID {candidate}")
-                break
-            except Exception:
-                continue
-    if found is None:
-        entry = _cuda_visible_entry(device)
-        if entry is not None and entry.isdigit():
-            found = (nvml.nvmlDeviceGetHandleByIndex(int(entry)), f"CUDA_VISIBLE_DEVICES={entry}")
-        elif entry is not None:
-            found = _handle_by_uuid_prefix(nvml, entry)
-        else:
-            found = (nvml.nvmlDeviceGetHandleByIndex(device), "same index")
-    _NVML.handles[device] = found
-    return found
-
-
-def _handle_by_uuid_prefix(nvml: Any, prefix: str) -> Tuple[Any, str]:
-    # CUDA accepts any unique prefix of a UUID in CUDA_VISIBLE_DEVICES; NVML wants it whole.
-    for index in range(int(nvml.nvmlDeviceGetCount())):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        if _text(nvml.nvmlDeviceGetUUID(handle)).startswith(prefix):
-            return handle, f"CUDA_VISIBLE_DEVICES={prefix}"
-    raise LookupError(f"no NVML device matches CUDA_VISIBLE_DEVICES entry {prefix!r}")
 
 
 # --------------------------------------------------------------------- the report
-
-
-@dataclass(frozen=True)
-class ProcessMemory:
-    """One process on the device as NVML lists it. ``used_bytes`` is None where NVML
-    cannot tell (e.g. insufficient permissions); ``name`` is None where the process is
-    not visible from here (another PID namespace)."""
-
-    pid: int
-    name: Optional[str]
-    used_bytes: Optional[int]
 
 
 @dataclass
@@ -245,6 +98,11 @@ class MemoryReport:
     pid: int = field(default_factory=os.getpid)
     notes: List[str] = field(default_factory=list)
     timestamp: float = field(default_factory=time.time)
+    # This process's CUDA contexts on the device (frameworks.context_census): whether the
+    # primary context exists, a lower bound of the others (0: none seen) and the evidence.
+    primary_context: Optional[bool] = None
+    other_contexts: Optional[int] = None
+    contexts_how: str = ""
 
     # ----------------------------------------------------------------- derived figures
 
@@ -264,14 +122,50 @@ class MemoryReport:
         return _sum(m.reserved for m in self.frameworks.values())
 
     @property
-    def context_and_libraries_bytes(self) -> Optional[int]:
-        """This process's device memory (NVML) minus what the frameworks reserved: the
-        CUDA context, loaded modules and library workspaces. None in CPU mode or when
-        either figure is unknown."""
+    def cuda_contexts(self) -> Optional[int]:
+        """CUDA contexts this process holds on the device, as far as can be seen (a lower
+        bound: the primary context, plus 1 when another one is seen). None in CPU mode
+        or when nothing could be asked."""
+        if self.mode != "cuda" or (self.primary_context is None and self.other_contexts is None):
+            return None
+        return int(bool(self.primary_context)) + (self.other_contexts or 0)
+
+    @property
+    def unaccounted_bytes(self) -> Optional[int]:
+        """This process's device memory (NVML) minus what the frameworks reserved: every
+        CUDA context of the process, loaded modules, library workspaces and what engines
+        allocate behind the frameworks' backs. None in CPU mode or when unknown."""
         reserved = self.frameworks_reserved_bytes
         if self.mode != "cuda" or self.process_bytes is None or reserved is None:
             return None
         return self.process_bytes - reserved
+
+    @property
+    def other_contexts_bytes(self) -> Optional[int]:
+        """Device memory of the CUDA contexts that are not the primary one (those an
+        engine such as OpenMM makes with ``cuCtxCreate``) and of what is allocated in
+        them. 0 when no other context is seen; all of :attr:`unaccounted_bytes` when the
+        primary context does not exist; None when both exist (NVML gives one figure per
+        process: it cannot be split between contexts) or when unknown."""
+        if self.mode != "cuda":
+            return None
+        if self.other_contexts == 0:
+            return 0
+        if self.other_contexts is None or self.primary_context is not False:
+            return None
+        return self.unaccounted_bytes
+
+    @property
+    def context_and_libraries_bytes(self) -> Optional[int]:
+        """This process's device memory (NVML) minus what the frameworks reserved and
+        what other contexts hold: the primary CUDA context, loaded modules and library
+        workspaces. None in CPU mode or when a figure is unknown (also when the primary
+        context and another one share the process's figure)."""
+        unaccounted = self.unaccounted_bytes
+        others = self.other_contexts_bytes
+        if unaccounted is None or others is None:
+            return None
+        return unaccounted - others
 
     @property
     def other_processes_bytes(self) -> Optional[int]:
@@ -307,6 +201,12 @@ class MemoryReport:
             "process_bytes": self.process_bytes,
             "process_source": self.process_source,
             "context_and_libraries_bytes": self.context_and_libraries_bytes,
+            "primary_context": self.primary_context,
+            "other_contexts": self.other_contexts,
+            "contexts_how": self.contexts_how,
+            "cuda_contexts": self.cuda_contexts,
+            "other_contexts_bytes": self.other_contexts_bytes,
+            "unaccounted_bytes": self.unaccounted_bytes,
             "this_process": self.this_process,
             "other_processes": [
                 {"pid": p.pid, "name": p.name, "used_bytes": p.used_bytes}
@@ -347,6 +247,9 @@ class MemoryReport:
             pid=data["pid"],
             notes=list(data["notes"]),
             timestamp=data["timestamp"],
+            primary_context=data.get("primary_context"),
+            other_contexts=data.get("other_contexts"),
+            contexts_how=data.get("contexts_how", ""),
         )
 
     def table(self) -> str:
@@ -366,7 +269,13 @@ class MemoryReport:
         allocated, reserved = self.frameworks_allocated_bytes, self.frameworks_reserved_bytes
         rows.append(("frameworks", _fmt(allocated), _fmt(reserved)))
         if self.mode == "cuda":
-            rows.append(("CUDA context + libraries", "", _fmt(self.context_and_libraries_bytes)))
+            if self.other_contexts and self.primary_context is not False:
+                # Both exist: NVML's one figure per process cannot be split between them.
+                rows.append(("CUDA contexts + libraries + engines", "", _fmt(self.unaccounted_bytes)))
+            else:
+                rows.append(("CUDA context + libraries", "", _fmt(self.context_and_libraries_bytes)))
+            if self.other_contexts:
+                rows.append(("other contexts in this process", "", _fmt(self.other_contexts_bytes)))
             rows.append((f"this process (pid {self.pid}, NVML)", "", _fmt(self.process_bytes)))
             others = f"other processes ({len(self.other_processes)})"
             rows.append((others, "", _fmt(self.other_processes_bytes)))
@@ -384,6 +293,9 @@ class MemoryReport:
         lines.append(f"NVML: {self.nvml}; free/total from {self.memory_source}")
         if self.mode == "cuda":
             lines.append(f"this process in NVML's list: {self.this_process}")
+            if self.cuda_contexts is not None:
+                lines.append(f"CUDA contexts of this process on the device: {self.cuda_contexts}"
+                             f"{' or more' if not self.other_contexts else ''} ({self.contexts_how})")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -485,22 +397,6 @@ def _resolve_device(device: Any) -> Tuple[Optional[int], str]:
     return index, ""
 
 
-def _rss_bytes() -> Optional[int]:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except Exception:
-        return None  # not Linux: the host section says unknown
-
-
-def _process_name(pid: int) -> Optional[str]:
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().decode(errors="replace").strip() or None
-    except Exception:
-        return None  # not visible from this PID namespace, or gone
-
-
 def _host_section() -> Dict[str, Optional[int]]:
     available, total = _core.host_memory_info()
     pools = frameworks.host_pool_memory()
@@ -509,7 +405,7 @@ def _host_section() -> Dict[str, Optional[int]]:
     return {
         "total_bytes": int(total),
         "available_bytes": int(available),
-        "process_rss_bytes": _rss_bytes(),
+        "process_rss_bytes": host.current_rss_bytes(),
         "gpukeeper_pools_allocated_bytes": allocated,
         "gpukeeper_pools_reserved_bytes": reserved,
     }
@@ -543,34 +439,6 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
     )
 
 
-def _nvml_processes(nvml: Any, handle: Any, notes: List[str]) -> Optional[List[ProcessMemory]]:
-    """Every process NVML lists on the device (compute and graphics), one per pid."""
-    seen: Dict[int, Optional[int]] = {}
-    ok = False
-    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        fn = getattr(nvml, getter, None)
-        if fn is None:
-            continue
-        try:
-            infos = fn(handle)
-        except Exception as exc:
-            notes.append(f"{getter} failed: {_nvml_text(exc)}")
-            continue
-        ok = True
-        for info in infos:
-            pid = int(info.pid)
-            used = getattr(info, "usedGpuMemory", None)
-            used = None if used is None else int(used)
-            # A process with compute and graphics work is listed twice with one figure.
-            if pid in seen:
-                prev = seen[pid]
-                used = prev if used is None else used if prev is None else max(used, prev)
-            seen[pid] = used
-    if not ok:
-        return None
-    return [ProcessMemory(pid, _process_name(pid), used) for pid, used in seen.items()]
-
-
 def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
     notes: List[str] = []
     framework_memory = frameworks.memory_by_framework(device)
@@ -585,15 +453,15 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
     except Exception:
         pass
 
-    nvml, nvml_reason = _NVML.get() if use_nvml else (None, "disabled (use_nvml=False)")
+    nvml, nvml_reason = NVML.get() if use_nvml else (None, "disabled (use_nvml=False)")
     handle = None
     if nvml is not None:
         try:
-            handle, how = _nvml_handle(nvml, device)
+            handle, how = device_handle(nvml, device)
             if how != "same index":
                 notes.append(f"NVML device matched by {how}")
         except Exception as exc:
-            notes.append(f"no NVML device matched CUDA device {device}: {_nvml_text(exc)}")
+            notes.append(f"no NVML device matched CUDA device {device}: {error_text(exc)}")
 
     name = f"CUDA device {device}"
     total = free = None
@@ -601,15 +469,15 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
     processes: Optional[List[ProcessMemory]] = None
     if handle is not None:
         try:
-            name = _text(nvml.nvmlDeviceGetName(handle))
+            name = text(nvml.nvmlDeviceGetName(handle))
         except Exception:
             pass
         try:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
             total, free, source = int(info.total), int(info.free), "nvml"
         except Exception as exc:
-            notes.append(f"nvmlDeviceGetMemoryInfo failed: {_nvml_text(exc)}")
-        processes = _nvml_processes(nvml, handle, notes)
+            notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
+        processes = device_processes(nvml, handle, notes)
     if total is None:
         # cudaMemGetInfo needs a context: this creates one on `device` if the process has
         # none yet (NVML avoids that, which is why it comes first).
@@ -642,7 +510,7 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
         elif (
             (reserved_known or 0) > 0
             or _holds_context(device)
-            or any(_process_name(p.pid) is None for p in others)
+            or any(process_name(p.pid) is None for p in others)
         ):
             # We have a context (we hold device memory, or the driver says so) yet are not
             # listed, or listed PIDs do not exist here: NVML's PIDs are another PID
@@ -655,6 +523,16 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
         else:
             process_bytes = 0
             this_process = "not listed: no CUDA context on this device"
+    listed = None if this_process.startswith("unknown") else this_process.startswith("found")
+    census = frameworks.context_census(
+        device, reading=ProcessReading(listed, process_bytes), primary_in_use=(reserved_known or 0) > 0
+    )
+    primary, other = census.primary, census.other
+    if other is not None and other > 0 and primary:
+        notes.append(
+            "another CUDA context than the primary one is in use (" + census.how + "): NVML "
+            "gives one figure per process, so its memory is not told apart from the "
+            "primary context's")
     return MemoryReport(
         mode="cuda",
         device=device,
@@ -667,10 +545,13 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
         process_source="nvml" if processes is not None else "unavailable",
         this_process=this_process,
         other_processes=others,
-        nvml=_NVML.status() if use_nvml else nvml_reason,
+        nvml=NVML.status() if use_nvml else nvml_reason,
         host=_host_section(),
         pid=pid,
         notes=notes,
+        primary_context=primary,
+        other_contexts=other,
+        contexts_how=census.how,
     )
 
 
@@ -684,26 +565,6 @@ def _holds_context(device: int) -> bool:
         return device in active()
     except Exception:
         return False
-
-
-def _device_free_total(device: int, *, use_nvml: bool = True) -> Tuple[int, int, str]:
-    """(free, total, source) bytes of CUDA device ``device``.
-
-    NVML first (it needs no CUDA context, so asking never costs the ~0.5 GiB a new
-    context takes); ``cudaMemGetInfo`` when NVML is unavailable or has no matching
-    device. Raises ``InvalidInputError`` for a bad index and ``DeviceError`` if
-    cudaMemGetInfo fails.
-    """
-    nvml, _ = _NVML.get() if use_nvml else (None, "")
-    if nvml is not None:
-        try:
-            handle, _how = _nvml_handle(nvml, device)
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            return int(info.free), int(info.total), "nvml"
-        except Exception:
-            pass  # fall back to the runtime's own view
-    free, total = _core.device_memory_info(device)
-    return int(free), int(total), "cudaMemGetInfo"
 
 
 def _torch_name(device: int) -> Optional[str]:

@@ -11,7 +11,8 @@ import pytest
 
 import gpukeeper
 from gpukeeper.errors import InvalidInputError
-from gpukeeper.md import benchmark_md_trajectory, latency_stats
+from gpukeeper import host
+from gpukeeper.md import benchmark_md_trajectory, latency_stats, leak_verdict
 
 CUDA = gpukeeper.cuda_available()
 gpu = pytest.mark.skipif(not CUDA, reason=f"no usable CUDA device: {CUDA.reason}")
@@ -109,6 +110,88 @@ def test_growth_that_stops_is_not_a_leak() -> None:
                                 memory_sample_every=1)
     assert r.memory_delta_gb * 1024 > 3  # growth is seen ...
     assert r.memory_leak is False  # ... but it is not a leak
+
+
+# --------------------------------------------------------------------- leak verdicts under noise
+
+MB = 1 << 20
+glibc = pytest.mark.skipif(host.malloc_in_use_reader() is None, reason="no glibc mallinfo2 here")
+
+
+def _noisy_model(seed: int, leak_bytes: int = 0, keep: list = None):
+    """A CPU model that makes and drops numpy arrays of 1-4 MB each step (the C allocator
+    keeps and reuses their pages: RSS moves by megabytes), optionally keeping
+    ``leak_bytes`` per step alive."""
+    rng = np.random.default_rng(seed)
+    kept = [] if keep is None else keep
+
+    def model(x: float) -> float:
+        a = np.ones(int(rng.integers(1, 5)) * MB // 8)
+        b = a * 2.0 + x
+        if leak_bytes:
+            kept.append(np.ones(leak_bytes // 8))
+        return float(b.sum())
+
+    return model
+
+
+@glibc
+def test_clean_noisy_cpu_loop_is_never_a_leak() -> None:
+    for seed in range(5):
+        r = benchmark_md_trajectory(_noisy_model(seed), [1.0] * 100, device="cpu", warmup_steps=5)
+        assert r.memory_leak is False, r.memory_leak_reason
+        assert r.memory_leak_source == "malloc_in_use"
+        assert r.memory_source == "process_rss" and "malloc_in_use" in r.memory_series
+        assert "process_rss" in r.memory_leak_reason  # RSS stays as the cross-check
+
+
+@glibc
+def test_planted_leak_of_ten_times_the_tolerance_is_found_under_noise() -> None:
+    for seed in range(3):
+        kept: list = []
+        # 100 kB a step over 100 steps: 10 MB, 10x the 1 MB tolerance.
+        r = benchmark_md_trajectory(_noisy_model(seed, 100_000, kept), [1.0] * 100, device="cpu",
+                                    warmup_steps=5)
+        assert r.memory_leak is True, r.memory_leak_reason
+        assert r.memory_leak_source == "malloc_in_use"
+        growth = r.memory_series["malloc_in_use"][-1] - r.memory_series["malloc_in_use"][0]
+        assert growth == pytest.approx(100 * 100_000, rel=0.1)
+
+
+@glibc
+def test_series_noisier_than_the_tolerance_is_inconclusive() -> None:
+    rng = np.random.default_rng(7)
+
+    def model(x: float) -> np.ndarray:
+        # The result is kept until the next step: 1-20 MB alive at every sample.
+        return np.ones(int(rng.integers(1, 21)) * MB // 8)
+
+    r = benchmark_md_trajectory(model, [1.0] * 120, device="cpu", warmup_steps=2,
+                                memory_sample_every=1)
+    assert r.memory_leak is None
+    assert r.memory_leak_reason.startswith("inconclusive: malloc_in_use noise")
+    assert "> tolerance 1 MB" in r.memory_leak_reason
+    assert r.memory_noise_bytes > MB
+    assert any("inconclusive" in w for w in r.warnings)
+    assert "inconclusive" in r.summary()
+
+
+def test_leak_verdict_steady_leak_jump_and_flat() -> None:
+    xs = list(range(0, 101, 5))
+    steady = leak_verdict(xs, [1000 + 50_000 * x for x in xs], 100, 1.0, "s")
+    assert steady.leak is True and steady.noise < 1.0 and steady.steady == 1.0
+    jump = leak_verdict(xs, [0 if x < 80 else 6 * MB for x in xs], 100, 1.0, "rss")
+    assert jump.leak is None and jump.reason.startswith("inconclusive: rss noise 6.00 MB > tolerance 1 MB")
+    flat = leak_verdict(xs, [5 * MB] * len(xs), 100, 1.0)
+    assert flat.leak is False and flat.growth == 0.0
+    # A leak far above the noise is a leak even when the noise exceeds the tolerance.
+    noisy = [50 * MB * x // 100 + (2 * MB if i % 2 else 0) for i, x in enumerate(xs)]
+    big = leak_verdict(xs, noisy, 100, 1.0)
+    assert big.noise > MB and big.leak is True and "above its noise" in big.reason
+    with pytest.raises(InvalidInputError):
+        leak_verdict([1], [1], 10, 1.0)
+    with pytest.raises(InvalidInputError):
+        leak_verdict([1, 2], [1, 2], 0, 1.0)
 
 
 def test_ns_per_day_arithmetic() -> None:

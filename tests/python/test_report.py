@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 import gpukeeper
-from gpukeeper import _core, frameworks, report
+from gpukeeper import _core, frameworks, nvml, report
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.frameworks import FrameworkMemory
 from gpukeeper.report import MemoryReport, memory_report, memory_reports
@@ -31,9 +31,9 @@ gpu = pytest.mark.skipif(not CUDA, reason=f"no usable CUDA device: {CUDA.reason}
 @pytest.fixture(autouse=True)
 def fresh_nvml():
     """Each test loads NVML anew (some swap pynvml for a fake) and leaves it reset."""
-    report._NVML.reset()
+    nvml.NVML.reset()
     yield
-    report._NVML.reset()
+    nvml.NVML.reset()
 
 
 # --------------------------------------------------------------------- host (any machine)
@@ -224,7 +224,7 @@ def fake_cuda(monkeypatch):
 
 def install(monkeypatch, fake: FakeNvml) -> FakeNvml:
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    report._NVML.reset()
+    nvml.NVML.reset()
     return fake
 
 

@@ -13,8 +13,11 @@ HOST = "host"
 
 def _active(fixed: Optional[List[int]]) -> List[int]:
     """The devices to look at now: those in use (never create a context to find nothing),
-    restricted to ``fixed`` when the caller named devices."""
+    restricted to ``fixed`` when the caller named devices. With no GPU framework loaded,
+    the devices where an engine holds a CUDA context of its own (NVML) count too."""
     active = frameworks.active_devices()
+    if not frameworks.gpu_frameworks_loaded():
+        active = sorted(set(active) | set(frameworks.context_devices()))
     if fixed is None:
         return active
     return [d for d in fixed if d in active]
@@ -24,6 +27,12 @@ def _measure(devices: Iterable[int]) -> Snapshot:
     snap: Snapshot = {}
     for d in devices:
         per = frameworks.memory_by_framework(d)
+        if not per:
+            # No framework on the device: what the process holds there is an engine's
+            # (its own CUDA context and buffers), read from NVML.
+            engine = frameworks.engine_memory(d)
+            if engine is not None:
+                per = {engine.name: engine}
         if per:
             snap[f"cuda:{d}"] = per
     host = frameworks.host_pool_memory()
@@ -58,7 +67,7 @@ def _release(fixed: Optional[List[int]], devices: List[int], released: Dict[str,
         got = frameworks.release_all_caches(None)
     else:
         got = {}
-        for d in devices:
+        for d in _framework_devices(devices):
             for name, n in frameworks.release_all_caches(d).items():
                 got[name] = got.get(name, 0) + n
         # Host and pinned pools belong to no device: a named device must not keep them.
@@ -73,5 +82,13 @@ def _synchronize(fixed: Optional[List[int]], devices: List[int]) -> None:
     if fixed is None:
         frameworks.synchronize_all(None)
     else:
-        for d in devices:
+        for d in _framework_devices(devices):
             frameworks.synchronize_all(d)
+
+
+def _framework_devices(devices: List[int]) -> List[int]:
+    """The devices where a framework's primary context exists: asking a framework to
+    synchronize or release on another device (one only an engine uses) would make it
+    create a context there."""
+    active = set(frameworks.active_devices())
+    return [d for d in devices if d in active]

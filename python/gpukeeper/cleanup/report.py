@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from gpukeeper import frameworks
 from gpukeeper.frameworks import FrameworkMemory
 
 # location ("cuda:0", "host") -> framework name -> its memory
@@ -98,6 +99,35 @@ class CleanupReport:
         return sum(self.released.values())
 
     @property
+    def unreturnable(self) -> Dict[str, Dict[str, int]]:
+        """Per location and framework, the bytes a framework still reserves beyond what
+        its live arrays use after cleanup, when gpukeeper cannot make it give them back
+        (JAX's allocator keeps its pool for the life of the process). Not a leak: the
+        memory is free for that framework, and for no one else."""
+        out: Dict[str, Dict[str, int]] = {}
+        for loc, per in self.after.items():
+            for name, mem in per.items():
+                if mem.reserved is None or frameworks.release_hint(name) is None:
+                    continue
+                kept = mem.reserved - (mem.allocated or 0)
+                if kept > 0:
+                    out.setdefault(loc, {})[name] = kept
+        return out
+
+    def release_hints(self) -> Dict[str, str]:
+        """For each framework in :attr:`unreturnable`, how to make its memory returnable."""
+        names = {name for per in self.unreturnable.values() for name in per}
+        return {name: frameworks.release_hint(name) or "" for name in sorted(names)}
+
+    def _unreturnable_text(self) -> str:
+        parts = [
+            f"{name} keeps {_fmt_bytes(b)} reserved on {loc} that it never gives back"
+            for loc, per in self.unreturnable.items()
+            for name, b in per.items()
+        ]
+        return "; ".join(parts)
+
+    @property
     def leaked(self) -> bool:
         """True when anything is still held above the baseline."""
         return self.held_bytes > 0
@@ -128,18 +158,24 @@ class CleanupReport:
             "duration_s": self.duration_s,
             "exc_type": self.exc_type,
             "notes": list(self.notes),
+            "unreturnable": {loc: dict(per) for loc, per in self.unreturnable.items()},
+            "release_hints": self.release_hints(),
         }
 
     def summary(self) -> str:
         """One line: what is still held, or that nothing is."""
+        kept = self._unreturnable_text()
+        if kept:
+            kept = f"; {kept} ({'; '.join(self.release_hints().values())})"
         if not self.leaked:
-            return f"{self.source}: nothing held above the baseline"
+            return f"{self.source}: nothing held above the baseline{kept}"
         parts = [
             f"{name} {_fmt_bytes(b)} on {loc}"
             for loc, per in self.held.items()
             for name, b in per.items()
         ]
-        return f"{self.source}: {_fmt_bytes(self.held_bytes)} still held after cleanup ({', '.join(parts)})"
+        return (f"{self.source}: {_fmt_bytes(self.held_bytes)} still held after cleanup "
+                f"({', '.join(parts)}){kept}")
 
     def table(self) -> str:
         """A readable multi-line table."""

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 
+from gpukeeper import frameworks, host
+from gpukeeper import nvml as _nvml
 from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.timing.result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion
@@ -145,26 +147,71 @@ class L2Flusher:
 # --------------------------------------------------------------------- memory
 
 
-def _host_rss() -> Optional[int]:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None  # not Linux: no cheap resident-set reading
+@dataclass
+class _HostSync:
+    """GPU work gpukeeper cannot put events around (JAX's streams, an engine's own CUDA
+    context): each call is timed on the host clock up to ``wait(result)``."""
+
+    name: str  # the result's backend: "jax" or "engine"
+    index: int
+    how: str
+    wait: Callable[[Any], None]
+    synchronized: Optional[bool]
+
+
+def _jax_plan(index: int) -> _HostSync:
+    return _HostSync("jax", index, "host clock around jax.block_until_ready on the result",
+                     lambda result: frameworks.jax_block_until_ready(result), True)
+
+
+def _engine_plan(index: int, synchronize: Optional[Callable[[], Any]], why: str) -> _HostSync:
+    def wait(result: Any) -> None:
+        frameworks.synchronize_all(index)
+        if synchronize is not None:
+            synchronize()
+
+    if synchronize is not None:
+        how = f"{why}: host clock around each call and the caller's synchronize()"
+    else:
+        how = (f"{why}: host clock around each call, without a synchronization (none given): "
+               "work still queued when a call returns is not in its time")
+    return _HostSync("engine", index, how, wait, True if synchronize is not None else False)
 
 
 class _Memory:
     """Reads memory before/after/peak from the framework that owns the device."""
 
-    def __init__(self, backend: TimerBackend) -> None:
+    def __init__(self, backend: TimerBackend, host_sync: Optional[_HostSync] = None) -> None:
         self.backend = backend
+        self.host_sync = host_sync
         self.source: Optional[str] = None
         self.before: Optional[int] = None
         self.after: Optional[int] = None
         self.peak: Optional[int] = None
+        self.why = ""
+        self._read: Optional[Callable[[], Optional[int]]] = None
+        self._peak_before: Optional[int] = None
 
     def start(self) -> None:
         b = self.backend
+        plan = self.host_sync
+        if plan is not None and plan.name == "jax":
+            stats = frameworks.jax_memory_stats(plan.index)
+            if stats is not None and "bytes_in_use" in stats:
+                self.source = "jax"
+                self.before = int(stats["bytes_in_use"])
+                self._peak_before = stats.get("peak_bytes_in_use")
+                return
+            self.why = "JAX gives no memory statistics on this device"
+        if plan is not None:
+            read, why = _nvml.process_memory_reader(plan.index)
+            if read is None:
+                self.why = f"device memory not read: NVML {why}"
+                return
+            self.source = "nvml_process"
+            self._read = read
+            self.before = read()
+            return
         if b.name == "torch":
             torch = sys.modules["torch"]
             self.source = "torch"
@@ -178,12 +225,21 @@ class _Memory:
             self.source = "cupy"
             self.before = int(cupy.get_default_memory_pool().used_bytes())
         elif not b.is_gpu:
-            self.before = _host_rss()
+            self.before = host.current_rss_bytes()
             self.source = "host_rss" if self.before is not None else None
 
     def stop(self) -> None:
         b = self.backend
-        if self.source == "torch":
+        if self.source == "jax":
+            stats = frameworks.jax_memory_stats(self.host_sync.index) or {}  # type: ignore[union-attr]
+            self.after = int(stats.get("bytes_in_use", 0))
+            peak = stats.get("peak_bytes_in_use")
+            # JAX's peak cannot be reset: it is this run's only when the run raised it.
+            if peak is not None and self._peak_before is not None and peak > self._peak_before:
+                self.peak = int(peak)
+        elif self.source == "nvml_process":
+            self.after = self._read()  # type: ignore[misc]
+        elif self.source == "torch":
             torch = sys.modules["torch"]
             self.after = int(torch.cuda.memory_allocated(b.device.index))
             self.peak = int(torch.cuda.max_memory_allocated(b.device.index))
@@ -192,7 +248,7 @@ class _Memory:
 
             self.after = int(cupy.get_default_memory_pool().used_bytes())
         elif self.source == "host_rss":
-            self.after = _host_rss()
+            self.after = host.current_rss_bytes()
 
 
 # --------------------------------------------------------------------- throttling
@@ -214,15 +270,11 @@ _CLOCK_DROP = 0.90
 
 def _nvml_sample(index: int) -> Tuple[Optional[Dict[str, Any]], str]:
     """(clocks and reasons, "") or (None, why not)."""
-    try:
-        from gpukeeper.report import _NVML, _nvml_handle
-    except Exception as exc:  # the report module failed to import: say so, do not fail
-        return None, f"unavailable: {exc}"
-    nvml, reason = _NVML.get()
+    nvml, reason = _nvml.NVML.get()
     if nvml is None:
         return None, reason
     try:
-        handle, _ = _nvml_handle(nvml, index)
+        handle, _ = _nvml.device_handle(nvml, index)
         sample: Dict[str, Any] = {
             "sm_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
             "mem_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
@@ -312,6 +364,38 @@ def _gate_timed_out_warning(timeout_ms: float, when: str) -> str:
     )
 
 
+# --------------------------------------------------------------------- GPU work without events
+
+
+def _host_sync_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[], Any]]) -> Optional[_HostSync]:
+    """The host-clock plan for GPU work that events cannot see, decided before the
+    warm-up (JAX found from the warm-up's result is decided after it)."""
+    if synchronize is not None and spec.is_cuda:
+        return _engine_plan(spec.index or 0, synchronize, f"GPU work on cuda:{spec.index or 0}")
+    if device is not None or spec.is_cuda:
+        return None
+    jax_devices = frameworks.jax_gpu_devices()
+    if jax_devices and synchronize is None:
+        return _jax_plan(int(getattr(jax_devices[0], "id", 0)))
+    if frameworks.gpu_frameworks_loaded():
+        return None
+    devices = frameworks.context_devices()
+    if devices:
+        return _engine_plan(devices[0], synchronize,
+                            f"a CUDA context with no framework on cuda:{devices[0]}")
+    return None
+
+
+def _timing_method(plan: Optional[_HostSync], on_gpu: bool, backend: str, hidden: bool) -> str:
+    if plan is not None:
+        return plan.how
+    if on_gpu:
+        return (f"CUDA events ({backend}) on the current stream around each call"
+                + (", launch latency hidden behind a gate" if hidden else "")
+                + "; each call waited for")
+    return "host clock around each call (CPU work)"
+
+
 # --------------------------------------------------------------------- benchmark
 
 
@@ -327,6 +411,7 @@ def benchmark_function(
     max_noise: Optional[float] = None,
     hide_launch_latency: Optional[bool] = None,
     gate_timeout_ms: Optional[float] = None,
+    synchronize: Optional[Callable[[], Any]] = None,
     **kwargs: Any,
 ) -> BenchmarkResult:
     """Times ``fn(*args, **kwargs)`` call by call and returns a ``BenchmarkResult``.
@@ -361,6 +446,18 @@ def benchmark_function(
       (this resets PyTorch's peak counter), CuPy's pool bytes, or the host RSS on CPU.
     - torch.compile: frames compiled during the measured calls are counted in
       ``recompiles`` (only when ``torch._dynamo`` is already loaded).
+    - GPU work without events: a function that returns JAX arrays runs on JAX's own
+      streams; it is GPU work timed on the host clock around ``jax.block_until_ready``
+      on its result, with JAX's memory statistics (``device`` None picks it when JAX has
+      a GPU and PyTorch/CuPy are not usable, or when the warm-up's result holds JAX
+      arrays). With ``device`` None and no framework loaded, a CUDA context in the
+      process (an engine's own, such as OpenMM's) makes it GPU work too, timed on the
+      host clock, its memory NVML's figure for this process. ``synchronize``: a callable
+      that waits for such an engine's work (``lambda: context.getState()``); given, each
+      call is timed up to its return (host clock) and memory comes from NVML. Without
+      it an engine's queued work may be missing from the times (``synchronized`` False,
+      with a warning). ``work``, ``timing_method`` and ``synchronized`` in the result say
+      what was timed and how.
 
     Exceptions raised by ``fn`` propagate unchanged. Bad arguments raise
     ``InvalidInputError``.
@@ -378,15 +475,22 @@ def benchmark_function(
     if hide_launch_latency is not None and not isinstance(hide_launch_latency, bool):
         raise InvalidInputError(f"hide_launch_latency must be a bool or None, got {hide_launch_latency!r}")
     fixed_timeout = None if gate_timeout_ms is None else check_gate_timeout(gate_timeout_ms)
+    if synchronize is not None and not callable(synchronize):
+        raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
     label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
 
     spec = resolve_device(device)
     backend = select_backend(spec)
     warnings: List[str] = []
+    plan = _host_sync_plan(device, spec, synchronize)
+    if plan is not None:
+        spec = DeviceSpec("cuda", plan.index)
 
     flusher: Optional[L2Flusher] = None
     if l2_flush:
-        if backend.is_gpu:
+        if plan is not None:
+            warnings.append(f"l2_flush ignored: {plan.name} work runs where gpukeeper cannot flush before it")
+        elif backend.is_gpu:
             flusher = L2Flusher(backend)
             if flusher.nbytes == 0:
                 warnings.append("l2_flush: the L2 size could not be read; nothing flushed")
@@ -394,7 +498,7 @@ def benchmark_function(
             warnings.append("l2_flush ignored: only a GPU's L2 cache is flushed")
 
     gates: Any = None
-    if backend.is_gpu and hide_launch_latency is not False:
+    if backend.is_gpu and plan is None and hide_launch_latency is not False:
         gates = _gates()
         if gates is None and hide_launch_latency:
             raise GpuError(
@@ -414,7 +518,11 @@ def benchmark_function(
             timeout = fixed_timeout or _gate_timeout_ms(slowest_ms)
             gate = gates.StreamGate(backend.current_stream(), gate_index, timeout)
         try:
-            fn(*args, **kwargs)
+            last = fn(*args, **kwargs)
+            if plan is not None:
+                plan.wait(last)
+            elif synchronize is not None:
+                synchronize()
         finally:
             if gate is not None:
                 gate.open()
@@ -426,22 +534,41 @@ def benchmark_function(
             if gate.outcome == "timed_out":
                 gates = None
                 warnings.append(_gate_timed_out_warning(timeout, "in the last warm-up call"))
+    if plan is None and warmup > 0 and spec.is_cuda and frameworks.holds_jax_arrays(last):
+        # Events on PyTorch's or CuPy's stream never see JAX's streams.
+        jax_index = frameworks.jax_device_index(last)
+        plan = _jax_plan(jax_index if jax_index is not None else (spec.index or 0))
+        spec = DeviceSpec("cuda", plan.index)
+        gates = None
+        if flusher is not None:
+            flusher.release()
+            flusher = None
+            warnings.append("l2_flush ignored: jax work runs where gpukeeper cannot flush before it")
+    last = None
     backend.synchronize()
+    if plan is not None and plan.synchronized is False:
+        warnings.append(
+            "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, so "
+            "each call's time may end before its work does (pass synchronize=, e.g. "
+            "lambda: simulation.context.getState())")
+    timed_on_gpu = backend.is_gpu and plan is None
 
     stream = backend.current_stream()
     gate_timeout = fixed_timeout or _gate_timeout_ms(slowest_ms)
     frames_before = _dynamo_frames()
     clocks: Dict[str, Any] = {}
     nvml_before: Optional[Dict[str, Any]] = None
-    if backend.is_gpu:
+    if backend.is_gpu or plan is not None:
         nvml_before, why = _nvml_sample(spec.index or 0)
         clocks["nvml"] = why or "ok"
         if nvml_before is not None:
             clocks["before"] = nvml_before
         else:
             warnings.append(f"throttle detection {why}")
-    memory = _Memory(backend)
+    memory = _Memory(backend, plan)
     memory.start()
+    if memory.why:
+        warnings.append(memory.why)
 
     criterion: Optional[NoiseCriterion] = None
     if noise_limit is not None:
@@ -468,7 +595,15 @@ def benchmark_function(
         gate = gates.StreamGate(stream, gate_index, gate_timeout) if gates is not None else None
         if flusher is not None:
             flusher.flush(stream)
-        if backend.is_gpu:
+        if plan is not None:
+            wait = plan.wait
+            h0 = clock()
+            result = fn(*args, **kwargs)
+            wait(result)
+            h1 = clock()
+            result = None
+            t = (h1 - h0) / 1e6
+        elif timed_on_gpu:
             h0 = clock()
             try:
                 record(start_evt, stream)
@@ -492,6 +627,8 @@ def benchmark_function(
         else:
             h0 = clock()
             fn(*args, **kwargs)
+            if synchronize is not None:
+                synchronize()
             h1 = clock()
             t = (h1 - h0) / 1e6
         host_times.append((h1 - h0) / 1e6)
@@ -544,15 +681,15 @@ def benchmark_function(
 
     result = BenchmarkResult(
         name=label,
-        times_ms=gpu_times if backend.is_gpu else host_times,
+        times_ms=gpu_times if timed_on_gpu else host_times,
         host_times_ms=host_times,
-        gpu_times_ms=gpu_times if backend.is_gpu else None,
-        timing="gpu" if backend.is_gpu else "host",
+        gpu_times_ms=gpu_times if timed_on_gpu else None,
+        timing="gpu" if timed_on_gpu else "host",
         device=str(spec),
-        backend=backend.name,
+        backend=plan.name if plan is not None else backend.name,
         warmup=warmup,
         l2_flush=flusher is not None and flusher.nbytes > 0,
-        launch_latency=("hidden" if launch_hidden else "included") if backend.is_gpu else "n/a",
+        launch_latency=("hidden" if launch_hidden else "included") if timed_on_gpu else "n/a",
         gpu_floor_ms=floor_ms if launch_hidden else None,
         stop_reason=stop_reason,
         total_time_s=total_s,
@@ -564,6 +701,9 @@ def benchmark_function(
         recompiles=recompiles,
         warnings=warnings,
         clocks=clocks,
+        work="gpu" if (timed_on_gpu or plan is not None) else "cpu",
+        timing_method=_timing_method(plan, timed_on_gpu, backend.name, launch_hidden),
+        synchronized=plan.synchronized if plan is not None else True,
     )
     limit = noise_limit if noise_limit is not None else NOISY_THRESHOLD
     noise = result.relative_noise

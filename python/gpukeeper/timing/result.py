@@ -59,7 +59,9 @@ class BenchmarkResult:
     Memory (bytes; None where nothing could be read): ``memory_before_bytes``,
     ``memory_after_bytes``, ``memory_peak_bytes`` as read from ``memory_source``
     (``"torch"``: PyTorch's allocated bytes on the device; ``"cupy"``: CuPy's pool;
-    ``"host_rss"``: the process's resident set on the CPU). ``memory_delta_gb`` is
+    ``"host_rss"``: the process's resident set on the CPU; ``"jax"``: JAX's allocator
+    statistics (``bytes_in_use``); ``"nvml_process"``: NVML's figure for this process,
+    for an engine's own CUDA context). ``memory_delta_gb`` is
     (after - before) in GiB, as seed 004 reads it.
 
     ``launch_latency``: ``"hidden"`` when each call's GPU time was taken behind a gate
@@ -72,6 +74,12 @@ class BenchmarkResult:
     Conditions: ``noisy`` (relative noise above the limit), ``throttled`` (True/False
     from NVML, None when unknown), ``recompiles`` (torch.compile frames compiled while
     measuring), and ``warnings`` (one readable line each).
+
+    What was timed: ``work`` is ``"gpu"`` or ``"cpu"`` (where ``fn``'s work runs: JAX
+    work or an engine's own CUDA context is GPU work timed on the host clock);
+    ``timing_method`` says how each call was timed, in words; ``synchronized`` is True
+    when each call's time ends at a wait for its work, False when gpukeeper could not
+    wait for it (an engine without a ``synchronize`` callable), None when it cannot tell.
     """
 
     name: str
@@ -97,10 +105,18 @@ class BenchmarkResult:
     warnings: List[str] = field(default_factory=list)
     clocks: Dict[str, Any] = field(default_factory=dict)
     speedup: Optional[float] = None
+    work: Optional[str] = None
+    timing_method: str = ""
+    synchronized: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if not self.times_ms:
             raise InvalidInputError(f"BenchmarkResult {self.name!r} needs at least one time")
+        if self.work is None:
+            # Results saved before the field existed: events meant GPU work.
+            self.work = "gpu" if self.timing == "gpu" else "cpu"
+        if self.work not in ("gpu", "cpu"):
+            raise InvalidInputError(f"BenchmarkResult work must be 'gpu' or 'cpu', got {self.work!r}")
         self.times_ms = [float(t) for t in self.times_ms]
         self.host_times_ms = [float(t) for t in self.host_times_ms]
         if self.gpu_times_ms is not None:
@@ -214,13 +230,16 @@ class BenchmarkResult:
         """A few readable lines: latency statistics, throughput, memory, warnings."""
         s = self._summary
         lines = [
-            f"{self.name}: {s.count} calls on {self.device} ({self.timing} time, {self.backend})",
+            f"{self.name}: {s.count} calls on {self.device} ({(self.work or 'cpu').upper()} work, "
+            f"{self.timing} time, {self.backend})",
             f"  mean   {s.mean:.4f} ms ± {s.std:.4f} ms (noise {_pct(s.relative_std)})",
             f"  median {s.median:.4f} ms  IQR {s.iqr:.4f} ms ({_pct(s.relative_iqr)})",
             f"  min {s.min:.4f}  p5 {s.p5:.4f}  p25 {s.p25:.4f}  p75 {s.p75:.4f}  "
             f"p95 {s.p95:.4f}  p99 {s.p99:.4f}  max {s.max:.4f} ms",
             f"  throughput {self.calls_per_s:,.1f} calls/s",
         ]
+        if self.timing_method:
+            lines.insert(1, f"  timed: {self.timing_method}")
         if self.gpu_times_ms is not None and self._host is not None:
             lines.append(f"  host latency median {self._host.median:.4f} ms (launch + wait)")
             lines.append(f"  launch latency {self.launch_latency} in the GPU times")

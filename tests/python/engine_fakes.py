@@ -1,0 +1,187 @@
+"""Fakes for the engine and JAX tests on a machine without a GPU.
+
+- ``FakeNvml``: just enough of pynvml (one device, a compute-process list whose entry for
+  this process can change between reads).
+- ``FakeDriver``: what ``frameworks`` asks the CUDA driver (primary-context state, the
+  context current on this thread).
+- ``fake_jax``: a ``jax`` module with one GPU device, arrays that record
+  ``block_until_ready`` and a configurable ``memory_stats()``.
+- ``install_engine``: a process in which no framework is loaded and an engine holds a
+  CUDA context of its own on device 0 (the OpenMM case).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Any, Callable, Dict, List, Optional
+
+from gpukeeper import frameworks, nvml
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class _Info:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+class FakeNvml(types.ModuleType):
+    """pynvml with one device. ``used`` is this process's device memory: an int, or a
+    callable returning it (called on every read, so a test can make it grow)."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_CLOCK_SM = 0
+    NVML_CLOCK_MEM = 1
+
+    def __init__(self, used: Any = None, others: Optional[List[Any]] = None) -> None:
+        super().__init__("pynvml")
+        self.used = used
+        self.others = others or []
+        self.reads = 0
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "999.99"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        return ("handle", index)
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return "Fake GPU"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        return _Info(total=80 * GiB, free=60 * GiB, used=20 * GiB)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> List[Any]:
+        self.reads += 1
+        listed = list(self.others)
+        if self.used is not None:
+            used = self.used() if callable(self.used) else self.used
+            listed.append(_Info(pid=os.getpid(), usedGpuMemory=int(used)))
+        return listed
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> List[Any]:
+        return []
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, which: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        return 0
+
+
+class FakeDriver:
+    """The driver as ``frameworks`` sees it: ``primary`` per device, and the device of a
+    non-primary context current on this thread (None: none)."""
+
+    def __init__(self, primary: Dict[int, bool], foreign: Optional[int] = None) -> None:
+        self.handles = list(range(len(primary)))
+        self.primary = primary
+        self.foreign = foreign
+
+    def primary_active(self, ordinal: int) -> Optional[bool]:
+        return self.primary.get(ordinal)
+
+    def foreign_current_context(self) -> Optional[int]:
+        return self.foreign
+
+
+def install_nvml(monkeypatch: Any, fake: FakeNvml) -> FakeNvml:
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    nvml.NVML.reset()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return fake
+
+
+def install_driver(monkeypatch: Any, driver: FakeDriver) -> FakeDriver:
+    monkeypatch.setattr(frameworks, "_libcuda_loaded", lambda: True)
+    monkeypatch.setattr(frameworks, "_load_driver", lambda: driver)
+    return driver
+
+
+def hide_frameworks(monkeypatch: Any) -> None:
+    """No framework in the process: torch/cupy/jax out of sys.modules (this test's code
+    never imports them; monkeypatch puts them back), no gpukeeper device pool."""
+    for name in ("torch", "cupy", "jax"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(frameworks, "live_pools", lambda: [])
+
+
+def install_engine(monkeypatch: Any, used: Any) -> FakeNvml:
+    """An engine (OpenMM) holding its own CUDA context on device 0; no framework."""
+    hide_frameworks(monkeypatch)
+    install_driver(monkeypatch, FakeDriver({0: False}))
+    return install_nvml(monkeypatch, FakeNvml(used))
+
+
+class Growing:
+    """A device-memory figure that grows by ``step`` bytes every read (an engine that
+    leaks), from ``start``."""
+
+    def __init__(self, start: int, step: int) -> None:
+        self.value = start
+        self.step = step
+
+    def __call__(self) -> int:
+        self.value += self.step
+        return self.value
+
+
+# --------------------------------------------------------------------- JAX
+
+
+def fake_jax(stats: Optional[Dict[str, int]] = None) -> types.ModuleType:
+    """A ``jax`` module with one GPU device whose ``memory_stats()`` returns ``stats``."""
+    jax = types.ModuleType("jax")
+    jax.blocked = 0  # type: ignore[attr-defined]
+
+    class Device:
+        platform = "gpu"
+        id = 0
+
+        def memory_stats(self) -> Optional[Dict[str, int]]:
+            return None if stats is None else dict(stats)
+
+    device = Device()
+
+    class Array:
+        def __init__(self, value: float) -> None:
+            self.value = value
+
+        def devices(self) -> set:
+            return {device}
+
+    def block_until_ready(x: Any) -> Any:
+        jax.blocked += 1  # type: ignore[attr-defined]
+        return x
+
+    tree_util = types.SimpleNamespace(
+        tree_leaves=lambda x: list(x) if isinstance(x, (list, tuple)) else [x]
+    )
+    jax.Array = Array  # type: ignore[attr-defined]
+    jax.devices = lambda: [device]  # type: ignore[attr-defined]
+    jax.block_until_ready = block_until_ready  # type: ignore[attr-defined]
+    jax.tree_util = tree_util  # type: ignore[attr-defined]
+    jax.clear_caches = lambda: None  # type: ignore[attr-defined]
+    jax.effects_barrier = lambda: None  # type: ignore[attr-defined]
+    return jax
+
+
+def counter() -> Callable[[], None]:
+    """A callable that counts its calls in ``.calls``."""
+
+    def call() -> None:
+        call.calls += 1  # type: ignore[attr-defined]
+
+    call.calls = 0  # type: ignore[attr-defined]
+    return call
