@@ -6,13 +6,12 @@ import contextlib
 import sys
 import threading
 import time
-import traceback
 import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
 from gpukeeper.cleanup import deferred, ipython_refs
-from gpukeeper.cleanup.frames import caller_frame
+from gpukeeper.cleanup.frames import caller_frame, clear_traceback_frames
 from gpukeeper.cleanup.measure import _active, _measure
 from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_names
 from gpukeeper.cleanup.report import CleanupReport, Snapshot, _fmt_bytes, _leak_message
@@ -209,7 +208,7 @@ class GPUContext(contextlib.ContextDecorator):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         frame: _Frame = self._local.frames.pop()
         if tb is not None and not self.keep_traceback_locals:
-            traceback.clear_frames(tb)  # frees what the failed calls' locals hold
+            clear_traceback_frames(tb)  # frees what the failed calls' locals hold
         if frame.tracker is not None:
             frame.tracker.stop()  # before cleanup, so that its own work is not recorded
         caller = caller_frame(1)

@@ -12,8 +12,8 @@ module synchronizes and releases the caches of the context's devices:
   frameworks' allocated bytes are back at the baseline). A finalizer runs while its
   object is being destroyed, before PyTorch or CuPy free its memory, so the release is
   made at the next call the dying thread makes after the statement that freed it (a
-  one-shot ``sys.setprofile`` hook): ``del model`` then ``torch.cuda.memory_reserved()``
-  sees the memory back.
+  one-shot C-level profile hook, ``PyEval_SetProfile``): ``del model`` then
+  ``torch.cuda.memory_reserved()`` sees the memory back.
 * **after a short quiet time** otherwise (some of it freed): later deaths push the
   timer back (at most ``_MAX_WAIT_S`` in all), so a loop of deletes costs one release.
 
@@ -26,6 +26,7 @@ older baseline), at interpreter exit and in a forked child.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import os
 import sys
@@ -280,16 +281,66 @@ def _died(arming: _Arming, group: _Group) -> None:
         _warn("a finalizer", e)
 
 
+class _Sentinel:
+    """What ``sys.getprofile()`` returns while the hook below is installed."""
+
+    def __repr__(self) -> str:
+        return "<gpukeeper deferred-release hook>"
+
+
+_SENTINEL = _Sentinel()
+
+
+def _load_profile_api() -> Any:
+    """``PyEval_SetProfile`` and the hook as a C function, or None (not CPython).
+
+    A C-level profile function, not ``sys.setprofile``: CPython copies a frame's locals
+    into its ``f_locals`` dict before each call of a Python-level one, and that copy
+    would keep alive the very objects the next ``del`` is meant to free."""
+    try:
+        set_profile = ctypes.pythonapi.PyEval_SetProfile
+        set_profile.argtypes = [ctypes.c_void_p, ctypes.py_object]
+        set_profile.restype = None
+        kind = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.c_int, ctypes.c_void_p)
+    except Exception:
+        return None
+
+    def hook(_obj: Any, frame: Any, _what: int, _arg: Any) -> int:
+        try:
+            _after_statement(frame)
+        except BaseException:
+            pass  # _after_statement warns itself; a profile function must return 0
+        return 0
+
+    c_hook = kind(hook)
+    return set_profile, c_hook, ctypes.cast(c_hook, ctypes.c_void_p)
+
+
+_profile_api = _load_profile_api()
+
+
+def _set_hook(on: bool) -> None:
+    set_profile, _c_hook, address = _profile_api
+    if on:
+        set_profile(address, _SENTINEL)
+    else:
+        set_profile(None, None)
+
+
 def _watch_next_call(arming: _Arming) -> bool:
     """Checks ``arming`` at the first call this thread makes once the statement that
     killed the object has ended (its memory is freed by then); False when that cannot be
-    watched (another profiler is installed)."""
+    watched (another profiler is installed, or this is not CPython)."""
+    if _profile_api is None:
+        return False
+    current = sys.getprofile()
     pending = getattr(_tls, "pending", None)
-    if pending is not None:
+    if pending is not None and current is _SENTINEL:
         if arming not in pending:
             pending.append(arming)
         return True
-    if sys.getprofile() is not None:
+    if current is not None and current is not _SENTINEL:
+        _tls.pending = _tls.trigger = None  # replaced by another profiler
         return False
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename in _SKIP_FILES:
@@ -298,11 +349,11 @@ def _watch_next_call(arming: _Arming) -> bool:
     _tls.trigger = frame
     _tls.lasti = frame.f_lasti if frame is not None else -1
     _tls.events = 0
-    sys.setprofile(_after_statement)
+    _set_hook(True)
     return True
 
 
-def _after_statement(frame: FrameType, event: str, arg: Any) -> None:
+def _after_statement(frame: FrameType) -> None:
     """The one-shot profile hook: waits until the statement that killed the object moved
     on, then checks the armings that died there."""
     try:
@@ -310,13 +361,13 @@ def _after_statement(frame: FrameType, event: str, arg: Any) -> None:
         if trigger is not None and trigger.f_lasti == _tls.lasti and _tls.events < _MAX_EVENTS:
             _tls.events += 1
             return  # still inside that statement: the memory may not be freed yet
-        sys.setprofile(None)
+        _set_hook(False)
         pending = _tls.pending or []
         _tls.pending = _tls.trigger = None
         for arming in pending:
             _check(arming, timer=False)
     except Exception as e:
-        sys.setprofile(None)
+        _set_hook(False)
         _tls.pending = _tls.trigger = None
         _warn("the release after a deletion", e)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import sys
-from types import FrameType
+import traceback
+from types import FrameType, TracebackType
 from typing import Any, Dict, Optional
 
 # Before Python 3.13 (PEP 667) a function frame's ``f_locals`` is a dict the frame keeps
@@ -38,3 +39,20 @@ def frame_locals(frame: Optional[FrameType]) -> Dict[str, Any]:
     if _SNAPSHOT_DICT and frame.f_code.co_flags & inspect.CO_OPTIMIZED and isinstance(snapshot, dict):
         snapshot.clear()
     return values
+
+
+def clear_traceback_frames(tb: Optional[TracebackType]) -> None:
+    """``traceback.clear_frames(tb)``, and the ``f_locals`` snapshots of the cleared
+    function frames emptied too: before Python 3.13 ``frame.clear()`` leaves the dict a
+    traceback formatter (IPython's) read from ``f_locals``, holding every local."""
+    traceback.clear_frames(tb)
+    if not _SNAPSHOT_DICT:
+        return
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+            try:
+                frame.f_locals  # re-synced from the cleared frame: the dict empties
+            except Exception:
+                pass  # an executing frame was not cleared: its snapshot stays
+        tb = tb.tb_next

@@ -23,7 +23,6 @@ from __future__ import annotations
 import gc
 import re
 import sys
-import traceback
 import warnings
 import weakref
 from typing import Any, List, Optional, Set
@@ -31,13 +30,16 @@ from typing import Any, List, Optional, Set
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
 from gpukeeper.cleanup import deferred, exit_guard
+from gpukeeper.cleanup.frames import clear_traceback_frames
 from gpukeeper.errors import InvalidInputError
 
 _HISTORY_NAME = re.compile(r"_+|_\d+")
 _PLAIN_UNDERSCORES = ("_", "__", "___")
 _MAX_VISITED = 20_000  # bound on the objects walked to see what a result holds
 
-_seen: "weakref.WeakSet[BaseException]" = weakref.WeakSet()
+# Set on an exception that left a GPUContext: builtin exceptions take no weak reference,
+# and a strong one would keep the very frames this is about alive.
+_MARK = "_gpukeeper_left_context"
 _shells: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
@@ -70,9 +72,9 @@ def note_failed_block(exc: Optional[BaseException]) -> None:
     if exc is None or _shell() is None:
         return
     try:
-        _seen.add(exc)
-    except TypeError:
-        return
+        setattr(exc, _MARK, True)
+    except Exception:
+        return  # an exception type without attributes: its traceback is left alone
     watch_shell()
 
 
@@ -91,15 +93,19 @@ def _chain(exc: Optional[BaseException]) -> List[BaseException]:
 
 def _clear_last_traceback(only_seen: bool) -> bool:
     chain = _chain(_last_exception())
-    if not chain or (only_seen and not any(e in _seen for e in chain)):
+    if not chain or (only_seen and not any(getattr(e, _MARK, False) for e in chain)):
         return False
     tb = getattr(sys, "last_traceback", None)
     if tb is not None:
-        traceback.clear_frames(tb)
+        clear_traceback_frames(tb)
     for exc in chain:
         if exc.__traceback__ is not None:
-            traceback.clear_frames(exc.__traceback__)
-        _seen.discard(exc)
+            clear_traceback_frames(exc.__traceback__)
+        if getattr(exc, _MARK, False):
+            try:
+                delattr(exc, _MARK)  # once is enough
+            except Exception:
+                pass
     return True
 
 
@@ -152,20 +158,34 @@ def _holds_device_memory(armed: Set[int]) -> Any:
     return hit
 
 
+def _is_history_name(key: Any) -> bool:
+    return isinstance(key, str) and _HISTORY_NAME.fullmatch(key) is not None
+
+
+def _keys_of(ns: Any, value: Any) -> List[Any]:
+    keys = []
+    for key, item in ns.items():  # a plain loop: a closure over value would refer to it
+        if item is value:
+            keys.append(key)
+    return keys
+
+
 def _history_only(shell: Any, value: Any) -> bool:
-    """Whether nothing but IPython's output history refers to ``value``."""
-    holders = {id(shell.user_ns), id(getattr(shell, "user_ns_hidden", None)), id(shell.displayhook)}
+    """Whether nothing but IPython's output history refers to ``value`` (as far as the
+    collector sees: containers it does not track are invisible, and only history
+    entries are ever dropped, never the object itself)."""
+    namespaces = (shell.user_ns, getattr(shell, "user_ns_hidden", None))
+    hook_dict = getattr(shell.displayhook, "__dict__", None)
     out = shell.user_ns.get("Out")
     for ref in gc.get_referrers(value):
-        if ref is out or type(ref).__name__ == "ExecutionResult":
+        if ref is out or ref is shell.displayhook or ref is hook_dict:
             continue
-        if id(ref) in holders:
-            if isinstance(ref, dict) and any(
-                v is value and not (isinstance(k, str) and _HISTORY_NAME.fullmatch(k)) for k, v in ref.items()
-            ):
-                return False  # a user's name in the namespace
+        if type(ref).__name__ == "ExecutionResult":
             continue
-        if ref is getattr(shell.displayhook, "__dict__", None):
+        if any(ref is ns for ns in namespaces):
+            for key in _keys_of(ref, value):
+                if not _is_history_name(key):
+                    return False  # a user's name in the namespace
             continue
         return False
     return True
@@ -175,12 +195,14 @@ def _forget(shell: Any, value: Any) -> None:
     """Removes ``value`` from every place of IPython's output history."""
     out = shell.user_ns.get("Out")
     if isinstance(out, dict):
-        for key in [k for k, v in out.items() if v is value]:
+        for key in _keys_of(out, value):
             del out[key]
     for ns in (shell.user_ns, getattr(shell, "user_ns_hidden", None)):
         if not isinstance(ns, dict):
             continue
-        for key in [k for k, v in ns.items() if v is value and isinstance(k, str) and _HISTORY_NAME.fullmatch(k)]:
+        for key in _keys_of(ns, value):
+            if not _is_history_name(key):
+                continue
             if key in _PLAIN_UNDERSCORES:
                 ns[key] = ""  # what IPython starts them with
             else:
