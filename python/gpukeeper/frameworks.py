@@ -15,7 +15,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from gpukeeper import host, nvml
 
@@ -45,6 +45,7 @@ __all__ = [
     "context_devices",
     "engine_memory",
     "ENGINE",
+    "live_array_holders",
 ]
 
 
@@ -802,30 +803,17 @@ def _device_filter(device: Union[int, str, None]) -> Callable[[str, Optional[int
     return lambda kind, index: kind == "cuda" and index == device
 
 
-def live_arrays(device: Union[int, str, None] = None) -> List[LiveArray]:
-    """Every PyTorch tensor and CuPy array Python can reach on ``device``, largest first.
-
-    ``device``: a CUDA ordinal, ``None`` (every CUDA device) or ``"cpu"`` (host tensors).
-    Walks ``gc.get_objects()``: tens of milliseconds, meant for reports and leak hunts,
-    never for a fast path. Memory held only from C++ (an autograd graph's saved tensors,
-    a library's workspace) is not seen.
-    """
+def _walk_arrays(device: Union[int, str, None]) -> Iterator[Tuple[Tuple[str, str, int], int, LiveArray, Any]]:
+    """Each PyTorch tensor and CuPy array on ``device`` that Python can reach, as
+    ``(allocation key, rank, entry, object)``; shared by ``live_arrays`` and
+    ``live_array_holders``."""
     wanted = _device_filter(device)
     torch = sys.modules.get("torch")
     tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
     cupy = sys.modules.get("cupy")
     cupy_type = getattr(cupy, "ndarray", None) if cupy is not None else None
     if tensor_type is None and cupy_type is None:
-        return []
-    found: Dict[Tuple[str, str, int], Tuple[int, LiveArray]] = {}
-
-    def offer(key: Tuple[str, str, int], rank: int, entry: LiveArray) -> None:
-        # Several tensors may share one allocation: keep the one that best describes it
-        # (a base over a view, then the largest).
-        old = found.get(key)
-        if old is None or rank > old[0]:
-            found[key] = (rank, entry)
-
+        return
     # Classified by type(), cached per type: isinstance() would call __class__ on every
     # object (slower, and some proxies warn when touched).
     kinds: Dict[type, int] = {}
@@ -861,7 +849,7 @@ def live_arrays(device: Union[int, str, None] = None) -> List[LiveArray]:
                 )
             except Exception:
                 continue  # sparse, meta, fake or otherwise storage-less tensors
-            offer(("torch", label, ptr), rank, entry)
+            yield ("torch", label, ptr), rank, entry, obj
         else:
             try:
                 index = int(obj.device.id)
@@ -879,5 +867,42 @@ def live_arrays(device: Union[int, str, None] = None) -> List[LiveArray]:
                 )
             except Exception:
                 continue
-            offer(("cupy", label, ptr), rank, entry)
+            yield ("cupy", label, ptr), rank, entry, obj
+
+
+def live_arrays(device: Union[int, str, None] = None) -> List[LiveArray]:
+    """Every PyTorch tensor and CuPy array Python can reach on ``device``, largest first.
+
+    ``device``: a CUDA ordinal, ``None`` (every CUDA device) or ``"cpu"`` (host tensors).
+    Walks ``gc.get_objects()``: tens of milliseconds, meant for reports and leak hunts,
+    never for a fast path. Memory held only from C++ (an autograd graph's saved tensors,
+    a library's workspace) is not seen.
+    """
+    found: Dict[Tuple[str, str, int], Tuple[int, LiveArray]] = {}
+    for key, rank, entry, _obj in _walk_arrays(device):
+        # Several tensors may share one allocation: keep the one that best describes it
+        # (a base over a view, then the largest).
+        old = found.get(key)
+        if old is None or rank > old[0]:
+            found[key] = (rank, entry)
     return sorted((e for _, e in found.values()), key=lambda e: (-e.nbytes, e.framework, e.data_ptr))
+
+
+def live_array_holders(device: Union[int, str, None] = None) -> List[Tuple[LiveArray, List[Any]]]:
+    """Like ``live_arrays``, with the Python objects (tensors, views, arrays) that refer to
+    each allocation: the allocation is freed once they all die (unless C++ holds it too).
+
+    For cleanup that waits for those objects to die (weak references); the list holds
+    them strongly, so drop it promptly.
+    """
+    found: Dict[Tuple[str, str, int], Tuple[int, LiveArray, List[Any]]] = {}
+    for key, rank, entry, obj in _walk_arrays(device):
+        old = found.get(key)
+        if old is None:
+            found[key] = (rank, entry, [obj])
+        else:
+            old[2].append(obj)
+            if rank > old[0]:
+                found[key] = (rank, entry, old[2])
+    ordered = sorted(found.values(), key=lambda v: (-v[1].nbytes, v[1].framework, v[1].data_ptr))
+    return [(entry, objs) for _, entry, objs in ordered]

@@ -2,9 +2,9 @@
 
 >>> gpu_mem = get_gpu_memory_manager()          # the current device; one per device
 >>> gpu_mem.free_cache()                        # every framework's caches; never raises
->>> if gpu_mem.allocate(size_gb=required_gb):   # True when that much can be had now
+>>> if gpu_mem.allocate(size_gb=required_gb):   # True when that much GPU memory can be had
 ...     result = gpu_process(data)
-... else:
+... else:                                       # not enough, or no usable GPU at all
 ...     result = cpu_process(data)
 >>> used, available, total = gpu_mem.get_memory_info()   # GiB
 >>> print(gpu_mem)
@@ -16,9 +16,13 @@ Sizes are in GB of 1024**3 bytes (what the seed's code computed), as floats.
 shows), so ``used + available == total``. For the split by framework, context and
 other processes, see :func:`gpukeeper.report.memory_report` (``manager.report()``).
 
-**CPU mode.** Without CUDA the manager describes the host: available is the host's
-``MemAvailable``, total its physical memory, and ``free_cache()`` releases gpukeeper's
-host pools. ``manager.cpu_mode`` is True and ``str()`` says so.
+**CPU mode.** Without a usable GPU, ``allocate()`` answers False whatever the size, so
+that the seed's ``if gpu_mem.allocate(...): gpu_process(...) else: cpu_process(...)``
+takes the CPU path; ``manager.reason`` says why ("" when a GPU is usable) and so does
+``str()``. The figures then describe the host (available is its ``MemAvailable``, total
+its physical memory), ``free_cache()`` releases gpukeeper's host pools and
+``manager.cpu_mode`` is True. Whether the host can take ``size_gb`` is its own question:
+``host_allocate(size_gb)``, in either mode.
 
 The FAISS helpers of seed 003 are in :mod:`gpukeeper.faiss_helpers` (re-exported here).
 """
@@ -31,7 +35,7 @@ import math
 import numbers
 import sys
 import threading
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from gpukeeper import _core, frameworks
 from gpukeeper.errors import InvalidInputError
@@ -73,6 +77,13 @@ class GPUMemoryManager:
     def cpu_mode(self) -> bool:
         """True when there is no usable CUDA device and the host is described instead."""
         return self.device is None
+
+    @property
+    def reason(self) -> str:
+        """Why no GPU is usable (then ``allocate()`` is always False); "" when one is."""
+        if self.device is not None:
+            return ""
+        return self.cpu_reason or "no usable CUDA device"
 
     # ----------------------------------------------------------------- figures
 
@@ -128,30 +139,52 @@ class GPUMemoryManager:
         return released
 
     def allocate(self, size_gb: Any) -> bool:
-        """True when ``size_gb`` GB can be had on this device now, releasing the
-        frameworks' caches first if the free memory falls short; False otherwise.
+        """True when ``size_gb`` GB of GPU memory can be had on this device now,
+        releasing the frameworks' caches first if the free memory falls short; False
+        otherwise, and always False without a usable GPU (``reason`` says why).
 
         A check, not a reservation: nothing is allocated, and another thread or process
         may take the memory afterwards. A size above the device's total (``inf``
         included) is False at once. ``InvalidInputError`` for a negative, NaN or
-        non-numeric size; never an exception for a size that is merely too big.
+        non-numeric size (in CPU mode too); never an exception for a size that is merely
+        too big. For host memory, see :meth:`host_allocate`.
         """
         size = _size_gb(size_gb)
+        if self.device is None:
+            return False  # the GPU path of the caller's code cannot run here
+        return self._can_have(size, f"allocate({size_gb!r})", self._label(), self._free_total, self.free_cache)
+
+    def host_allocate(self, size_gb: Any) -> bool:
+        """True when ``size_gb`` GB of host memory is available now (the host's
+        ``MemAvailable``), releasing gpukeeper's host-pool caches first if it falls
+        short; in either mode. A check, not a reservation. ``InvalidInputError`` for a
+        negative, NaN or non-numeric size."""
+        size = _size_gb(size_gb)
+        return self._can_have(size, f"host_allocate({size_gb!r})", "host", _host_free_total, _release_host_pools)
+
+    @staticmethod
+    def _can_have(
+        size: float,
+        call: str,
+        where: str,
+        free_total: Callable[[], Tuple[int, int]],
+        release: Callable[[], Any],
+    ) -> bool:
+        """Whether ``size`` GB fit in what ``free_total`` reports, after ``release``
+        when they do not fit at first but could."""
         try:
-            free, total = self._free_total()
-        except Exception as exc:  # a device we cannot query cannot promise memory
-            _log.warning(
-                "gpukeeper: allocate(%r) could not read %s: %s", size_gb, self._label(), exc
-            )
+            free, total = free_total()
+        except Exception as exc:  # memory we cannot query cannot be promised
+            _log.warning("gpukeeper: %s could not read %s: %s", call, where, exc)
             return False
         need = size * GiB
         if need <= free:
             return True
         if need > total:
             return False  # no cache release can help; skip its cost
-        self.free_cache()
+        release()
         try:
-            free, _ = self._free_total()
+            free, _ = free_total()
         except Exception:
             return False
         return need <= free
@@ -194,13 +227,30 @@ class GPUMemoryManager:
             f"{'available' if self.cpu_mode else 'free'} / {total:.2f} GB total ({pct:.1f}% used)"
         )
         if self.cpu_mode:
-            return f"CPU mode, host memory ({self.cpu_reason}): {figures}"
+            return f"CPU mode, no usable GPU ({self.reason}), allocate() is False; host memory: {figures}"
         name = self._name()
         return f"{self._label()}{f' ({name})' if name else ''}: {figures}"
 
     def __repr__(self) -> str:
         target = "cpu" if self.device is None else self.device
         return f"GPUMemoryManager(device={target!r})"
+
+
+def _host_free_total() -> Tuple[int, int]:
+    available, total = _core.host_memory_info()
+    return int(available), int(total)
+
+
+def _release_host_pools() -> int:
+    """Host and pinned pools' caches only: a host question must not empty the GPU's."""
+    released = 0
+    try:
+        for pool in frameworks.live_pools():
+            if getattr(pool, "kind", "device") in ("host", "pinned"):
+                released += int(pool.emergency_cleanup_all())
+    except Exception as exc:
+        _log.warning("gpukeeper: releasing host pools failed: %s: %s", type(exc).__name__, exc)
+    return released
 
 
 def _size_gb(size_gb: Any) -> float:

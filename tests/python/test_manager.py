@@ -74,6 +74,7 @@ def test_host_manager_reports_host_memory():
     assert m.get_total_memory() == pytest.approx(_core.host_memory_info()[1] / GiB)
     text = str(m)
     assert text.startswith("CPU mode") and "GB used" in text and "GB total" in text
+    assert "allocate() is False" in text and m.reason and m.reason in text
     assert repr(m) == "GPUMemoryManager(device='cpu')"
     assert m.report().mode == "cpu"
 
@@ -83,26 +84,85 @@ def test_without_cuda_the_default_manager_is_cpu_mode():
     m = get_gpu_memory_manager()
     assert m.cpu_mode and m is get_gpu_memory_manager(0) is get_gpu_memory_manager("cpu")
     assert "CUDA unavailable" in str(m)
+    assert m.reason.startswith("CUDA unavailable") and m.reason == m.cpu_reason
+
+
+@pytest.mark.skipif(bool(CUDA), reason="checks the CPU mode of a machine without CUDA")
+def test_seed_003_fallback_takes_the_cpu_path_without_a_gpu():
+    gpu_mem = get_gpu_memory_manager()
+    ran = []
+    for required_gb in (0, 0.1, 1e-9):
+        if gpu_mem.allocate(size_gb=required_gb):
+            ran.append("gpu_process")
+        else:
+            ran.append("cpu_process")
+    assert ran == ["cpu_process"] * 3
+    assert gpu_mem.reason and gpu_mem.reason in str(gpu_mem)
+
+
+def test_cpu_mode_allocate_is_false_whatever_the_size_and_says_why():
+    m = GPUMemoryManager(None, "no driver on this host")
+    for size in (0, 0.1, Fraction(1, 100), 10_000, math.inf):
+        assert m.allocate(size) is False
+    assert m.reason == "no driver on this host"
+    assert "no usable GPU (no driver on this host)" in str(m)
+    assert GPUMemoryManager(None).reason == "no usable CUDA device"
+    with pytest.raises(InvalidInputError):
+        m.allocate(-1)  # bad input is still an error, not a quiet False
+
+
+def test_a_usable_gpu_has_no_reason():
+    assert GPUMemoryManager(0).reason == ""
 
 
 def test_allocate_small_and_huge():
     m = get_gpu_memory_manager()
-    assert m.allocate(0) is True
-    assert m.allocate(0.1) is True
-    assert m.allocate(Fraction(1, 100)) is True
+    expected = not m.cpu_mode  # without a GPU every size is False
+    assert m.allocate(0) is expected
+    assert m.allocate(0.1) is expected
+    assert m.allocate(Fraction(1, 100)) is expected
     assert m.allocate(10_000) is False
     assert m.allocate(999_999) is False
     assert m.allocate(math.inf) is False
+
+
+def test_host_allocate_small_and_huge():
+    m = get_gpu_memory_manager()
+    assert m.host_allocate(0) is True
+    assert m.host_allocate(0.1) is True
+    assert m.host_allocate(Fraction(1, 100)) is True
+    assert m.host_allocate(999_999) is False
+    assert m.host_allocate(math.inf) is False
 
 
 @pytest.mark.parametrize("bad", [-1, -0.5, math.nan, "1", None, True, [1], 1j])
 def test_allocate_rejects_bad_sizes(bad):
     with pytest.raises(InvalidInputError):
         get_gpu_memory_manager().allocate(bad)
+    with pytest.raises(InvalidInputError):
+        get_gpu_memory_manager().host_allocate(bad)
+    with pytest.raises(InvalidInputError):
+        GPUMemoryManager(None, "cpu").allocate(bad)
+
+
+def test_host_allocate_releases_only_host_pools_when_needed(monkeypatch, pools):
+    pool = pools("host")
+    pool.get_managed_buffer(0, 8 * MiB, "uint8").release()
+    assert pool.stats(0).reserved_bytes >= 8 * MiB
+    state = {"free": 1 * GiB}
+    monkeypatch.setattr(manager, "_host_free_total", lambda: (state["free"], 10 * GiB))
+    device_releases = []
+    monkeypatch.setattr(frameworks, "release_all_caches", lambda d=None: device_releases.append(d) or {})
+    m = GPUMemoryManager(0)
+    assert m.host_allocate(0.5) is True and pool.stats(0).reserved_bytes >= 8 * MiB  # fits
+    assert m.host_allocate(20) is False and pool.stats(0).reserved_bytes >= 8 * MiB  # above total
+    assert m.host_allocate(3) is False  # short even after releasing the host pool's cache
+    assert pool.stats(0).reserved_bytes == 0
+    assert device_releases == []  # a host question never empties the GPU's caches
 
 
 def test_allocate_releases_caches_only_when_needed(monkeypatch):
-    m = GPUMemoryManager(None, "test")
+    m = GPUMemoryManager(0)  # figures and release stood in below: no device is touched
     state = {"free": 1 * GiB, "released": 0}
 
     def free_total():
@@ -307,6 +367,7 @@ def test_gpu_manager_figures():
     assert used + available == pytest.approx(total, abs=1e-9)
     assert 0 < available <= total
     assert str(m).startswith("GPU 0") and "GB free" in str(m)
+    assert m.reason == "" and "no usable GPU" not in str(m)
     assert m.allocate(0.1) is True
     assert m.allocate(10_000) is False
 

@@ -19,8 +19,13 @@ the device with its shape, dtype and bytes, and with ``track_allocations=True`` 
 that created it.
 
 A ``with`` block is not a scope: names bound inside it keep their objects alive after it
-ends. Delete them, build and train inside a function, or empty them with
-``cleanup_models(model, optimizer)``, which frees their memory even while the names live.
+ends. When memory is still held at exit, the context arms finalizers on what holds it, so
+that ``del model`` after the block gives the memory back to the driver at once, without a
+second call (``report.deferred``). ``cleanup_models(model, optimizer)`` frees their memory
+even while the names live, and ``GPUContext(release_names=True)`` does that at exit for
+every object the block bound to a name (opt-in: it destroys them). In IPython, a failed
+cell's traceback and the output history do not keep a GPUContext's memory alive;
+``release_ipython_references()`` drops every result holding device memory.
 
 ``install_exit_guard()`` makes a script release its memory, and say what it still held, at
 interpreter exit and on SIGINT/SIGTERM, without ever hanging there on a stuck GPU.
@@ -31,6 +36,7 @@ pools, and the garbage collector runs only when those still hold memory.
 
 from gpukeeper.cleanup.context import GPUContext, cleanup_cuda
 from gpukeeper.cleanup.exit_guard import exit_guard_installed, install_exit_guard, uninstall_exit_guard
+from gpukeeper.cleanup.ipython_refs import release_ipython_references
 from gpukeeper.cleanup.models import cleanup_models
 from gpukeeper.cleanup.report import CleanupReport, LeakedArray
 from gpukeeper.errors import EmptiedObjectError, LeakWarning, MemoryLeakError
@@ -47,4 +53,5 @@ __all__ = [
     "install_exit_guard",
     "uninstall_exit_guard",
     "exit_guard_installed",
+    "release_ipython_references",
 ]

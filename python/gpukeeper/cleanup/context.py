@@ -6,13 +6,15 @@ import contextlib
 import sys
 import threading
 import time
-import traceback
 import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from gpukeeper.cleanup import deferred, ipython_refs
+from gpukeeper.cleanup.frames import caller_frame, clear_traceback_frames
 from gpukeeper.cleanup.measure import _active, _measure
-from gpukeeper.cleanup.report import CleanupReport, Snapshot, _leak_message
+from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_names
+from gpukeeper.cleanup.report import CleanupReport, Snapshot, _fmt_bytes, _leak_message
 from gpukeeper.cleanup.run import _run_cleanup
 from gpukeeper.cleanup.tracking import _AllocationTracker
 from gpukeeper.errors import InvalidInputError, LeakWarning, MemoryLeakError
@@ -63,6 +65,7 @@ class _Frame:
     baseline: Snapshot
     started: float
     tracker: Optional[_AllocationTracker]
+    names: Optional[NameSnapshot]
 
 
 class GPUContext(contextlib.ContextDecorator):
@@ -90,8 +93,53 @@ class GPUContext(contextlib.ContextDecorator):
       cleared (``traceback.clear_frames``; the block's own frame and the exception are
       kept), True keeps them for post-mortem debugging.
 
+    **Names that outlive the block.** A ``with`` block is not a scope: ``model`` bound
+    inside it is still alive at exit, so its memory cannot be given back then. When
+    memory is still held above the baseline at exit (``report.held``), the context arms
+    a finalizer (a weak reference) on each live object that may hold it: the tensors
+    and arrays on those devices (those made before the block too, as nothing tells them
+    apart) and gpukeeper ``ManagedBuffer``s there. When the held memory is gone (every
+    armed allocation died, or the allocated bytes are back at the baseline), the
+    context's devices are synchronized and their caches released, right after the
+    statement that freed it::
+
+        with GPUContext():
+            model = MyModel().cuda()
+            ...
+        del model                          # the caches are released here
+        torch.cuda.memory_reserved()       # back down, without another call
+
+    When only part of it dies, one release follows after a short quiet time (a loop of
+    ``del`` costs one release). ``report.deferred`` counts the objects armed (a note
+    says so); nothing is armed, and nothing costs anything, when nothing is held. The
+    finalizers keep nothing alive and never raise; they are disarmed once the memory is
+    back, when a later context on the same devices arms its own (it takes over, keeping
+    the older baseline), at interpreter exit and in a forked child. The release right
+    after the statement uses a one-shot ``sys.setprofile`` hook in the thread that freed
+    the memory; under another profiler it comes a few milliseconds later, from a timer.
+    ``deferred_release=False`` arms nothing.
+
+    ``release_names=True`` (opt-in): at exit, the objects the block bound to new or
+    rebound names of the frame that runs the ``with`` statement are emptied as
+    ``cleanup_models`` empties them (torch modules, optimizers and tensors, gpukeeper
+    ``ManagedBuffer``s, and containers of those; other values are left alone), before
+    the cleanup measures. It is opt-in because it destroys objects the caller may mean
+    to keep using after the block, or that something else still refers to (``w =
+    model.weight`` empties the model's weight); a later use fails loudly
+    (``EmptiedObjectError`` for a module or optimizer, ``InvalidInputError`` for a
+    released buffer, an empty tensor otherwise). Values bound to a name on entry
+    (``alias = model``) are left alone. The note in ``report.notes`` names what was
+    emptied.
+
+    **IPython.** A failed cell's traceback (``sys.last_traceback``) and the output
+    history (``Out``, ``_``...) would keep memory alive. After a cell whose exception
+    left a GPUContext, the traceback's frames are cleared and the caches released; a
+    displayed result holding armed objects is dropped from the output history once
+    nothing else refers to it. ``release_ipython_references()`` drops every result
+    holding device memory from the history.
+
     Contexts nest (each keeps its own baseline; one instance may be re-entered) and work
-    as decorators. A block's names outlive it: ``del`` them, or build inside a function.
+    as decorators.
 
     What is "held" is the net change of each framework's allocated bytes on each device:
     memory allocated before the context and freed inside it offsets memory leaked inside
@@ -112,8 +160,13 @@ class GPUContext(contextlib.ContextDecorator):
         max_listed: int = 20,
         stack_depth: int = 4,
         keep_traceback_locals: bool = False,
+        deferred_release: bool = True,
+        release_names: bool = False,
     ) -> None:
         self._fixed = _parse_device(device)
+        for name, flag in (("deferred_release", deferred_release), ("release_names", release_names)):
+            if not isinstance(flag, bool):
+                raise InvalidInputError(f"GPUContext: {name} must be True or False, got {flag!r}")
         if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
             raise InvalidInputError(f"GPUContext: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
         if collect not in (None, True, False):
@@ -130,6 +183,8 @@ class GPUContext(contextlib.ContextDecorator):
         self.max_listed = max_listed
         self.stack_depth = stack_depth
         self.keep_traceback_locals = bool(keep_traceback_locals)
+        self.deferred_release = deferred_release
+        self.release_names = release_names
         self.report: Optional[CleanupReport] = None
         # Entered frames per thread: one instance may be re-entered (nested, or used as a
         # decorator on a recursive function) and each exit must find its own baseline.
@@ -139,6 +194,7 @@ class GPUContext(contextlib.ContextDecorator):
         started = time.perf_counter()
         devices = _active(self._fixed)
         baseline = _measure(devices)
+        names = snapshot_names(caller_frame(1)) if self.release_names else None
         tracker = None
         if self.track_allocations:
             tracker = _AllocationTracker(self.stack_depth)
@@ -146,15 +202,24 @@ class GPUContext(contextlib.ContextDecorator):
         frames = getattr(self._local, "frames", None)
         if frames is None:
             frames = self._local.frames = []
-        frames.append(_Frame(devices, baseline, started, tracker))
+        frames.append(_Frame(devices, baseline, started, tracker, names))
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         frame: _Frame = self._local.frames.pop()
         if tb is not None and not self.keep_traceback_locals:
-            traceback.clear_frames(tb)  # frees what the failed calls' locals hold
+            clear_traceback_frames(tb)  # frees what the failed calls' locals hold
         if frame.tracker is not None:
             frame.tracker.stop()  # before cleanup, so that its own work is not recorded
+        caller = caller_frame(1)
+        emptied: List[str] = []
+        freed = 0
+        name_error: Optional[BaseException] = None
+        if frame.names is not None:
+            try:
+                emptied, freed = release_new_names(frame.names, caller)
+            except Exception as e:  # the cleanup below must run all the same
+                name_error = e
         report, error = _run_cleanup(
             "GPUContext",
             fixed=self._fixed,
@@ -168,6 +233,25 @@ class GPUContext(contextlib.ContextDecorator):
             tracker=frame.tracker,
             exc_type=exc_type.__name__ if exc_type is not None else None,
         )
+        if emptied:
+            report.notes.append(f"release_names: emptied {', '.join(emptied)} ({_fmt_bytes(freed)} freed)")
+        if name_error is not None:
+            report.notes.append(f"release_names failed: {type(name_error).__name__}: {name_error}")
+            error = error or name_error
+        if report.held and self.deferred_release:
+            try:
+                report.deferred, note = deferred.arm(
+                    fixed=self._fixed, baseline=frame.baseline, after=report.after, frame=caller
+                )
+            except Exception as e:  # arming is a convenience: it must not fail the exit
+                note = f"arming the deferred release failed: {type(e).__name__}: {e}"
+            if note:
+                report.notes.append(note)
+            if report.deferred:
+                ipython_refs.watch_shell()
+        if exc is not None and not self.keep_traceback_locals:
+            ipython_refs.note_failed_block(exc)
+        del caller
         self.report = report
         if error is not None and exc_type is None:
             raise error

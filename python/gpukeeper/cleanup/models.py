@@ -6,6 +6,7 @@ import sys
 from typing import Any, Dict, List, Set, Tuple
 
 from gpukeeper import frameworks
+from gpukeeper._core import ManagedBuffer
 from gpukeeper.cleanup.exit_guard import _device_stuck
 from gpukeeper.errors import EmptiedObjectError, InvalidInputError
 
@@ -26,11 +27,16 @@ class _Found:
         self.modules: List[Any] = []
         self.optimizers: List[Any] = []
         self.tensors: List[Any] = []
+        self.buffers: List[Any] = []
         self.seen: Set[int] = set()
 
 
 def _gather(obj: Any, torch: Any, found: _Found, path: str) -> None:
     if obj is None or id(obj) in found.seen:
+        return
+    if isinstance(obj, ManagedBuffer):
+        found.seen.add(id(obj))
+        found.buffers.append(obj)
         return
     if isinstance(obj, (list, tuple, set, frozenset)):
         found.seen.add(id(obj))
@@ -57,7 +63,8 @@ def _gather(obj: Any, torch: Any, found: _Found, path: str) -> None:
             return
     raise InvalidInputError(
         f"cleanup_models: cannot empty {path} (a {type(obj).__name__}): pass torch nn.Modules, "
-        "optimizers, tensors, or lists/tuples/dicts of them (del other objects instead); "
+        "optimizers, tensors, gpukeeper ManagedBuffers, or lists/tuples/dicts of them (del "
+        "other objects instead); "
         "nothing was emptied"
     )
 
@@ -68,7 +75,8 @@ def cleanup_models(*objs: Any) -> int:
 
     Accepts ``torch.nn.Module`` (parameters, buffers, gradients and tensor attributes of
     it and its submodules), ``torch.optim.Optimizer`` (its state: moments, steps), tensors,
-    and lists/tuples/sets/dicts of them; ``None`` is skipped. Anything else raises
+    gpukeeper ``ManagedBuffer``s (released: a later use raises ``InvalidInputError``), and
+    lists/tuples/sets/dicts of them; ``None`` is skipped. Anything else raises
     ``InvalidInputError`` before anything is emptied. Each tensor is swapped for an empty
     one of the same dtype and device (``tensor.data = torch.empty(0)``), on every device:
     GPU memory is the point, and CPU objects are emptied too so that the behaviour is the
@@ -80,12 +88,42 @@ def cleanup_models(*objs: Any) -> int:
     saved tensors) is not freed, and not counted. Then synchronizes and releases every
     framework's cache, so that the memory goes back to the driver.
     """
+    freed, emptied = empty_objects(*objs)
+    if emptied and not _device_stuck():
+        frameworks.synchronize_all(None)
+        frameworks.release_all_caches(None)
+    return freed
+
+
+def emptiable(obj: Any) -> bool:
+    """True when ``cleanup_models(obj)`` would empty something rather than raise: a torch
+    module, optimizer or tensor, a ManagedBuffer, or a container holding only those."""
+    found = _Found()
+    try:
+        _gather(obj, sys.modules.get("torch"), found, "value")
+    except InvalidInputError:
+        return False
+    return bool(found.modules or found.optimizers or found.tensors or found.buffers)
+
+
+def empty_objects(*objs: Any) -> Tuple[int, bool]:
+    """``cleanup_models`` without its synchronize-and-release step, for callers that
+    release the caches themselves (``GPUContext(release_names=True)``): empties the
+    objects and returns ``(bytes freed, whether anything was emptied)``."""
     torch = sys.modules.get("torch")
     found = _Found()
     for i, obj in enumerate(objs):
         _gather(obj, torch, found, f"argument {i}")
+    if not (found.modules or found.optimizers or found.tensors or found.buffers):
+        return 0, False
+
+    freed = 0
+    for buf in found.buffers:
+        if not buf.released:
+            freed += int(buf.nbytes)
+            buf.release()
     if not (found.modules or found.optimizers or found.tensors):
-        return 0
+        return freed, True
 
     tensors: Dict[int, Any] = {}
 
@@ -117,7 +155,7 @@ def cleanup_models(*objs: Any) -> int:
         if t.grad is not None:
             add(t.grad)
 
-    freed = _empty_tensors(torch, list(tensors.values()))
+    freed += _empty_tensors(torch, list(tensors.values()))
     tensors.clear()
 
     for module in found.modules:
@@ -139,11 +177,7 @@ def cleanup_models(*objs: Any) -> int:
         opt.step = _EmptiedCall(
             type(opt).__name__, "its state no longer holds memory; make a new optimizer"
         )
-
-    if not _device_stuck():
-        frameworks.synchronize_all(None)
-        frameworks.release_all_caches(None)
-    return freed
+    return freed, True
 
 
 def _empty_tensors(torch: Any, tensors: List[Any]) -> int:

@@ -70,7 +70,9 @@ class CleanupReport:
     allocated above the baseline after cleanup (above zero for ``cleanup_cuda`` and the
     exit guard); ``leaks``: the live objects that hold them, largest first (at most
     ``max_listed``; ``leaks_found`` counts all). ``gc_runs``/``gc_objects``: collections
-    run and unreachable objects they found (0 on the fast path).
+    run and unreachable objects they found (0 on the fast path). ``deferred``: objects
+    still holding memory at a ``GPUContext`` exit that were armed to release the caches
+    when they die (0 when nothing was held; see ``GPUContext``).
     """
 
     source: str
@@ -87,6 +89,7 @@ class CleanupReport:
     duration_s: float
     exc_type: Optional[str] = None
     notes: List[str] = field(default_factory=list)
+    deferred: int = 0
 
     @property
     def held_bytes(self) -> int:
@@ -160,6 +163,7 @@ class CleanupReport:
             "notes": list(self.notes),
             "unreturnable": {loc: dict(per) for loc, per in self.unreturnable.items()},
             "release_hints": self.release_hints(),
+            "deferred": self.deferred,
         }
 
     def summary(self) -> str:
