@@ -2,6 +2,7 @@
 # The whole GPU round in one call of the device tool: build, `gpukeeper check`, the C++
 # and Python suites, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu-check.sh [--no-bench | --timing-bench]
+# Wheels in .whl/ (carried to the machine) are installed first, into /tmp/site.
 #   --no-bench      build, check and tests only
 #   --timing-bench  and only issue 4's benchmarks (timing accuracy, trajectory overhead)
 set -uo pipefail
@@ -25,6 +26,14 @@ step environment
   nvcc --version | tail -2; cmake --version | head -1; g++ --version | head -1
 } 2>&1 | tee "$LOG/env.txt"
 summary "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+
+# Packages the machine lacks (OpenMM for the engine tests) travel as wheels in .whl/.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  step "carried wheels"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$LOG/wheels.txt" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  summary "wheels: $(ls .whl | tr '\n' ' ')"
+fi
 
 step "build and install (pip, no isolation)"
 if "$PY" -m pip install --no-build-isolation --no-deps . >"$LOG/pip.txt" 2>&1; then
@@ -51,7 +60,8 @@ else
 fi
 
 step "Python tests"
-"$PY" -m pytest tests/python -q -p no:cacheprovider -rs 2>&1 | tee "$LOG/pytest.txt"
+# GPUKEEPER_PYTEST_ARGS narrows the run (e.g. a few files) when iterating.
+"$PY" -m pytest ${GPUKEEPER_PYTEST_ARGS:-tests/python} -q -p no:cacheprovider -rs 2>&1 | tee "$LOG/pytest.txt"
 rc=${PIPESTATUS[0]}; summary "pytest: $(tail -1 "$LOG/pytest.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
 
 if [ "${1:-}" = "--timing-bench" ]; then

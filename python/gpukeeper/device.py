@@ -404,21 +404,28 @@ def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
     cudaMemGetInfo), ``*_bytes`` for each, ``mode`` ("cuda"/"cpu"), ``device``,
     ``frameworks`` (the per-framework breakdown).
 
-    CPU mode (see the module doc): ``allocated``/``reserved`` are the process's RSS,
-    ``peak`` its peak RSS, ``free``/``total`` the host's available/total memory, plus
-    ``host_pools_allocated_bytes``/``host_pools_reserved_bytes`` (gpukeeper host pools).
+    CPU mode (see the module doc): ``allocated`` is what the C allocator has handed out
+    and not had back (glibc's ``mallinfo2()``; ``source`` says "malloc_in_use"), else the
+    process's RSS ("process_rss"): RSS keeps pages the allocator caches for reuse, so it
+    neither falls when memory is freed nor always grows when it is taken. ``reserved`` is
+    the RSS, ``peak`` the peak RSS (at least ``allocated``), ``free``/``total`` the host's
+    available/total memory, plus ``host_pools_allocated_bytes``/
+    ``host_pools_reserved_bytes`` (gpukeeper host pools).
     """
     index = resolve_device_index(device)
     if index is None:
         rss = process_rss_bytes()
-        peak = max(rss, host.peak_rss_bytes())
+        in_use = host.malloc_in_use_bytes()
+        allocated = rss if in_use is None else in_use
+        peak = max(rss, allocated, host.peak_rss_bytes())
         try:
             free, total = (int(x) for x in _core.host_memory_info())
         except Exception:
             free = total = 0
         pools = frameworks.host_pool_memory()
-        out: Dict[str, Any] = {"mode": "cpu", "device": "cpu", "source": "process_rss"}
-        values = {"allocated": rss, "reserved": rss, "peak": peak, "free": free, "total": total}
+        out: Dict[str, Any] = {"mode": "cpu", "device": "cpu",
+                               "source": "process_rss" if in_use is None else "malloc_in_use"}
+        values = {"allocated": allocated, "reserved": rss, "peak": peak, "free": free, "total": total}
         out["host_pools_allocated_bytes"] = pools.allocated if pools else 0
         out["host_pools_reserved_bytes"] = pools.reserved if pools else 0
     else:
