@@ -696,6 +696,7 @@ class _Events:
             self._recorder = lambda e: functools.partial(e.record, handle)
             self._elapsed = lambda a, b: a.elapsed_ms(b)
             self._wait = lambda e: e.synchronize()
+            self._done = lambda e: e.query()
             self.source = "gpukeeper"
         elif torch is not None:
             self._sync = lambda: torch.cuda.synchronize(index)
@@ -708,6 +709,7 @@ class _Events:
             self._recorder = lambda e: functools.partial(e.record, stream)
             self._elapsed = lambda a, b: a.elapsed_time(b)
             self._wait = lambda e: e.synchronize()
+            self._done = lambda e: e.query()
             self.source = "torch"
         else:
             cupy = sys.modules["cupy"]
@@ -721,12 +723,35 @@ class _Events:
             self._recorder = lambda e: functools.partial(e.record, stream)
             self._elapsed = lambda a, b: cupy.cuda.get_elapsed_time(a, b)
             self._wait = lambda e: e.synchronize()
+            self._done = lambda e: bool(e.done)
             self.source = "cupy"
         self.marks = [self._new() for _ in range(size)]
         self.rec = [self._recorder(e) for e in self.marks]
         self.origin = self._new()
         self._spares: List[Any] = []
         self._restarts: Dict[int, Any] = {}  # slot -> origin recorded after host work
+        self.probes = 0  # marks queried right after their record ...
+        self.busy = 0  # ... that were still waiting for queued work on the stream
+
+    def probe(self, slot: int) -> None:
+        """Asks whether the mark just recorded in ``slot`` is still waiting for work.
+
+        A mark on a stream with nothing queued completes at once, and the laps between
+        such marks are the host's time between records: they add up to the wall time
+        whether or not the stream did the step's work (another engine's context,
+        another stream). Marks still pending right after their record show the stream
+        was busy: only then do the laps hold the work."""
+        if slot >= self.size:
+            return
+        self.probes += 1
+        try:
+            if not self._done(self.marks[slot]):
+                self.busy += 1
+        except Exception:
+            self.probes -= 1  # a failed query proves nothing either way
+
+    def busy_fraction(self) -> Optional[float]:
+        return self.busy / self.probes if self.probes else None
 
     def begin(self) -> None:
         """Records the origin of the first step."""
@@ -1071,6 +1096,8 @@ def benchmark_md_trajectory(
 
     def slow(i: int) -> Tuple[int, int]:
         nonlocal next_mem, next_bar, next_ring, base, n_samples
+        if events is not None:
+            events.probe(i - base)  # first: the mark of step i was recorded just now
         if i == next_mem:
             mem_step[n_samples] = i
             for k in range(n_series):
@@ -1209,6 +1236,15 @@ def benchmark_md_trajectory(
 
     host_ms = [v / 1e6 for v in host_ns]
     host_stats = latency_stats(host_ms, outlier_k)
+    busy = events.busy_fraction() if events is not None else None
+    if gpu_ms and busy == 0.0 and events.probes >= 3:  # type: ignore[union-attr]
+        # Every probed mark completed at once: the laps are the host's time between
+        # records, not work on the device (which ran elsewhere, or was done already).
+        warnings.append(
+            f"the timed stream was idle at each of {events.probes} probed marks: the step's "  # type: ignore[union-attr]
+            "GPU work runs elsewhere (another engine's CUDA context, another stream), or the "
+            "device finishes it before the host returns; per-step times are host latencies")
+        gpu_ms = []
     gpu_stats = latency_stats(gpu_ms, outlier_k) if gpu_ms else None
     src = "gpu" if gpu_stats is not None else "host"
     if gpu_stats is not None and sync_every is None and gpu_stats.median_ms < 0.05 * host_stats.median_ms:
@@ -1230,7 +1266,7 @@ def benchmark_md_trajectory(
             "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, "
             "so the work it still had queued after the last step may be missing from the wall "
             "clock (pass synchronize=, e.g. lambda: simulation.context.getState())")
-    steps_per_s, throughput, coverage = _throughput(n, total_time, gpu_ms, synchronized)
+    steps_per_s, throughput, coverage = _throughput(n, total_time, gpu_ms, synchronized, busy)
     ns_day = steps_per_s * timestep * 1e-6 * 86400.0 if timestep is not None else None
     per_atom = (1e6 / steps_per_s / n_atoms) if n_atoms is not None and steps_per_s > 0 else None
 
@@ -1257,11 +1293,14 @@ def benchmark_md_trajectory(
 
 
 def _throughput(n: int, total_time: float, gpu_ms: Optional[List[float]],
-                synchronized: Optional[bool]) -> Tuple[float, str, Optional[float]]:
+                synchronized: Optional[bool],
+                busy: Optional[float] = None) -> Tuple[float, str, Optional[float]]:
     """(steps per second, what decided it, events coverage): the wall clock of the whole
-    loop, unless the steps' GPU times add up to nearly all of it (``_EVENTS_COVER``):
-    then the timed stream was busy between the marks, the events hold the work, and
-    they leave out the host's bookkeeping between steps."""
+    loop, unless the events provably hold the work: the marks probed right after their
+    record were mostly still pending (``busy``, the stream had work queued) and the
+    steps' GPU times add up to nearly all of the loop (``_EVENTS_COVER``). Coverage
+    alone proves nothing: laps between marks on an idle stream add up to the wall time
+    too."""
     steps_per_s = n / total_time if total_time > 0 else math.inf
     throughput = "wall clock of the whole trajectory" + (
         "" if synchronized is not False else " (without a final synchronization)")
@@ -1269,11 +1308,15 @@ def _throughput(n: int, total_time: float, gpu_ms: Optional[List[float]],
         return steps_per_s, throughput, None
     gpu_total_s = math.fsum(gpu_ms) / 1e3
     coverage = gpu_total_s / total_time if total_time > 0 else None
-    if coverage is not None and coverage >= _EVENTS_COVER and gpu_total_s > 0:
+    if (coverage is not None and coverage >= _EVENTS_COVER and gpu_total_s > 0
+            and busy is not None and busy >= 0.5):
         return n / gpu_total_s, (
-            f"events: the steps' GPU times add up to {coverage:.1%} of the loop's wall time, "
-            "so the timed stream was busy between the marks"), coverage
-    if coverage is not None:
+            f"events: the timed stream was busy at {busy:.0%} of the probed marks and the "
+            f"steps' GPU times add up to {coverage:.1%} of the loop's wall time"), coverage
+    if coverage is not None and (busy is None or busy < 0.5):
+        throughput += (": the timed stream was not shown busy at the marks, so the events "
+                       "need not hold the work")
+    elif coverage is not None:
         throughput += (f": the steps' GPU times add up to only {coverage:.1%} of it, so the "
                        "events do not hold all of the work (it runs elsewhere, or after the "
                        "last mark)")

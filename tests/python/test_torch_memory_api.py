@@ -160,17 +160,17 @@ def test_install_and_restore_swap_torchs_functions_back_and_forth():
 
 def test_bad_devices_get_a_typed_error(monkeypatch):
     funcs = torch_memory_api._replacements(torch)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     with pytest.raises(InvalidInputError, match="does not exist"):
-        funcs["memory_allocated"](3)
+        funcs["memory_allocated"](9)
     with pytest.raises(InvalidInputError, match="does not exist"):
         funcs["_cuda_memoryStats"](-1)
     with pytest.raises(ValueError):
         funcs["memory_reserved"]("cpu")
     # A device that exists but where PyTorch never allocated holds nothing.
-    assert funcs["max_memory_allocated"](0) == 0
-    assert funcs["_cuda_memoryStats"](0)["allocated_bytes"]["all"]["current"] == 0
-    assert funcs["_cuda_getMemoryFraction"](0) == 1.0
+    assert funcs["max_memory_allocated"](7) == 0
+    assert funcs["_cuda_memoryStats"](7)["allocated_bytes"]["all"]["current"] == 0
+    assert funcs["_cuda_getMemoryFraction"](7) == 1.0
 
 
 def test_the_oom_error_is_pytorchs_own_type():

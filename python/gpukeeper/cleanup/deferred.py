@@ -307,7 +307,7 @@ def _load_profile_api() -> Any:
 
     def hook(_obj: Any, frame: Any, _what: int, _arg: Any) -> int:
         try:
-            _after_statement(frame)
+            _after_statement()
         except BaseException:
             pass  # _after_statement warns itself; a profile function must return 0
         return 0
@@ -316,10 +316,60 @@ def _load_profile_api() -> Any:
     return set_profile, c_hook, ctypes.cast(c_hook, ctypes.c_void_p)
 
 
-_profile_api = _load_profile_api()
+class _Monitor:
+    """Python 3.12+: ``sys.monitoring`` CALL and LINE events instead of the profile hook.
+
+    There the legacy profile hook is built on monitoring and reports no call of an
+    extension's bound method (``pool.stats(0)``), so the release could come a statement
+    late; monitoring callbacks also get no frame, so no ``f_locals`` copy is made. The
+    events are process-wide: they stay on while any thread waits for its statement."""
+
+    def __init__(self) -> None:
+        mon = sys.monitoring  # type: ignore[attr-defined]
+        self.tool = next((i for i in (4, 3) if mon.get_tool(i) is None), None)
+        if self.tool is None:
+            raise RuntimeError("no free sys.monitoring tool id")
+        mon.use_tool_id(self.tool, "gpukeeper deferred release")
+        events = mon.events
+        mon.register_callback(self.tool, events.CALL, lambda *args: self._event())
+        mon.register_callback(self.tool, events.LINE, lambda *args: self._event())
+        self.events = events.CALL | events.LINE
+        self.watching = 0  # threads waiting for their statement to end
+        self.lock = threading.Lock()
+
+    def _event(self) -> None:
+        if getattr(_tls, "pending", None) is not None:  # only the threads that wait
+            _after_statement()
+
+    def on(self) -> None:
+        with self.lock:
+            self.watching += 1
+            sys.monitoring.set_events(self.tool, self.events)  # type: ignore[attr-defined]
+
+    def off(self) -> None:
+        with self.lock:
+            self.watching = max(0, self.watching - 1)
+            if self.watching == 0:
+                sys.monitoring.set_events(self.tool, 0)  # type: ignore[attr-defined]
+
+
+def _load_monitor() -> Optional[_Monitor]:
+    if sys.version_info < (3, 12) or not hasattr(sys, "monitoring"):
+        return None
+    try:
+        return _Monitor()
+    except Exception:
+        return None  # every tool id taken: the timer releases instead
+
+
+_monitor = _load_monitor()
+_profile_api = None if _monitor is not None or sys.version_info >= (3, 12) else _load_profile_api()
 
 
 def _set_hook(on: bool) -> None:
+    if _monitor is not None:
+        _monitor.on() if on else _monitor.off()
+        return
     set_profile, _c_hook, address = _profile_api
     if on:
         set_profile(address, _SENTINEL)
@@ -331,17 +381,22 @@ def _watch_next_call(arming: _Arming) -> bool:
     """Checks ``arming`` at the first call this thread makes once the statement that
     killed the object has ended (its memory is freed by then); False when that cannot be
     watched (another profiler is installed, or this is not CPython)."""
-    if _profile_api is None:
+    if _monitor is None and _profile_api is None:
         return False
-    current = sys.getprofile()
     pending = getattr(_tls, "pending", None)
-    if pending is not None and current is _SENTINEL:
+    if _monitor is None:
+        current = sys.getprofile()
+        if pending is not None and current is _SENTINEL:
+            if arming not in pending:
+                pending.append(arming)
+            return True
+        if current is not None and current is not _SENTINEL:
+            _tls.pending = _tls.trigger = None  # replaced by another profiler
+            return False
+    elif pending is not None:
         if arming not in pending:
             pending.append(arming)
         return True
-    if current is not None and current is not _SENTINEL:
-        _tls.pending = _tls.trigger = None  # replaced by another profiler
-        return False
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename in _SKIP_FILES:
         frame = frame.f_back
@@ -353,22 +408,23 @@ def _watch_next_call(arming: _Arming) -> bool:
     return True
 
 
-def _after_statement(frame: FrameType) -> None:
-    """The one-shot profile hook: waits until the statement that killed the object moved
-    on, then checks the armings that died there."""
+def _after_statement() -> None:
+    """The one-shot hook: waits until the statement that killed the object moved on,
+    then checks the armings that died there."""
     try:
         trigger = _tls.trigger
         if trigger is not None and trigger.f_lasti == _tls.lasti and _tls.events < _MAX_EVENTS:
             _tls.events += 1
             return  # still inside that statement: the memory may not be freed yet
-        _set_hook(False)
         pending = _tls.pending or []
         _tls.pending = _tls.trigger = None
+        _set_hook(False)
         for arming in pending:
             _check(arming, timer=False)
     except Exception as e:
-        _set_hook(False)
-        _tls.pending = _tls.trigger = None
+        if getattr(_tls, "pending", None) is not None:
+            _tls.pending = _tls.trigger = None
+            _set_hook(False)
         _warn("the release after a deletion", e)
 
 
@@ -463,6 +519,10 @@ def _after_fork_in_child() -> None:
     _cond = threading.Condition(_lock)
     _worker = None
     _tls = threading.local()
+    if _monitor is not None and _monitor.watching:
+        _monitor.watching = 0
+        _monitor.lock = threading.Lock()
+        sys.monitoring.set_events(_monitor.tool, 0)  # type: ignore[attr-defined]
     for arming in list(_armings):
         _disarm(arming)
 

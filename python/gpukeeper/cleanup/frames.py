@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import traceback
 from types import FrameType, TracebackType
 from typing import Any, Dict, Optional
 
@@ -44,15 +43,22 @@ def frame_locals(frame: Optional[FrameType]) -> Dict[str, Any]:
 def clear_traceback_frames(tb: Optional[TracebackType]) -> None:
     """``traceback.clear_frames(tb)``, and the ``f_locals`` snapshots of the cleared
     function frames emptied too: before Python 3.13 ``frame.clear()`` leaves the dict a
-    traceback formatter (IPython's) read from ``f_locals``, holding every local."""
-    traceback.clear_frames(tb)
-    if not _SNAPSHOT_DICT:
-        return
+    traceback formatter (IPython's) read from ``f_locals``, holding every local.
+
+    A frame still executing (the one whose ``with`` block raised) cannot be cleared and
+    its ``f_locals`` is never read here: the read would snapshot its live locals into a
+    dict that outlives the user's later ``del``.
+    """
     while tb is not None:
         frame = tb.tb_frame
-        if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
-            try:
-                frame.f_locals  # re-synced from the cleared frame: the dict empties
-            except Exception:
-                pass  # an executing frame was not cleared: its snapshot stays
+        try:
+            frame.clear()
+        except RuntimeError:
+            pass  # executing or suspended: its locals are the running code's own
+        else:
+            if _SNAPSHOT_DICT and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+                try:
+                    frame.f_locals  # re-synced from the cleared frame: the dict empties
+                except Exception:
+                    pass
         tb = tb.tb_next
