@@ -877,6 +877,9 @@ def _plan(index: Optional[int], detect: bool, use_events: bool, framework: bool,
     if index is not None and framework:
         return _Plan("framework", index, "host clock (timing='host'), ended by a device synchronization"
                      + (f" and {user}" if synchronize is not None else ""))
+    if index is not None and synchronize is not None:
+        return _Plan("engine", index, "GPU work the caller synchronizes (synchronize=): host "
+                     "clock, ended by it")
     if index is not None:
         return _Plan("engine", index, f"GPU work no framework owns: host clock, ended by {user}")
     if detect and not frameworks.gpu_frameworks_loaded():
@@ -1032,7 +1035,12 @@ def benchmark_md_trajectory(
         t0 = time.perf_counter_ns()
         out = model_func(x)
         warm_ns.append(time.perf_counter_ns() - t0)
-    plan = _plan(index, detect, use_events, torch_or_cupy, out, synchronize)
+    # A synchronize callable says the steps run where gpukeeper cannot wait (another
+    # engine's context): events on the framework's stream would time that stream, and
+    # on the legacy default stream they serialize the engine's streams at every mark
+    # (an OpenMM loop beside torch ran 8% slower with them). Host clock, unless asked.
+    events_wanted = use_events and (synchronize is None or timing == "gpu")
+    plan = _plan(index, detect, events_wanted, torch_or_cupy and synchronize is None, out, synchronize)
     if plan.kind == "jax":
         frameworks.jax_block_until_ready(out)
     out = None
