@@ -7,8 +7,10 @@
 # CUPY_TESTS_DIR is the tests/ folder of CuPy's source at the installed version (e.g. from
 # the sdist: tar xzf cupy-14.2.0.tar.gz cupy-14.2.0/tests). Default folders: fft, linalg,
 # sorting, statistics, creation and sparse. Results go to $OUT (default ./gpu-results):
-# cupy-default.xml, cupy-gpukeeper.xml, cupy-compare.json/.txt. Both runs go side by side
-# (-n workers each, default 6); CuPy's tests marked slow are left out.
+# cupy-default.log.gz, cupy-gpukeeper.log.gz (pytest -v: one line per test as it ends),
+# cupy-compare.json/.txt. Both runs go side by side (-n workers each, default 6); CuPy's
+# tests marked slow are left out. A run cut by CUPY_SUITE_TIMEOUT is still compared on
+# the tests both runs finished.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tests=$(cd "${1:?CuPy tests folder}" && pwd); shift
@@ -22,10 +24,11 @@ workers=${CUPY_SUITE_WORKERS:-6}
 export PYTHONPATH="$root/tests/external${PYTHONPATH:+:$PYTHONPATH}"
 run() {  # run MODE HOOK
   (cd "$tests" && GPUKEEPER_CUPY_HOOK=$2 timeout "${CUPY_SUITE_TIMEOUT:-420}" "$PY" -m pytest \
-     -p gpukeeper_cupy_hook -p no:cacheprovider -q -n "$workers" -m "not slow" \
-     --junitxml="$OUT/cupy-$1.xml" "${folders[@]}" > "$OUT/cupy-$1.log" 2>&1)
+     -p gpukeeper_cupy_hook -p no:cacheprovider -v -n "$workers" -m "not slow" \
+     "${folders[@]}" > "$OUT/cupy-$1.log" 2>&1)
   echo "cupy suite ($1): $(tail -1 "$OUT/cupy-$1.log")"
 }
 run default 0 & run gpukeeper 1 & wait
-"$PY" "$root/tests/external/compare_junit.py" "$OUT/cupy-default.xml" "$OUT/cupy-gpukeeper.xml" \
+"$PY" "$root/tests/external/compare_runs.py" "$OUT/cupy-default.log" "$OUT/cupy-gpukeeper.log" \
   --json "$OUT/cupy-compare.json" | tee "$OUT/cupy-compare.txt"
+gzip -f "$OUT/cupy-default.log" "$OUT/cupy-gpukeeper.log"
