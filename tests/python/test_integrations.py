@@ -184,6 +184,10 @@ def test_cupy_hook_answers_zero_bytes_and_oom_as_cupys_own_pool(monkeypatch):
     assert host.stats(0).allocated_bytes == 0
     live = fake.allocator(1000)
     assert live.ptr != 0 and host.stats(0).allocated_bytes == 1024
+    assert live.mem.size == 1024  # CuPy's 512-byte unit, as its own pool reports
+    odd = fake.allocator(1)
+    assert odd.mem.size == 512
+    del odd
     for size in (64 << 20, 1 << 60):  # beyond the limit; beyond any device
         with pytest.raises(fake.cuda.memory.OutOfMemoryError) as info:
             fake.allocator(size)

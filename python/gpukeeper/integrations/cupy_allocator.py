@@ -9,8 +9,9 @@ Each CuPy allocation is one ``ManagedBuffer`` on the current CuPy stream; it ret
 the pool when CuPy drops the memory. ``restore_cupy_allocator()`` gives CuPy its own pool
 back.
 
-Requests behave as with CuPy's own pool: 0 bytes (``cupy.empty(0)``, cuFFT plans) get a
-null pointer and no memory; a request that cannot be served raises
+Requests behave as with CuPy's own pool: sizes are rounded up to CuPy's 512-byte unit
+(``mem.size`` says so); 0 bytes (``cupy.empty(0)``, cuFFT plans) get a null pointer and
+no memory; a request that cannot be served raises
 ``cupy.cuda.memory.OutOfMemoryError`` (also gpukeeper's ``AllocationError``) carrying
 gpukeeper's full message, so CuPy's own handlers (and users') catch it.
 """
@@ -26,6 +27,7 @@ from gpukeeper.memory import MemoryPool, Precision
 # Larger requests are refused by the pool as input errors; CuPy's own pool calls them an
 # out-of-memory (cudaMalloc fails), and so does this hook.
 _MAX_REQUEST = 1 << 50
+_UNIT = 512  # CuPy's allocation unit (cupy.cuda.memory's _round_size)
 _oom_types: Dict[type, type] = {}
 
 __all__ = ["use_cupy_allocator", "restore_cupy_allocator"]
@@ -101,8 +103,11 @@ def use_cupy_allocator(pool: Optional[MemoryPool] = None) -> MemoryPool:
             pool.add_reclaim_callback(device, reclaim)
             hooked.add(device)
         stream = cupy.cuda.get_current_stream().ptr
+        # CuPy's pool hands out whole 512-byte units and says so in mem.size; CuPy code
+        # relies on it (its own tests fill the whole unit), so this hook does the same.
+        rounded = (size + _UNIT - 1) // _UNIT * _UNIT
         try:
-            buf = pool.get_managed_buffer(device, size, Precision.Uint8, stream)
+            buf = pool.get_managed_buffer(device, rounded, Precision.Uint8, stream)
         except AllocationError as exc:
             used = pool.stats(device).allocated_bytes
             raise oom_type(size, used, pool.stats(device).limit_bytes, str(exc)) from None
@@ -111,7 +116,7 @@ def use_cupy_allocator(pool: Optional[MemoryPool] = None) -> MemoryPool:
                 raise
             raise oom_type(size, -1, 0, str(exc)) from None
         # The buffer is the memory's owner: CuPy keeps it alive as long as the memory.
-        memory = cupy.cuda.UnownedMemory(buf.ptr, size, buf, device)
+        memory = cupy.cuda.UnownedMemory(buf.ptr, rounded, buf, device)
         return cupy.cuda.MemoryPointer(memory, 0)
 
     cupy.cuda.set_allocator(allocate)
