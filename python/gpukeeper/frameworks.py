@@ -315,46 +315,43 @@ def jax_gpu_devices() -> List[Any]:
     return _jax_devices()
 
 
-def holds_jax_arrays(value: Any) -> bool:
-    """True when ``value`` (any pytree: an array, a tuple, a dict ...) holds a JAX array
-    on a GPU: the work that made it ran in JAX, on JAX's own streams."""
+def _jax_arrays(value: Any) -> Iterator[Any]:
+    """The JAX arrays among the leaves of ``value`` (any pytree), none without JAX."""
     jax = sys.modules.get("jax")
     array_type = getattr(jax, "Array", None) if jax is not None else None
     if array_type is None:
-        return False
+        return
     try:
         leaves = jax.tree_util.tree_leaves(value)
     except Exception:
         leaves = [value]
     for leaf in leaves:
         if isinstance(leaf, array_type):
-            try:
-                if all(d.platform == "gpu" for d in leaf.devices()):
-                    return True
-            except Exception:
-                return True  # an array whose devices cannot be read: JAX work all the same
+            yield leaf
+
+
+def holds_jax_arrays(value: Any) -> bool:
+    """True when ``value`` (any pytree: an array, a tuple, a dict ...) holds a JAX array
+    on a GPU: the work that made it ran in JAX, on JAX's own streams."""
+    for leaf in _jax_arrays(value):
+        try:
+            if all(d.platform == "gpu" for d in leaf.devices()):
+                return True
+        except Exception:
+            return True  # an array whose devices cannot be read: JAX work all the same
     return False
 
 
 def jax_device_index(value: Any) -> Optional[int]:
     """The id of the GPU device holding the first JAX array in ``value`` (JAX numbers a
     process's GPUs as CUDA does), or None."""
-    jax = sys.modules.get("jax")
-    array_type = getattr(jax, "Array", None) if jax is not None else None
-    if array_type is None:
-        return None
-    try:
-        leaves = jax.tree_util.tree_leaves(value)
-    except Exception:
-        leaves = [value]
-    for leaf in leaves:
-        if isinstance(leaf, array_type):
-            try:
-                for d in leaf.devices():
-                    if d.platform == "gpu":
-                        return int(d.id)
-            except Exception:
-                continue
+    for leaf in _jax_arrays(value):
+        try:
+            for d in leaf.devices():
+                if d.platform == "gpu":
+                    return int(d.id)
+        except Exception:
+            continue
     return None
 
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "gpukeeper/core/text.hpp"
 #include "test_support.hpp"
 
 using namespace gktest;
@@ -13,22 +14,7 @@ using namespace gktest;
 namespace {
 
 // The pool's messages give sizes as "7.00 MiB" (and "N B" below 1 KiB).
-std::string human(std::size_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 5) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[64];
-  if (unit == 0) {
-    std::snprintf(text, sizeof text, "%zu B", bytes);
-  } else {
-    std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
-  }
-  return text;
-}
+std::string human(std::size_t bytes) { return gpukeeper::detail::human_bytes(bytes); }
 
 // `label` followed by the amount, in bytes or in the human form.
 bool names(const std::string& message, const std::string& label, std::size_t bytes) {
