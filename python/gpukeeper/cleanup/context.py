@@ -12,9 +12,9 @@ from typing import Any, List, Optional
 
 from gpukeeper.cleanup import deferred, ipython_refs
 from gpukeeper.cleanup.frames import caller_frame, clear_traceback_frames
-from gpukeeper.cleanup.measure import _active, _measure
+from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_names
-from gpukeeper.cleanup.report import CleanupReport, Snapshot, _fmt_bytes, _leak_message
+from gpukeeper.cleanup.report import CleanupReport, Snapshot, fmt_bytes, leak_message
 from gpukeeper.cleanup.run import _run_cleanup
 from gpukeeper.cleanup.tracking import _AllocationTracker
 from gpukeeper.errors import InvalidInputError, LeakWarning, MemoryLeakError
@@ -192,8 +192,8 @@ class GPUContext(contextlib.ContextDecorator):
 
     def __enter__(self) -> "GPUContext":
         started = time.perf_counter()
-        devices = _active(self._fixed)
-        baseline = _measure(devices)
+        devices = devices_in_use(self._fixed)
+        baseline = measure(devices)
         names = snapshot_names(caller_frame(1)) if self.release_names else None
         tracker = None
         if self.track_allocations:
@@ -234,7 +234,7 @@ class GPUContext(contextlib.ContextDecorator):
             exc_type=exc_type.__name__ if exc_type is not None else None,
         )
         if emptied:
-            report.notes.append(f"release_names: emptied {', '.join(emptied)} ({_fmt_bytes(freed)} freed)")
+            report.notes.append(f"release_names: emptied {', '.join(emptied)} ({fmt_bytes(freed)} freed)")
         if name_error is not None:
             report.notes.append(f"release_names failed: {type(name_error).__name__}: {name_error}")
             error = error or name_error
@@ -256,7 +256,7 @@ class GPUContext(contextlib.ContextDecorator):
         if error is not None and exc_type is None:
             raise error
         if report.held_bytes > self.tolerance_bytes:
-            message = _leak_message(report, self.track_allocations)
+            message = leak_message(report, self.track_allocations)
             if self.raise_on_leak and exc_type is None:
                 raise MemoryLeakError(message, report)
             if self.warn_on_leak or self.raise_on_leak:
@@ -283,8 +283,8 @@ def cleanup_cuda(device: Any = None) -> CleanupReport:
     ``held`` is everything still allocated afterwards (by live objects)."""
     started = time.perf_counter()
     fixed = _parse_device(device)
-    devices = _active(fixed)
-    before = _measure(devices)
+    devices = devices_in_use(fixed)
+    before = measure(devices)
     report, error = _run_cleanup(
         "cleanup_cuda",
         fixed=fixed,

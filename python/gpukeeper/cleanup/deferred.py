@@ -41,8 +41,9 @@ from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
 from gpukeeper.cleanup import exit_guard
 from gpukeeper.cleanup.frames import frame_locals
-from gpukeeper.cleanup.measure import HOST, _active, _held, _level, _measure, _release, _synchronize
-from gpukeeper.cleanup.report import Snapshot, _fmt_bytes
+from gpukeeper.cleanup.measure import (
+    HOST, devices_in_use, held_above, level_of, measure, release_caches, synchronize_devices)
+from gpukeeper.cleanup.report import Snapshot, fmt_bytes
 
 # Quiet time after a partial death before the caches are released, and the longest a
 # stream of deaths may postpone that release.
@@ -113,7 +114,7 @@ def _merge(a: Snapshot, b: Snapshot) -> Snapshot:
     for loc in a.keys() & b.keys():
         for name in a[loc].keys() & b[loc].keys():
             ma, mb = a[loc][name], b[loc][name]
-            la, lb = _level(ma), _level(mb)
+            la, lb = level_of(ma), level_of(mb)
             if la is None or lb is None:
                 continue
             out.setdefault(loc, {})[name] = ma if la <= lb else mb
@@ -173,7 +174,7 @@ def arm(
     merged = baseline
     for old in taken:
         merged = _merge(merged, old.baseline)
-    held = _held(merged, after)
+    held = held_above(merged, after)
     pairs = {(loc, name) for loc, per in held.items() for name in per}
     if not pairs:
         return 0, ""
@@ -197,7 +198,7 @@ def arm(
     holders.clear()
     if not objects:
         return 0, (
-            f"{_fmt_bytes(total)} still held at exit, but no live tensor, array or ManagedBuffer "
+            f"{fmt_bytes(total)} still held at exit, but no live tensor, array or ManagedBuffer "
             "holding it was found: nothing armed (cleanup_cuda() releases the caches later)"
         )
     with _lock:
@@ -209,7 +210,7 @@ def arm(
             _atexit_registered = True
         _ensure_worker()
     return objects, (
-        f"{objects} object(s) still held {_fmt_bytes(total)} at exit: the caches are released "
+        f"{objects} object(s) still held {fmt_bytes(total)} at exit: the caches are released "
         "as soon as they die (del them), without another call"
     )
 
@@ -429,7 +430,7 @@ def _after_statement() -> None:
 
 
 def _still_held(arming: _Arming) -> bool:
-    held = _held(arming.baseline, _measure(_active(arming.fixed)))
+    held = held_above(arming.baseline, measure(devices_in_use(arming.fixed)))
     return any(loc in arming.locations for loc in held)
 
 
@@ -457,9 +458,9 @@ def _release_caches(arming: _Arming) -> None:
     if exit_guard._device_stuck():
         return  # a synchronization never came back: waiting again would hang
     try:
-        devices = _active(arming.fixed)
-        _synchronize(arming.fixed, devices)
-        _release(arming.fixed, devices, {})
+        devices = devices_in_use(arming.fixed)
+        synchronize_devices(arming.fixed, devices)
+        release_caches(arming.fixed, devices, {})
     except Exception as e:
         _warn("releasing the caches", e)
 

@@ -17,8 +17,8 @@ from gpukeeper import frameworks
 # imports the other as a module (in either order).
 from gpukeeper.cleanup import run
 from gpukeeper.cleanup.guard_threads import _SignalWatcher, _SyncWorker, _Watchdog
-from gpukeeper.cleanup.measure import _active, _measure
-from gpukeeper.cleanup.report import CleanupReport, _leak_message
+from gpukeeper.cleanup.measure import devices_in_use, measure
+from gpukeeper.cleanup.report import CleanupReport, leak_message
 from gpukeeper.errors import InvalidInputError, LeakWarning
 
 
@@ -56,8 +56,8 @@ class _ExitGuard:
 
     def full_cleanup(self) -> CleanupReport:
         started = time.perf_counter()
-        devices = _active(None)
-        before = _measure(devices)
+        devices = devices_in_use(None)
+        before = measure(devices)
         report, _ = run._run_cleanup(
             "exit guard",
             fixed=None,
@@ -89,7 +89,7 @@ class _ExitGuard:
         if self.warn and report.held_bytes > self.tolerance_bytes:
             # No source line to point at: the leak belongs to the whole program.
             warnings.warn_explicit(
-                _leak_message(
+                leak_message(
                     report,
                     False,
                     "still referenced at exit, e.g. by module globals; the process's end frees it",

@@ -11,7 +11,7 @@ from gpukeeper.frameworks import FrameworkMemory
 HOST = "host"
 
 
-def _active(fixed: Optional[List[int]]) -> List[int]:
+def devices_in_use(fixed: Optional[List[int]]) -> List[int]:
     """The devices to look at now: those in use (never create a context to find nothing),
     restricted to ``fixed`` when the caller named devices. With no GPU framework loaded,
     the devices where an engine holds a CUDA context of its own (NVML) count too."""
@@ -23,7 +23,7 @@ def _active(fixed: Optional[List[int]]) -> List[int]:
     return [d for d in fixed if d in active]
 
 
-def _measure(devices: Iterable[int]) -> Snapshot:
+def measure(devices: Iterable[int]) -> Snapshot:
     snap: Snapshot = {}
     for d in devices:
         per = frameworks.memory_by_framework(d)
@@ -41,20 +41,20 @@ def _measure(devices: Iterable[int]) -> Snapshot:
     return snap
 
 
-def _level(mem: Optional[FrameworkMemory]) -> Optional[int]:
+def level_of(mem: Optional[FrameworkMemory]) -> Optional[int]:
     if mem is None:
         return 0  # not loaded (or no context) at that time: it held nothing
     return mem.allocated if mem.allocated is not None else mem.reserved
 
 
-def _held(baseline: Optional[Snapshot], after: Snapshot) -> Dict[str, Dict[str, int]]:
+def held_above(baseline: Optional[Snapshot], after: Snapshot) -> Dict[str, Dict[str, int]]:
     """Bytes allocated above the baseline (above zero without one), per location/framework."""
     held: Dict[str, Dict[str, int]] = {}
     for loc, per in after.items():
         base = baseline.get(loc, {}) if baseline is not None else {}
         for name, mem in per.items():
-            now = _level(mem)
-            then = _level(base.get(name)) if baseline is not None else 0
+            now = level_of(mem)
+            then = level_of(base.get(name)) if baseline is not None else 0
             if now is None or then is None:
                 continue  # the framework cannot tell (JAX without memory stats)
             if now > then:
@@ -62,7 +62,7 @@ def _held(baseline: Optional[Snapshot], after: Snapshot) -> Dict[str, Dict[str, 
     return held
 
 
-def _release(fixed: Optional[List[int]], devices: List[int], released: Dict[str, int]) -> None:
+def release_caches(fixed: Optional[List[int]], devices: List[int], released: Dict[str, int]) -> None:
     if fixed is None:
         got = frameworks.release_all_caches(None)
     else:
@@ -78,7 +78,7 @@ def _release(fixed: Optional[List[int]], devices: List[int], released: Dict[str,
         released[name] = released.get(name, 0) + int(n)
 
 
-def _synchronize(fixed: Optional[List[int]], devices: List[int]) -> None:
+def synchronize_devices(fixed: Optional[List[int]], devices: List[int]) -> None:
     if fixed is None:
         frameworks.synchronize_all(None)
     else:

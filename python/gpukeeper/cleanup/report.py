@@ -14,7 +14,7 @@ from gpukeeper.frameworks import FrameworkMemory
 Snapshot = Dict[str, Dict[str, FrameworkMemory]]
 
 
-def _fmt_bytes(n: Optional[int]) -> str:
+def fmt_bytes(n: Optional[int]) -> str:
     if n is None:
         return "?"
     sign = "-" if n < 0 else ""
@@ -49,7 +49,7 @@ class LeakedArray:
     def describe(self) -> str:
         """One line: ``torch Tensor (64, 128) float32, 32.0 KiB on cuda:0, created at ...``."""
         shape = "(" + ", ".join(str(s) for s in self.shape) + ("," if len(self.shape) == 1 else "") + ")"
-        text = f"{self.framework} {self.kind} {shape} {self.dtype}, {_fmt_bytes(self.nbytes)} on {self.device}"
+        text = f"{self.framework} {self.kind} {shape} {self.dtype}, {fmt_bytes(self.nbytes)} on {self.device}"
         if self.created_at:
             text += f", created at {self.created_at[0]}"
             if len(self.created_at) > 1:
@@ -124,7 +124,7 @@ class CleanupReport:
 
     def _unreturnable_text(self) -> str:
         parts = [
-            f"{name} keeps {_fmt_bytes(b)} reserved on {loc} that it never gives back"
+            f"{name} keeps {fmt_bytes(b)} reserved on {loc} that it never gives back"
             for loc, per in self.unreturnable.items()
             for name, b in per.items()
         ]
@@ -174,11 +174,11 @@ class CleanupReport:
         if not self.leaked:
             return f"{self.source}: nothing held above the baseline{kept}"
         parts = [
-            f"{name} {_fmt_bytes(b)} on {loc}"
+            f"{name} {fmt_bytes(b)} on {loc}"
             for loc, per in self.held.items()
             for name, b in per.items()
         ]
-        return (f"{self.source}: {_fmt_bytes(self.held_bytes)} still held after cleanup "
+        return (f"{self.source}: {fmt_bytes(self.held_bytes)} still held after cleanup "
                 f"({', '.join(parts)}){kept}")
 
     def table(self) -> str:
@@ -197,10 +197,10 @@ class CleanupReport:
                     (
                         loc,
                         name,
-                        _fmt_bytes(b.allocated) if b else "-",
-                        _fmt_bytes(a.allocated) if a else "-",
-                        _fmt_bytes(b.reserved) if b else "-",
-                        _fmt_bytes(a.reserved) if a else "-",
+                        fmt_bytes(b.allocated) if b else "-",
+                        fmt_bytes(a.allocated) if a else "-",
+                        fmt_bytes(b.reserved) if b else "-",
+                        fmt_bytes(a.reserved) if a else "-",
                     )
                 )
         if len(rows) == 1:
@@ -212,7 +212,7 @@ class CleanupReport:
         released = {k: v for k, v in self.released.items() if v}
         lines.append(
             "  released: "
-            + (", ".join(f"{k} {_fmt_bytes(v)}" for k, v in released.items()) if released else "nothing cached")
+            + (", ".join(f"{k} {fmt_bytes(v)}" for k, v in released.items()) if released else "nothing cached")
         )
         if self.gc_runs:
             lines.append(f"  garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects")
@@ -231,7 +231,7 @@ class CleanupReport:
     __str__ = table
 
 
-def _leak_message(report: CleanupReport, tracking: bool, hint: Optional[str] = None) -> str:
+def leak_message(report: CleanupReport, tracking: bool, hint: Optional[str] = None) -> str:
     lines = [report.summary()]
     shown = report.leaks[:5]
     for leak in shown:

@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 # A module, not its names: the exit guard runs this cleanup and this cleanup asks the guard
 # whether the device is stuck, so each imports the other as a module (in either order).
 from gpukeeper.cleanup import exit_guard
-from gpukeeper.cleanup.measure import _active, _held, _measure, _release, _synchronize
+from gpukeeper.cleanup.measure import devices_in_use, held_above, measure, release_caches, synchronize_devices
 from gpukeeper.cleanup.report import CleanupReport, LeakedArray, Snapshot
 from gpukeeper.cleanup.tracking import _AllocationTracker, _name_leaks
 
@@ -38,7 +38,7 @@ def _run_cleanup(
     notes: List[str] = []
     released: Dict[str, int] = {}
     error: Optional[BaseException] = None
-    now_devices = _active(fixed)
+    now_devices = devices_in_use(fixed)
     devices = sorted(set(devices) | set(now_devices))
 
     synchronized = False
@@ -54,7 +54,7 @@ def _run_cleanup(
                 if not synchronized:
                     notes.append("synchronization timed out: caches not released (it would block)")
             else:
-                _synchronize(fixed, now_devices)
+                synchronize_devices(fixed, now_devices)
                 synchronized = True
         except Exception as e:  # a sticky CUDA error from the block's work, typically
             error = e
@@ -65,15 +65,15 @@ def _run_cleanup(
         nonlocal error
         if can_release:
             try:
-                _release(fixed, now_devices, released)
+                release_caches(fixed, now_devices, released)
             except Exception as e:
                 if error is None:
                     error = e
                 notes.append(f"release failed: {type(e).__name__}: {e}")
-        return _measure(devices)
+        return measure(devices)
 
     after = release_and_measure()
-    held = _held(baseline, after)
+    held = held_above(baseline, after)
     gc_runs = gc_objects = 0
     if collect is True or (collect is None and held):
         # Young generations first: a cycle made inside a short block is usually still
@@ -83,7 +83,7 @@ def _run_cleanup(
             gc_objects += gc.collect(generation)
             gc_runs += 1
             after = release_and_measure()
-            held = _held(baseline, after)
+            held = held_above(baseline, after)
             if not held:
                 break
     leaks: List[LeakedArray] = []

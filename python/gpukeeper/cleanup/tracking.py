@@ -8,7 +8,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from gpukeeper import frameworks
-from gpukeeper.cleanup.measure import _level
+from gpukeeper.cleanup.measure import level_of
 from gpukeeper.cleanup.report import LeakedArray, Snapshot
 from gpukeeper.frameworks import LiveArray
 
@@ -180,7 +180,7 @@ def _leaked(
         inside = bool(site)
     if not inside:
         base = (baseline or {}).get(loc, {}).get(arr.framework)
-        if baseline is not None and _level(base) == 0:
+        if baseline is not None and level_of(base) == 0:
             inside = True  # the framework held nothing there on entry
     return LeakedArray(
         arr.framework, arr.device, arr.kind, arr.shape, arr.dtype, arr.nbytes, inside, site
