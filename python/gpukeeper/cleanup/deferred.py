@@ -363,8 +363,21 @@ def _load_monitor() -> Optional[_Monitor]:
         return None  # every tool id taken: the timer releases instead
 
 
-_monitor = _load_monitor()
-_profile_api = None if _monitor is not None or sys.version_info >= (3, 12) else _load_profile_api()
+# Both are made at the first death that needs them, not at import: a monitoring tool id
+# is a process-wide resource that an unused cleanup must not take from profilers.
+_monitor: Optional[_Monitor] = None
+_profile_api: Any = None
+_hooks_loaded = False
+
+
+def _load_hooks() -> None:
+    global _monitor, _profile_api, _hooks_loaded
+    if _hooks_loaded:
+        return
+    _hooks_loaded = True
+    _monitor = _load_monitor()
+    if _monitor is None and sys.version_info < (3, 12):
+        _profile_api = _load_profile_api()
 
 
 def _set_hook(on: bool) -> None:
@@ -382,6 +395,7 @@ def _watch_next_call(arming: _Arming) -> bool:
     """Checks ``arming`` at the first call this thread makes once the statement that
     killed the object has ended (its memory is freed by then); False when that cannot be
     watched (another profiler is installed, or this is not CPython)."""
+    _load_hooks()
     if _monitor is None and _profile_api is None:
         return False
     pending = getattr(_tls, "pending", None)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import collections
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from gpukeeper import _core
 from gpukeeper.errors import InvalidInputError
@@ -285,8 +285,20 @@ def _replacements(torch: Any) -> Dict[str, Callable[..., Any]]:
         """PyTorch's flat memory statistics of the pool behind PyTorch on ``device``."""
         return memory_stats_flat(_core._torch_pool_history(get_device() if device is None else index(device)))
 
-    found = dict(locals())
-    return {name: found[name] for name in _PRIMITIVES + _FAST}
+    return {
+        "_cuda_memoryStats": _cuda_memoryStats,
+        "_cuda_resetPeakMemoryStats": _cuda_resetPeakMemoryStats,
+        "_cuda_resetAccumulatedMemoryStats": _cuda_resetAccumulatedMemoryStats,
+        "_cuda_emptyCache": _cuda_emptyCache,
+        "_cuda_memorySnapshot": _cuda_memorySnapshot,
+        "_cuda_setMemoryFraction": _cuda_setMemoryFraction,
+        "_cuda_getMemoryFraction": _cuda_getMemoryFraction,
+        "memory_allocated": memory_allocated,
+        "memory_reserved": memory_reserved,
+        "max_memory_allocated": max_memory_allocated,
+        "max_memory_reserved": max_memory_reserved,
+        "memory_stats": memory_stats,
+    }
 
 
 def install(torch: Any = None) -> None:
