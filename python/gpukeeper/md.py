@@ -925,6 +925,166 @@ def _device_series(plan: _Plan, synchronize: Optional[Callable[[], Any]],
     return _host_series(), None
 
 
+def _cross_check_warning(cross_before: Optional[Tuple[int, int]], cross_after: Optional[Tuple[int, int]],
+                         series: List["_Series"], leak_tolerance_mb: float, warnings: List[str]) -> None:
+    """Says so when this process's device memory (NVML) grew by more than the frameworks'
+    counters explain over the run."""
+    if cross_before is None or cross_after is None:
+        return
+    grew = (cross_after[0] - cross_before[0]) - (cross_after[1] - cross_before[1])
+    if grew > leak_tolerance_mb * MB:
+        warnings.append(
+            f"this process's device memory grew by {grew / MB:.2f} MB that no framework counter "
+            f"explains (NVML {cross_before[0] / MB:.1f} -> {cross_after[0] / MB:.1f} MB; frameworks "
+            f"reserved {cross_before[1] / MB:.1f} -> {cross_after[1] / MB:.1f} MB): another engine "
+            f"or CUDA context in this process allocates it, and the leak verdict reads "
+            f"{series[0].name if series else 'nothing'} (pass synchronize= to read NVML)")
+
+
+def _step_statistics(host_ms: List[float], gpu_ms: Optional[List[float]], events: Optional[_Events],
+                     sync_every: Optional[int], outlier_k: float, n: int, warnings: List[str],
+                     ) -> Tuple[LatencyStats, Optional[LatencyStats], Optional[List[float]], Optional[float]]:
+    """(host statistics, GPU statistics or None, the GPU times kept, the share of probed
+    marks that found the timed stream busy); what is worth saying goes to ``warnings``."""
+    host_stats = latency_stats(host_ms, outlier_k)
+    busy = events.busy_fraction() if events is not None else None
+    if gpu_ms and events is not None and busy == 0.0 and events.probes >= 3:
+        # Every probed mark completed at once: the laps are the host's time between
+        # records, not work on the device (which ran elsewhere, or was done already).
+        warnings.append(
+            f"the timed stream was idle at each of {events.probes} probed marks: the step's "
+            "GPU work runs elsewhere (another engine's CUDA context, another stream), or the "
+            "device finishes it before the host returns; per-step times are host latencies")
+        gpu_ms = []
+    gpu_stats = latency_stats(gpu_ms, outlier_k) if gpu_ms else None
+    if gpu_stats is not None and sync_every is None and gpu_stats.median_ms < 0.05 * host_stats.median_ms:
+        warnings.append(
+            "GPU time is under 5% of host latency: the model may run on the CPU "
+            "(pass device='cpu' or timing='host')")
+    primary = gpu_stats if gpu_stats is not None else host_stats
+    if primary.outlier_steps:
+        warnings.append(f"{len(primary.outlier_steps)} outlier step(s) above "
+                        f"{primary.outlier_threshold_ms:.4f} ms")
+    if n >= 20 and not math.isnan(primary.drift_pct) and abs(primary.drift_pct) > 10.0:
+        warnings.append(f"latency drifts by {primary.drift_pct:+.1f}% from the first to the last decile")
+    return host_stats, gpu_stats, gpu_ms, busy
+
+
+@dataclass
+class _MemoryOutcome:
+    """The memory part of a TrajectoryResult (see its fields of the same meaning)."""
+
+    steps: List[int]
+    bytes: List[int]
+    all_series: Dict[str, List[int]]
+    slope: Optional[float]
+    slope_all: Optional[float]
+    leak: Optional[bool]
+    peak: Optional[int]
+    verdict: Optional[LeakVerdict]
+
+
+def _memory_outcome(series: List["_Series"], mem_step: "array[int]", mem_vals: List["array[int]"],
+                    n_samples: int, final: Optional[List[int]], n: int, leak_tolerance_mb: float,
+                    warnings: List[str]) -> _MemoryOutcome:
+    """The samples of a run turned into series, slopes and the leak verdict; what is
+    worth saying goes to ``warnings``."""
+    steps_l: List[int] = []
+    bytes_l: List[int] = []
+    all_series: Dict[str, List[int]] = {}
+    slope = slope_all = None
+    leak: Optional[bool] = None
+    peak: Optional[int] = None
+    verdict: Optional[LeakVerdict] = None
+    if series:
+        # x = calls made when the reading was taken: the initial reading at 0, the one
+        # after step i at i+1, the final one (after the synchronization) at n.
+        xs = [0.0] + [float(s + 1) for s in mem_step[1:n_samples]] + [float(n)]
+        steps_l = [int(v) for v in xs]
+        for k, s in enumerate(series):
+            all_series[s.name] = list(mem_vals[k][:n_samples]) + [final[k]]  # type: ignore[index]
+        bytes_l = all_series[series[0].name]
+        slope_all = _slope(xs, [float(b) for b in bytes_l])
+        verdicts = [leak_verdict(xs, all_series[s.name], n, leak_tolerance_mb, s.name) for s in series]
+        in_use = next((v for v, s in zip(verdicts, series) if s.in_use), None)
+        verdict = verdicts[0] if series[0].in_use else _combine(verdicts[0], in_use)
+        slope = verdicts[0].slope
+        leak = verdict.leak
+        peak = max(bytes_l)
+        if leak:
+            warnings.append(
+                f"memory grows by {verdict.slope:.1f} bytes/step ({verdict.growth / MB:.2f} MB over "
+                f"{n} steps, tolerance {leak_tolerance_mb} MB, {verdict.source}): leak")
+        elif leak is None:
+            warnings.append(f"leak verdict {verdict.reason}")
+        if verdict.samples < 4:
+            warnings.append(f"only {verdict.samples} memory samples in the second half: the leak "
+                            "verdict is weak (lower memory_sample_every or run more steps)")
+    return _MemoryOutcome(steps_l, bytes_l, all_series, slope, slope_all, leak, peak, verdict)
+
+
+def _sample_period(series: List["_Series"], memory_sample_every: Union[int, str], n: int,
+                   warm_ns: List[int]) -> int:
+    """Steps between memory samples: as given, or "auto" (module doc) from the cost of a
+    reading of every series, measured here."""
+    if memory_sample_every != "auto":
+        return int(memory_sample_every)
+    costs = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for s in series:
+            s.read()
+        costs.append(time.perf_counter_ns() - t0)
+    cost = sorted(costs)[2]
+    # 0.4 us a step for memory keeps the whole bookkeeping (~0.2 us for the timing)
+    # under the 1 us target whatever the step costs.
+    budget = 400.0
+    every = max(1, math.ceil(cost / budget))
+    every = min(every, max(1, n // 16))
+    # At least 16 samples, unless a slow reader (NVML's process list: ms a read) would
+    # then cost more than 0.5% of the run: an OpenMM loop of 400 calls ran ~3% slower
+    # with 16 NVML reads. Fewer samples then (at least 3: the verdict says when they are
+    # few). Faster readers (PyTorch's counters: 45-80 us) keep 16.
+    step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
+    if step_ns > 0 and cost > _SLOW_READER_NS and 16 * cost > 0.005 * n * step_ns:
+        every = max(every, min(max(1, n // 3), math.ceil(cost / (0.005 * step_ns))))
+    return every
+
+
+def _checked_arguments(
+    model_func: Any, inputs: Any, warmup_steps: Any, timestep_fs: Any, n_atoms: Any,
+    name: Optional[str], memory_sample_every: Any, sync_every: Any, n_steps: Any, timing: Any,
+    leak_tolerance_mb: Any, outlier_k: Any, event_ring: Any, synchronize: Any,
+) -> Tuple[Sequence[Any], int, Optional[float], str]:
+    """benchmark_md_trajectory's arguments checked (InvalidInputError otherwise):
+    (the per-step inputs as a sequence, measured steps, timestep, label)."""
+    if not callable(model_func):
+        raise InvalidInputError(f"model_func must be callable, got {type(model_func).__name__}")
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
+        raise InvalidInputError(f"inputs must be an iterable of per-step inputs, got {type(inputs).__name__}")
+    data: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
+    if len(data) == 0:
+        raise InvalidInputError("inputs is empty: a trajectory needs at least one step")
+    _check_int("warmup_steps", warmup_steps, 0)
+    n = len(data) if n_steps is None else _check_int("n_steps", n_steps, 1)
+    timestep = _check_pos("timestep_fs", timestep_fs)
+    if n_atoms is not None:
+        _check_int("n_atoms", n_atoms, 1)
+    if sync_every is not None:
+        _check_int("sync_every", sync_every, 1)
+    if memory_sample_every != "auto":
+        _check_int("memory_sample_every", memory_sample_every, 1)
+    if timing not in ("auto", "gpu", "host"):
+        raise InvalidInputError(f"timing must be 'auto', 'gpu' or 'host', got {timing!r}")
+    _check_pos("leak_tolerance_mb", leak_tolerance_mb) if leak_tolerance_mb != 0 else None
+    _check_pos("outlier_k", outlier_k)
+    _check_int("event_ring", event_ring, 1)
+    if synchronize is not None and not callable(synchronize):
+        raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
+    label = name or getattr(model_func, "__name__", None) or type(model_func).__name__
+    return data, n, timestep, label
+
+
 def benchmark_md_trajectory(
     model_func: Callable[[Any], Any],
     inputs: Iterable[Any],
@@ -981,30 +1141,9 @@ def benchmark_md_trajectory(
     (an uncallable model, no inputs, negative counts, an unknown ``timing`` ...);
     exceptions of ``model_func`` propagate unchanged.
     """
-    if not callable(model_func):
-        raise InvalidInputError(f"model_func must be callable, got {type(model_func).__name__}")
-    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
-        raise InvalidInputError(f"inputs must be an iterable of per-step inputs, got {type(inputs).__name__}")
-    data: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
-    if len(data) == 0:
-        raise InvalidInputError("inputs is empty: a trajectory needs at least one step")
-    warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
-    n = len(data) if n_steps is None else _check_int("n_steps", n_steps, 1)
-    timestep = _check_pos("timestep_fs", timestep_fs)
-    if n_atoms is not None:
-        _check_int("n_atoms", n_atoms, 1)
-    if sync_every is not None:
-        _check_int("sync_every", sync_every, 1)
-    if memory_sample_every != "auto":
-        _check_int("memory_sample_every", memory_sample_every, 1)
-    if timing not in ("auto", "gpu", "host"):
-        raise InvalidInputError(f"timing must be 'auto', 'gpu' or 'host', got {timing!r}")
-    _check_pos("leak_tolerance_mb", leak_tolerance_mb) if leak_tolerance_mb != 0 else None
-    _check_pos("outlier_k", outlier_k)
-    _check_int("event_ring", event_ring, 1)
-    if synchronize is not None and not callable(synchronize):
-        raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
-    label = name or getattr(model_func, "__name__", None) or type(model_func).__name__
+    data, n, timestep, label = _checked_arguments(
+        model_func, inputs, warmup_steps, timestep_fs, n_atoms, name, memory_sample_every,
+        sync_every, n_steps, timing, leak_tolerance_mb, outlier_k, event_ring, synchronize)
 
     # Without an explicit device, CUDA when a framework that could run the model is
     # loaded; otherwise the warm-up's result and the process's CUDA contexts decide
@@ -1061,28 +1200,7 @@ def benchmark_md_trajectory(
             series = _host_series()
         else:
             series, cross = _device_series(plan, synchronize, warnings)
-        costs = []
-        for _ in range(5):
-            t0 = time.perf_counter_ns()
-            for s in series:
-                s.read()
-            costs.append(time.perf_counter_ns() - t0)
-        cost = sorted(costs)[2]
-        if memory_sample_every == "auto":
-            # 0.4 us a step for memory keeps the whole bookkeeping (~0.2 us for the
-            # timing) under the 1 us target whatever the step costs.
-            budget = 400.0
-            every = max(1, math.ceil(cost / budget))
-            every = min(every, max(1, n // 16))
-            # At least 16 samples, unless a slow reader (NVML's process list: ms a read)
-            # would then cost more than 0.5% of the run: an OpenMM loop of 400 calls ran
-            # ~3% slower with 16 NVML reads. Fewer samples then (at least 3: the verdict
-            # says when they are few). Faster readers (PyTorch's counters: 45-80 us) keep 16.
-            step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
-            if step_ns > 0 and cost > _SLOW_READER_NS and 16 * cost > 0.005 * n * step_ns:
-                every = max(every, min(max(1, n // 3), math.ceil(cost / (0.005 * step_ns))))
-        else:
-            every = int(memory_sample_every)
+        every = _sample_period(series, memory_sample_every, n, warm_ns)
     readers = [s.read for s in series]
     n_series = len(series)
 
@@ -1210,70 +1328,16 @@ def benchmark_md_trajectory(
     cross_after = _cross_reading(cross, index)
     for s in series:
         s.close()
-    steps_l: List[int] = []
-    bytes_l: List[int] = []
-    all_series: Dict[str, List[int]] = {}
-    slope = slope_all = None
-    leak: Optional[bool] = None
-    peak: Optional[int] = None
-    verdict: Optional[LeakVerdict] = None
-    if series:
-        # x = calls made when the reading was taken: the initial reading at 0, the one
-        # after step i at i+1, the final one (after the synchronization) at n.
-        xs = [0.0] + [float(s + 1) for s in mem_step[1:n_samples]] + [float(n)]
-        steps_l = [int(v) for v in xs]
-        for k, s in enumerate(series):
-            all_series[s.name] = list(mem_vals[k][:n_samples]) + [final[k]]  # type: ignore[index]
-        bytes_l = all_series[series[0].name]
-        slope_all = _slope(xs, [float(b) for b in bytes_l])
-        verdicts = [leak_verdict(xs, all_series[s.name], n, leak_tolerance_mb, s.name) for s in series]
-        in_use = next((v for v, s in zip(verdicts, series) if s.in_use), None)
-        verdict = verdicts[0] if series[0].in_use else _combine(verdicts[0], in_use)
-        slope = verdicts[0].slope
-        leak = verdict.leak
-        peak = max(bytes_l)
-        if leak:
-            warnings.append(
-                f"memory grows by {verdict.slope:.1f} bytes/step ({verdict.growth / MB:.2f} MB over "
-                f"{n} steps, tolerance {leak_tolerance_mb} MB, {verdict.source}): leak")
-        elif leak is None:
-            warnings.append(f"leak verdict {verdict.reason}")
-        if verdict.samples < 4:
-            warnings.append(f"only {verdict.samples} memory samples in the second half: the leak "
-                            "verdict is weak (lower memory_sample_every or run more steps)")
-    if cross_before is not None and cross_after is not None:
-        grew = (cross_after[0] - cross_before[0]) - (cross_after[1] - cross_before[1])
-        if grew > leak_tolerance_mb * MB:
-            warnings.append(
-                f"this process's device memory grew by {grew / MB:.2f} MB that no framework counter "
-                f"explains (NVML {cross_before[0] / MB:.1f} -> {cross_after[0] / MB:.1f} MB; frameworks "
-                f"reserved {cross_before[1] / MB:.1f} -> {cross_after[1] / MB:.1f} MB): another engine "
-                f"or CUDA context in this process allocates it, and the leak verdict reads "
-                f"{series[0].name if series else 'nothing'} (pass synchronize= to read NVML)")
+    mem = _memory_outcome(series, mem_step, mem_vals, n_samples, final, n, leak_tolerance_mb,
+                          warnings)
+    steps_l, bytes_l, all_series = mem.steps, mem.bytes, mem.all_series
+    slope, slope_all, leak, peak, verdict = mem.slope, mem.slope_all, mem.leak, mem.peak, mem.verdict
+    _cross_check_warning(cross_before, cross_after, series, leak_tolerance_mb, warnings)
 
     host_ms = [v / 1e6 for v in host_ns]
-    host_stats = latency_stats(host_ms, outlier_k)
-    busy = events.busy_fraction() if events is not None else None
-    if gpu_ms and busy == 0.0 and events.probes >= 3:  # type: ignore[union-attr]
-        # Every probed mark completed at once: the laps are the host's time between
-        # records, not work on the device (which ran elsewhere, or was done already).
-        warnings.append(
-            f"the timed stream was idle at each of {events.probes} probed marks: the step's "  # type: ignore[union-attr]
-            "GPU work runs elsewhere (another engine's CUDA context, another stream), or the "
-            "device finishes it before the host returns; per-step times are host latencies")
-        gpu_ms = []
-    gpu_stats = latency_stats(gpu_ms, outlier_k) if gpu_ms else None
+    host_stats, gpu_stats, gpu_ms, busy = _step_statistics(host_ms, gpu_ms, events, sync_every,
+                                                           outlier_k, n, warnings)
     src = "gpu" if gpu_stats is not None else "host"
-    if gpu_stats is not None and sync_every is None and gpu_stats.median_ms < 0.05 * host_stats.median_ms:
-        warnings.append(
-            "GPU time is under 5% of host latency: the model may run on the CPU "
-            "(pass device='cpu' or timing='host')")
-    primary = gpu_stats if gpu_stats is not None else host_stats
-    if primary.outlier_steps:
-        warnings.append(f"{len(primary.outlier_steps)} outlier step(s) above "
-                        f"{primary.outlier_threshold_ms:.4f} ms")
-    if n >= 20 and not math.isnan(primary.drift_pct) and abs(primary.drift_pct) > 10.0:
-        warnings.append(f"latency drifts by {primary.drift_pct:+.1f}% from the first to the last decile")
 
     # ---- throughput: the wall clock, unless the events provably hold the work
     synchronized: Optional[bool] = True
