@@ -28,9 +28,10 @@ import os
 import platform
 import sys
 import time
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 from gpukeeper import _core, frameworks, host, nvml
+from gpukeeper.devices import DeviceSpec, resolve_device
 from gpukeeper.errors import DeviceError, InvalidInputError
 from gpukeeper.host import process_rss_bytes
 
@@ -40,7 +41,6 @@ __all__ = [
     "get_gpu_memory_info",
     "warmup_cuda",
     "check_memory_leak",
-    "resolve_device_index",
     "process_rss_bytes",
 ]
 
@@ -57,86 +57,20 @@ def _torch() -> Any:
     return torch if torch is not None and hasattr(torch, "cuda") else None
 
 
-def _cuda_usable() -> bool:
+def _torch_auto_cuda() -> bool:
+    """Whether "auto" may mean CUDA: not where a loaded PyTorch cannot use it (a CPU
+    build of torch on a GPU machine would be handed a device it cannot run on)."""
     torch = _torch()
-    if torch is not None:
-        try:
-            return bool(torch.cuda.is_available())
-        except Exception:
-            return False
-    return bool(_core.cuda_status()["available"])
+    if torch is None:
+        return True
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
 
 
-def _cuda_reason() -> str:
-    torch = _torch()
-    if torch is not None:
-        try:
-            if not torch.cuda.is_available():
-                return f"PyTorch sees no CUDA device (CUDA build: {torch.version.cuda})"
-        except Exception as exc:
-            return f"torch.cuda.is_available() failed: {exc}"
-    return str(_core.cuda_status().get("reason", "")) or "CUDA unavailable"
-
-
-def _device_count() -> int:
-    torch = _torch()
-    if torch is not None:
-        try:
-            return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-        except Exception:
-            return 0
-    return int(_core.cuda_device_count()) if _core.cuda_status()["available"] else 0
-
-
-def _current_index() -> int:
-    torch = _torch()
-    if torch is not None:
-        try:
-            if torch.cuda.is_initialized():
-                return int(torch.cuda.current_device())
-        except Exception:
-            pass
-    return 0
-
-
-def resolve_device_index(device: Any = None) -> Optional[int]:
-    """The CUDA ordinal ``device`` names, or None for CPU mode.
-
-    Accepts None (the current CUDA device when CUDA is usable, else CPU), an int, ``"cpu"``,
-    ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. Raises ``InvalidInputError`` for a
-    malformed device, or a CUDA device that does not exist (or CUDA is unusable).
-    """
-    if device is None:
-        return _current_index() if _cuda_usable() else None
-    kind: str
-    index: Optional[int]
-    if isinstance(device, bool):
-        raise InvalidInputError(f"device must be an int, a string or a torch.device, got {device!r}")
-    if isinstance(device, int):
-        kind, index = "cuda", device
-    elif isinstance(device, str) or type(device).__name__ == "device":
-        text = str(device).strip().lower()
-        if text == "cpu":
-            return None
-        if text == "cuda":
-            kind, index = "cuda", None
-        elif text.startswith("cuda:"):
-            try:
-                kind, index = "cuda", int(text[5:])
-            except ValueError:
-                raise InvalidInputError(f"malformed device {device!r}: expected 'cuda:N'") from None
-        else:
-            raise InvalidInputError(f"unsupported device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
-    else:
-        raise InvalidInputError(f"device must be an int, a string or a torch.device, got {device!r}")
-    if not _cuda_usable():
-        raise InvalidInputError(f"device {device!r} asked for, but CUDA is unusable: {_cuda_reason()}")
-    if index is None:
-        return _current_index()
-    count = _device_count()
-    if index < 0 or index >= count:
-        raise InvalidInputError(f"device {index} does not exist ({count} CUDA device(s) visible)")
-    return index
+def _resolve(device: Any) -> DeviceSpec:
+    return resolve_device(device, auto_cuda=_torch_auto_cuda())
 
 
 def _cpu_name() -> str:
@@ -169,8 +103,7 @@ def get_device(device: Any = None) -> Any:
     rather than silently running on the wrong device. ``get_device()`` alone falls back
     to the CPU when CUDA is unusable.
     """
-    index = resolve_device_index(device)
-    text = "cpu" if index is None else f"cuda:{index}"
+    text = str(_resolve(device))
     torch = _torch()
     return torch.device(text) if torch is not None else text
 
@@ -286,7 +219,8 @@ def get_gpu_info(device: Any = None) -> Dict[str, Any]:
 
     Raises ``InvalidInputError`` for a malformed or nonexistent device.
     """
-    index = resolve_device_index(device)
+    spec = _resolve(device)
+    index = spec.index
     status = _core.cuda_status()
     if index is None:
         try:
@@ -297,7 +231,7 @@ def get_gpu_info(device: Any = None) -> Dict[str, Any]:
             "mode": "cpu",
             "device": "cpu",
             "cuda_available": False,
-            "reason": _cuda_reason() if not _cuda_usable() else "CPU asked for",
+            "reason": spec.reason,
             "name": _cpu_name(),
             "cpu_count": os.cpu_count(),
             "total_memory_bytes": int(total),
@@ -412,7 +346,7 @@ def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
     available/total memory, plus ``host_pools_allocated_bytes``/
     ``host_pools_reserved_bytes`` (gpukeeper host pools).
     """
-    index = resolve_device_index(device)
+    index = _resolve(device).index
     if index is None:
         rss = process_rss_bytes()
         in_use = host.malloc_in_use_bytes()
@@ -458,7 +392,7 @@ def check_memory_leak(initial_mem: float, tolerance_mb: float = 10.0, device: An
         raise InvalidInputError(f"initial_mem must be a number of GB, got {initial_mem!r}")
     if not tolerance_mb >= 0:
         raise InvalidInputError(f"tolerance_mb must be >= 0, got {tolerance_mb!r}")
-    index = resolve_device_index(device)
+    index = _resolve(device).index
     if index is not None:
         frameworks.synchronize_all(index)
     now_gb = get_gpu_memory_info(index if index is not None else "cpu")["allocated"]
@@ -481,7 +415,7 @@ def warmup_cuda(device: Any = None, *, matmul_size: int = 1024, iterations: int 
         raise InvalidInputError(f"matmul_size must be a positive int, got {matmul_size!r}")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
         raise InvalidInputError(f"iterations must be an int >= 0, got {iterations!r}")
-    index = resolve_device_index(device)
+    index = _resolve(device).index
     if index is None:
         return 0.0
     start = time.perf_counter()

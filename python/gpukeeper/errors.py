@@ -14,12 +14,9 @@ Of the timing (``gpukeeper.timing``): the ``TimingWarning`` warning (a ``UserWar
 for a measurement that is not what was asked for (a launch-latency gate that timed out).
 """
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from gpukeeper._core import AllocationError, DeviceError, GpuError, InvalidInputError
-
-if TYPE_CHECKING:
-    from gpukeeper.cleanup.report import CleanupReport
 
 __all__ = [
     "GpuError",
@@ -36,10 +33,11 @@ __all__ = [
 class MemoryLeakError(GpuError):
     """Memory was still held after a ``GPUContext`` with ``raise_on_leak=True`` cleaned up.
 
-    ``report`` is the context's ``CleanupReport``.
+    ``report`` is the context's ``CleanupReport``. It is typed ``Any`` because errors sit
+    at the base of the layers and the report's module above them.
     """
 
-    def __init__(self, message: str, report: "CleanupReport") -> None:
+    def __init__(self, message: str, report: Any) -> None:
         super().__init__(message)
         self.report = report
 

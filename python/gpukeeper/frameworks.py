@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from gpukeeper import host, nvml
+from gpukeeper.devices import current_cuda_index, parse_device
 
 __all__ = [
     "FrameworkMemory",
@@ -786,18 +787,16 @@ class LiveArray:
     data_ptr: int
 
 
-def _device_filter(device: Union[int, str, None]) -> Callable[[str, Optional[int]], bool]:
-    if device is None:
-        return lambda kind, index: kind == "cuda"
-    if device == "cpu":
-        return lambda kind, index: kind == "cpu"
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        from gpukeeper.errors import InvalidInputError
-
-        raise InvalidInputError(
-            f"live_arrays: device must be a CUDA ordinal, None or 'cpu', got {device!r}"
-        )
-    return lambda kind, index: kind == "cuda" and index == device
+def _device_filter(device: Any) -> Callable[[str, Optional[int]], bool]:
+    """None: every CUDA device; ``"cpu"``: host arrays; else that CUDA device."""
+    kind, index = parse_device(device, "live_arrays device")
+    if kind == "auto":
+        return lambda k, i: k == "cuda"
+    if kind == "cpu":
+        return lambda k, i: k == "cpu"
+    if index is None:
+        index = current_cuda_index()
+    return lambda k, i: k == "cuda" and i == index
 
 
 def _walk_arrays(device: Union[int, str, None]) -> Iterator[Tuple[Tuple[str, str, int], int, LiveArray, Any]]:

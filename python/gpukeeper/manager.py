@@ -40,7 +40,8 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 from gpukeeper import _core, frameworks
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.nvml import device_free_total as _device_free_total
-from gpukeeper.report import MemoryReport, _resolve_device, memory_report
+from gpukeeper import devices
+from gpukeeper.report import MemoryReport, memory_report
 
 __all__ = [
     "GPUMemoryManager",
@@ -273,10 +274,12 @@ def get_gpu_memory_manager(device: Any = None) -> GPUMemoryManager:
 
     ``device`` is None (the current device: PyTorch's once it has initialised CUDA,
     else CuPy's, else 0), an index, ``"cuda:N"``, a ``torch.device`` or ``"cpu"``.
-    Without CUDA every device gives the one CPU-mode manager. Creation is thread-safe.
+    Without CUDA, None and ``"cpu"`` give the one CPU-mode manager; a CUDA device is an
+    ``InvalidInputError`` there. Creation is thread-safe.
     ``InvalidInputError`` for a malformed or nonexistent device.
     """
-    index, reason = _resolve_device(device)
+    spec = devices.resolve_device(device)
+    index, reason = spec.index, spec.reason
     key: Union[int, str] = "cpu" if index is None else index
     manager = _managers.get(key)
     if manager is not None:

@@ -103,6 +103,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from gpukeeper import device as _device
+from gpukeeper.devices import resolve_device
 from gpukeeper import frameworks, host, nvml
 from gpukeeper.errors import InvalidInputError
 
@@ -1149,7 +1150,7 @@ def benchmark_md_trajectory(
     # loaded; otherwise the warm-up's result and the process's CUDA contexts decide
     # (a pure-Python/numpy model must not be "timed" on an idle GPU).
     torch_or_cupy = _device._torch() is not None or "cupy" in sys.modules
-    index = _device.resolve_device_index(device if (device is not None or torch_or_cupy) else "cpu")
+    index = resolve_device(device, auto_cuda=torch_or_cupy).index
     detect = device is None and index is None
     warnings: List[str] = []
 

@@ -17,6 +17,7 @@ from typing import Any, Iterator, List, Set, Tuple
 
 from gpukeeper import _core, frameworks
 from gpukeeper._core import ManagedBuffer, PoolStats, Precision
+from gpukeeper.devices import check_index
 from gpukeeper.errors import InvalidInputError
 
 __all__ = ["MemoryPool", "ManagedBuffer", "BufferBatch", "Precision", "PoolStats"]
@@ -65,7 +66,7 @@ class MemoryPool(_core._MemoryPoolBase):
             stacklevel=2,
         )
         ptr = int(self._get_buffer(device_id, size, precision, stream))
-        self._raw_buffers.add((_device_id(device_id), ptr))
+        self._raw_buffers.add((check_index(device_id, "device_id"), ptr))
         return ptr
 
     def return_buffer(
@@ -76,7 +77,7 @@ class MemoryPool(_core._MemoryPoolBase):
         A pointer that ``get_buffer`` did not hand out, or that was returned already,
         raises ``InvalidInputError`` and changes nothing.
         """
-        key = (_device_id(device_id), buffer if isinstance(buffer, int) else -1)
+        key = (check_index(device_id, "device_id"), buffer if isinstance(buffer, int) else -1)
         if key not in self._raw_buffers:
             raise InvalidInputError(
                 f"pointer {buffer!r} on device {device_id} was not handed out by get_buffer, "
@@ -94,15 +95,6 @@ class MemoryPool(_core._MemoryPoolBase):
         return f"MemoryPool(kind={self.kind!r}{extra}, devices={self.devices()})"
 
 
-def _device_id(device_id: Any) -> int:
-    """A device id as an int; InvalidInputError for bools, non-integers and negatives."""
-    if isinstance(device_id, bool) or not isinstance(device_id, int):
-        raise InvalidInputError(f"device_id must be an int, got {type(device_id).__name__}")
-    if device_id < 0:
-        raise InvalidInputError(f"device_id must not be negative, got {device_id}")
-    return device_id
-
-
 class BufferBatch:
     """Many buffers with one lifetime: all go back to the pool together.
 
@@ -112,7 +104,7 @@ class BufferBatch:
     """
 
     def __init__(self, pool: MemoryPool, device_id: int, stream: Any = None) -> None:
-        device_id = _device_id(device_id)
+        device_id = check_index(device_id, "device_id")
         if device_id >= pool.device_count:
             raise InvalidInputError(
                 f"device {device_id!r} does not exist for {pool.kind} memory "

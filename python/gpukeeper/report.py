@@ -45,15 +45,13 @@ NVML access (loading, device matching, per-process figures) lives in
 from __future__ import annotations
 
 import json
-import numbers
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from gpukeeper import _core, frameworks, host
-from gpukeeper.errors import InvalidInputError
+from gpukeeper import _core, devices, frameworks, host
 from gpukeeper.frameworks import FrameworkMemory
 from gpukeeper.nvml import (
     NVML,
@@ -68,7 +66,6 @@ from gpukeeper.nvml import (
 )
 
 __all__ = ["MemoryReport", "ProcessMemory", "memory_report", "memory_reports", "nvml_status"]
-
 
 
 # --------------------------------------------------------------------- the report
@@ -326,77 +323,6 @@ def _fmt(n: Optional[int]) -> str:
 # --------------------------------------------------------------------- gathering
 
 
-def _cuda_state() -> Tuple[int, str]:
-    """(visible CUDA devices, why none) without creating a context."""
-    status = _core.cuda_status()
-    if not status["available"]:
-        return 0, str(status["reason"])
-    return int(status["device_count"]), ""
-
-
-def _current_device() -> int:
-    """The device a framework in use considers current: PyTorch's once it has
-    initialised CUDA, else CuPy's, else 0."""
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return int(torch.cuda.current_device())
-    except Exception:
-        pass
-    cupy = sys.modules.get("cupy")
-    try:
-        if cupy is not None:
-            return int(cupy.cuda.runtime.getDevice())
-    except Exception:
-        pass
-    return 0
-
-
-def _parse_device(device: Any) -> Optional[Any]:
-    """None, "cpu", or a non-negative CUDA index from an int, "cuda[:N]" or a
-    torch.device-like object (``.type``/``.index``)."""
-    if device is None:
-        return None
-    if hasattr(device, "type") and hasattr(device, "index") and not isinstance(device, (str, int)):
-        if device.type == "cpu":
-            return "cpu"
-        if device.type != "cuda":
-            raise InvalidInputError(f"device must be a CUDA device or 'cpu', got {device!r}")
-        return None if device.index is None else _parse_device(int(device.index))
-    if isinstance(device, str):
-        text = device.strip().lower()
-        if text == "cpu":
-            return "cpu"
-        if text == "cuda":
-            return None
-        if text.startswith("cuda:"):
-            text = text[5:]
-        if not text.isdigit():
-            raise InvalidInputError(f"device must be an index, 'cuda[:N]' or 'cpu', got {device!r}")
-        return int(text)
-    if isinstance(device, bool) or not isinstance(device, numbers.Integral):
-        raise InvalidInputError(
-            f"device must be an int, a str or None, got {type(device).__name__}"
-        )
-    if device < 0:
-        raise InvalidInputError(f"device must not be negative, got {device}")
-    return int(device)
-
-
-def _resolve_device(device: Any) -> Tuple[Optional[int], str]:
-    """(CUDA device index, "") or (None, why CPU mode). InvalidInputError for a bad id."""
-    parsed = _parse_device(device)
-    count, reason = _cuda_state()
-    if parsed == "cpu":
-        return None, "device 'cpu' was asked for"
-    if count == 0:
-        return None, f"CUDA unavailable: {reason}"
-    index = _current_device() if parsed is None else parsed
-    if index >= count:
-        raise InvalidInputError(f"device {index} does not exist ({count} CUDA device(s) visible)")
-    return index, ""
-
-
 def _host_section() -> Dict[str, Optional[int]]:
     available, total = _core.host_memory_info()
     pools = frameworks.host_pool_memory()
@@ -581,24 +507,25 @@ def memory_report(device: Any = None, *, use_nvml: bool = True) -> MemoryReport:
     """Who holds the memory of one device, as a :class:`MemoryReport`.
 
     ``device``: None for the current device (PyTorch's current device once it has
-    initialised CUDA, else CuPy's, else 0); an index, ``"cuda:N"`` or a
-    ``torch.device``; ``"cpu"`` for a host-memory report. Without CUDA every device
-    gives the CPU-mode report. Use :func:`memory_reports` for all devices.
+    initialised CUDA, else CuPy's, else 0), or the CPU-mode report without CUDA; an
+    index, ``"cuda:N"`` or a ``torch.device``; ``"cpu"`` for a host-memory report
+    (spellings: :mod:`gpukeeper.devices`). Use :func:`memory_reports` for all devices.
 
     ``use_nvml=False`` skips NVML (faster; no process split, no other processes).
 
-    Raises ``InvalidInputError`` for a malformed or nonexistent device; a missing or
+    Raises ``InvalidInputError`` for a malformed or nonexistent device, or a CUDA device
+    where CUDA is unusable; a missing or
     failing NVML never raises (the ``nvml`` field says why).
     """
-    index, reason = _resolve_device(device)
-    if index is None:
-        return _cpu_report(reason, use_nvml)
-    return _cuda_report(index, use_nvml)
+    spec = devices.resolve_device(device)
+    if spec.index is None:
+        return _cpu_report(spec.reason, use_nvml)
+    return _cuda_report(spec.index, use_nvml)
 
 
 def memory_reports(*, use_nvml: bool = True) -> List[MemoryReport]:
     """One report per visible CUDA device; one CPU-mode report without CUDA."""
-    count, reason = _cuda_state()
+    count, reason = devices.cuda_status()
     if count == 0:
         return [_cpu_report(f"CUDA unavailable: {reason}", use_nvml)]
     return [_cuda_report(d, use_nvml) for d in range(count)]

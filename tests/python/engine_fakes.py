@@ -17,7 +17,7 @@ import sys
 import types
 from typing import Any, Callable, Dict, List, Optional
 
-from gpukeeper import frameworks, nvml
+from gpukeeper import devices, frameworks, nvml
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -104,6 +104,7 @@ def install_nvml(monkeypatch: Any, fake: FakeNvml) -> FakeNvml:
 
 
 def install_driver(monkeypatch: Any, driver: FakeDriver) -> FakeDriver:
+    monkeypatch.setattr(devices, "cuda_status", lambda: (len(driver.primary), ""))
     monkeypatch.setattr(frameworks, "_libcuda_loaded", lambda: True)
     monkeypatch.setattr(frameworks, "_load_driver", lambda: driver)
     return driver

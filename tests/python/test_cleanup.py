@@ -21,7 +21,7 @@ from typing import Any, List
 import pytest
 
 import gpukeeper
-from gpukeeper import GpuError, InvalidInputError, MemoryPool, Precision, frameworks
+from gpukeeper import GpuError, InvalidInputError, MemoryPool, Precision, devices, frameworks
 from gpukeeper.cleanup import (
     CleanupReport,
     EmptiedObjectError,
@@ -227,11 +227,13 @@ def test_one_instance_reentered_and_as_decorator(host):
     "device, expected",
     [(None, None), (0, [0]), (2, [2]), ("cuda:1", [1]), ("CPU", []), ("cpu", [])],
 )
-def test_device_argument(device, expected):
+def test_device_argument(device, expected, monkeypatch):
+    monkeypatch.setattr(devices, "cuda_status", lambda: (4, ""))  # a machine with 4 GPUs
     assert GPUContext(device)._fixed == expected
 
 
-def test_torch_devices_accepted():
+def test_torch_devices_accepted(monkeypatch):
+    monkeypatch.setattr(devices, "cuda_status", lambda: (4, ""))
     assert GPUContext(torch.device("cpu"))._fixed == []
     assert GPUContext(torch.device("cuda", 3))._fixed == [3]
 

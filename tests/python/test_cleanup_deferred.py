@@ -22,7 +22,7 @@ from typing import Any, List
 
 import pytest
 
-from gpukeeper import InvalidInputError, MemoryPool, Precision, frameworks
+from gpukeeper import InvalidInputError, MemoryPool, Precision, devices, frameworks
 from gpukeeper.cleanup import (
     EmptiedObjectError,
     GPUContext,
@@ -317,6 +317,7 @@ class FakeDevice:
 @pytest.fixture
 def fake(monkeypatch):
     dev = FakeDevice()
+    monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
     monkeypatch.setitem(frameworks._READERS, "torch", dev.read)
     monkeypatch.setattr(frameworks, "active_devices", lambda: [0])
     monkeypatch.setattr(frameworks, "synchronize_all", lambda device=None: None)

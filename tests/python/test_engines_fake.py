@@ -27,7 +27,7 @@ from engine_fakes import (
     install_engine,
     install_nvml,
 )
-from gpukeeper import _core, frameworks, nvml, report
+from gpukeeper import _core, devices, frameworks, nvml, report
 from gpukeeper.cleanup import GPUContext
 from gpukeeper.errors import InvalidInputError, LeakWarning
 from gpukeeper.frameworks import FrameworkMemory
@@ -154,8 +154,8 @@ def test_nothing_here_imports_a_framework():
 
 @pytest.fixture
 def one_device(monkeypatch):
-    monkeypatch.setattr(report, "_cuda_state", lambda: (1, ""))
-    monkeypatch.setattr(report, "_current_device", lambda: 0)
+    monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
+    monkeypatch.setattr(devices, "current_cuda_index", lambda: 0)
     monkeypatch.setattr(report, "_holds_context", lambda device: False)
     monkeypatch.setattr(_core, "device_memory_info", lambda d: (50 * GiB, 79 * GiB), raising=False)
 
@@ -375,6 +375,7 @@ def test_md_jax_steps_are_gpu_work(monkeypatch):
 def test_gpu_context_names_the_jax_remedy(monkeypatch):
     monkeypatch.setitem(sys.modules, "jax", fake_jax({"bytes_in_use": GiB, "pool_bytes": 59 * GiB}))
     monkeypatch.setattr(frameworks, "active_devices", lambda: [0])
+    monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
     monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
     monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
     with warnings.catch_warnings():

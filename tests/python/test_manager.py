@@ -82,7 +82,9 @@ def test_host_manager_reports_host_memory():
 @pytest.mark.skipif(bool(CUDA), reason="checks the CPU mode of a machine without CUDA")
 def test_without_cuda_the_default_manager_is_cpu_mode():
     m = get_gpu_memory_manager()
-    assert m.cpu_mode and m is get_gpu_memory_manager(0) is get_gpu_memory_manager("cpu")
+    assert m.cpu_mode and m is get_gpu_memory_manager("cpu")
+    with pytest.raises(InvalidInputError, match="CUDA is unusable"):
+        get_gpu_memory_manager(0)  # a named GPU that is not there is an error, not the host
     assert "CUDA unavailable" in str(m)
     assert m.reason.startswith("CUDA unavailable") and m.reason == m.cpu_reason
 

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 import gpukeeper
-from gpukeeper import _core, frameworks, nvml, report
+from gpukeeper import _core, devices, frameworks, nvml, report
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.frameworks import FrameworkMemory
 from gpukeeper.report import MemoryReport, memory_report, memory_reports
@@ -111,7 +111,8 @@ def test_without_cuda_every_device_is_cpu_mode():
     r = memory_report()
     assert r.mode == "cpu"
     assert any("CPU mode" in n and "CUDA unavailable" in n for n in r.notes)
-    assert memory_report(3).mode == "cpu"  # documented: no device to be wrong about
+    with pytest.raises(InvalidInputError, match="CUDA is unusable"):
+        memory_report(3)  # a named GPU that is not there is an error, not the host
     all_reports = memory_reports()
     assert len(all_reports) == 1 and all_reports[0].mode == "cpu"
 
@@ -213,8 +214,8 @@ def fake_cuda(monkeypatch):
         "torch": FrameworkMemory("torch", 300 * MiB, 512 * MiB),
         "gpukeeper": FrameworkMemory("gpukeeper", 64 * MiB, 128 * MiB),
     }
-    monkeypatch.setattr(report, "_cuda_state", lambda: (2, ""))
-    monkeypatch.setattr(report, "_current_device", lambda: 0)
+    monkeypatch.setattr(devices, "cuda_status", lambda: (2, ""))
+    monkeypatch.setattr(devices, "current_cuda_index", lambda: 0)
     monkeypatch.setattr(report, "_holds_context", lambda device: False)
     monkeypatch.setattr(frameworks, "memory_by_framework", lambda device=0: dict(memory))
     monkeypatch.setattr(_core, "device_memory_info", lambda device: (50 * GiB, 79 * GiB), raising=False)

@@ -29,7 +29,7 @@ from gpukeeper.timing import (
     format_comparison_table,
     print_comparison_table,
     register_backend,
-    resolve_device,
+    timing_device,
     select_backend,
 )
 from gpukeeper.timing import timer as timer_module
@@ -93,10 +93,10 @@ def test_timer_stops_when_the_body_raises() -> None:
 
 @pytest.mark.skipif(CUDA, reason="checks the CPU fallback")
 def test_default_device_without_cuda_is_cpu() -> None:
-    assert resolve_device(None).kind == "cpu"
+    assert timing_device(None).kind == "cpu"
     assert CUDATimer().backend == "cpu"
     with pytest.raises(InvalidInputError, match="CUDA"):
-        resolve_device("cuda")
+        timing_device("cuda")
     with pytest.raises(InvalidInputError):
         select_backend("cpu", backend="torch")
 
@@ -104,7 +104,7 @@ def test_default_device_without_cuda_is_cpu() -> None:
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:1", 3.5, True, object()])
 def test_bad_device(device: Any) -> None:
     with pytest.raises(InvalidInputError):
-        resolve_device(device)
+        timing_device(device)
 
 
 def test_bad_timer_arguments() -> None:

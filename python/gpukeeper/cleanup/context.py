@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 import warnings
@@ -17,6 +16,7 @@ from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_na
 from gpukeeper.cleanup.report import CleanupReport, Snapshot, fmt_bytes, leak_message
 from gpukeeper.cleanup.run import _run_cleanup
 from gpukeeper.cleanup.tracking import _AllocationTracker
+from gpukeeper.devices import resolve_device
 from gpukeeper.errors import InvalidInputError, LeakWarning, MemoryLeakError
 
 
@@ -24,39 +24,8 @@ def _parse_device(device: Any) -> Optional[List[int]]:
     """None (every device in use) or the list of named CUDA ordinals ([] for the CPU)."""
     if device is None:
         return None
-    if isinstance(device, bool):
-        raise InvalidInputError(f"GPUContext: device must be an int, a str or a torch.device, got {device!r}")
-    if isinstance(device, int):
-        if device < 0:
-            raise InvalidInputError(f"GPUContext: device must not be negative, got {device}")
-        return [device]
-    kind: Optional[str] = None
-    index: Optional[int] = None
-    if isinstance(device, str):
-        text = device.strip().lower()
-        kind, _, rest = text.partition(":")
-        if rest:
-            if not rest.isdigit():
-                raise InvalidInputError(f"GPUContext: cannot read device {device!r}")
-            index = int(rest)
-    elif hasattr(device, "type") and hasattr(device, "index"):  # torch.device and alikes
-        kind, index = str(device.type), device.index
-    else:
-        raise InvalidInputError(
-            f"GPUContext: device must be an int, a str or a torch.device, got {type(device).__name__}"
-        )
-    if kind == "cpu":
-        return []
-    if kind != "cuda":
-        raise InvalidInputError(f"GPUContext: device {device!r} is neither a CUDA device nor the CPU")
-    if index is None:
-        torch = sys.modules.get("torch")
-        try:
-            initialized = torch is not None and torch.cuda.is_initialized()
-            index = int(torch.cuda.current_device()) if initialized else 0
-        except Exception:
-            index = 0
-    return [index]
+    spec = resolve_device(device, what="GPUContext device")
+    return [] if spec.index is None else [spec.index]
 
 
 @dataclass

@@ -25,17 +25,17 @@ from gpukeeper.timing.benchmark import (
 from gpukeeper.timing.profiler import ProfilerContext
 from gpukeeper.timing.result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion, SampleStats, summarize
+from gpukeeper.devices import DeviceSpec
 from gpukeeper.timing.timer import (
     CoreBackend,
     CpuBackend,
     CUDATimer,
     CupyBackend,
-    DeviceSpec,
     TimerBackend,
     TorchBackend,
     available_backends,
     register_backend,
-    resolve_device,
+    timing_device,
     select_backend,
 )
 
@@ -60,7 +60,7 @@ __all__ = [
     "l2_cache_size",
     "print_comparison_table",
     "register_backend",
-    "resolve_device",
+    "timing_device",
     "select_backend",
     "stats",
     "summarize",

@@ -39,12 +39,12 @@ from gpukeeper import nvml as _nvml
 from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.timing.result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion
+from gpukeeper.devices import DeviceSpec
 from gpukeeper.timing.timer import (
-    DeviceSpec,
     TimerBackend,
     _gates,
     check_gate_timeout,
-    resolve_device,
+    timing_device,
     select_backend,
 )
 
@@ -73,7 +73,7 @@ _MIN_TIME_WALL_FACTOR = 10.0
 
 def l2_cache_size(device: Any = None) -> int:
     """The L2 cache size in bytes of a CUDA device (torch or CuPy); 0 on the CPU."""
-    spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
+    spec = device if isinstance(device, DeviceSpec) else timing_device(device)
     if not spec.is_cuda:
         return 0
     torch = sys.modules.get("torch")
@@ -479,7 +479,7 @@ def benchmark_function(
         raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
     label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
 
-    spec = resolve_device(device)
+    spec = timing_device(device)
     backend = select_backend(spec)
     warnings: List[str] = []
     plan = _host_sync_plan(device, spec, synchronize)

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import warnings
 from functools import lru_cache
 
+from gpukeeper.devices import DeviceSpec, resolve_device
 from gpukeeper.errors import GpuError, InvalidInputError, TimingWarning
 
 __all__ = [
@@ -48,8 +48,7 @@ __all__ = [
     "TorchBackend",
     "CupyBackend",
     "CoreBackend",
-    "DeviceSpec",
-    "resolve_device",
+    "timing_device",
     "select_backend",
     "register_backend",
     "available_backends",
@@ -57,21 +56,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------- devices
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """Where work runs: ``kind`` is ``"cpu"`` or ``"cuda"``; ``index`` the CUDA ordinal."""
-
-    kind: str
-    index: Optional[int] = None
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.kind == "cuda"
-
-    def __str__(self) -> str:
-        return self.kind if self.index is None else f"{self.kind}:{self.index}"
 
 
 def _torch_cuda() -> Any:
@@ -108,60 +92,11 @@ def _core_cuda() -> bool:
         return False
 
 
-def _current_cuda_index() -> int:
-    torch = _torch_cuda()
-    if torch is not None:
-        return int(torch.cuda.current_device())
-    cupy = _cupy_cuda()
-    if cupy is not None:
-        return int(cupy.cuda.runtime.getDevice())
-    return 0
-
-
-def resolve_device(device: Any = None) -> DeviceSpec:
-    """Normalises ``device`` (None, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, an int, a
-    ``torch.device``, a CuPy ``Device``) to a ``DeviceSpec``.
-
-    None means CUDA when a loaded framework can use it, else the CPU. Asking for CUDA
-    where none is usable is an ``InvalidInputError`` (measuring the CPU instead would
-    give numbers that look right and are not).
-    """
-    if device is None:
-        if _torch_cuda() is not None or _cupy_cuda() is not None:
-            return DeviceSpec("cuda", _current_cuda_index())
-        return DeviceSpec("cpu")
-    kind: str
-    index: Optional[int]
-    if isinstance(device, bool):
-        raise InvalidInputError(f"device must be a device, a name or an index, got {device!r}")
-    if isinstance(device, int):
-        kind, index = "cuda", device
-    elif isinstance(device, str):
-        text = device.strip().lower()
-        name, _, rest = text.partition(":")
-        if name not in ("cpu", "cuda") or (rest and not rest.isdigit()) or (name == "cpu" and rest):
-            raise InvalidInputError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N'")
-        kind, index = name, (int(rest) if rest else None)
-    elif hasattr(device, "type") and isinstance(getattr(device, "type"), str):  # torch.device
-        kind, index = device.type, getattr(device, "index", None)
-        if kind not in ("cpu", "cuda"):
-            raise InvalidInputError(f"gpukeeper times CPU and CUDA devices, not {kind!r}")
-    elif hasattr(device, "id") and isinstance(getattr(device, "id"), int):  # cupy Device
-        kind, index = "cuda", int(device.id)
-    else:
-        raise InvalidInputError(f"device must be a device, a name or an index, got {device!r}")
-    if kind == "cpu":
-        return DeviceSpec("cpu")
-    if _torch_cuda() is None and _cupy_cuda() is None and not _core_cuda():
-        raise InvalidInputError(
-            f"device {device!r} asks for CUDA, but no CUDA device is usable here (neither "
-            "a loaded framework nor gpukeeper's core sees one); pass device='cpu' or None"
-        )
-    if index is None:
-        index = _current_cuda_index()
-    if index < 0:
-        raise InvalidInputError(f"CUDA device index must be >= 0, got {index}")
-    return DeviceSpec("cuda", index)
+def timing_device(device: Any = None) -> DeviceSpec:
+    """The device to time on: :func:`gpukeeper.devices.resolve_device`, except that None
+    means CUDA only when a loaded framework (PyTorch, CuPy) uses it; GPU events around
+    host-only work would read zero."""
+    return resolve_device(device, auto_cuda=_torch_cuda() is not None or _cupy_cuda() is not None)
 
 
 # --------------------------------------------------------------------- backends
@@ -362,7 +297,7 @@ def register_backend(
 
 def available_backends(device: Any = None) -> List[str]:
     """Names of the backends usable for ``device`` now, best first."""
-    spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
+    spec = device if isinstance(device, DeviceSpec) else timing_device(device)
     usable = [(p, n) for n, (p, _, ok) in _BACKENDS.items() if ok(spec)]
     return [n for _, n in sorted(usable, reverse=True)]
 
@@ -373,7 +308,7 @@ def select_backend(device: Any = None, backend: Optional[str] = None) -> TimerBa
     A CPU device always gets the CPU clock: events on a GPU stream would not see work
     done by the host.
     """
-    spec = device if isinstance(device, DeviceSpec) else resolve_device(device)
+    spec = device if isinstance(device, DeviceSpec) else timing_device(device)
     if backend is not None:
         entry = _BACKENDS.get(backend)
         if entry is None:
