@@ -51,16 +51,10 @@ MB = float(1 << 20)
 # --------------------------------------------------------------------- helpers
 
 
-def _torch() -> Any:
-    """PyTorch when it is already imported, else None (never imports it)."""
-    torch = sys.modules.get("torch")
-    return torch if torch is not None and hasattr(torch, "cuda") else None
-
-
 def _torch_auto_cuda() -> bool:
     """Whether "auto" may mean CUDA: not where a loaded PyTorch cannot use it (a CPU
     build of torch on a GPU machine would be handed a device it cannot run on)."""
-    torch = _torch()
+    torch = frameworks.loaded_torch()
     if torch is None:
         return True
     try:
@@ -104,7 +98,7 @@ def get_device(device: Any = None) -> Any:
     to the CPU when CUDA is unusable.
     """
     text = str(_resolve(device))
-    torch = _torch()
+    torch = frameworks.loaded_torch()
     return torch.device(text) if torch is not None else text
 
 
@@ -261,7 +255,7 @@ def get_gpu_info(device: Any = None) -> Dict[str, Any]:
         "pci_bus_id": None,
         "sources": [],
     }
-    torch = _torch()
+    torch = frameworks.loaded_torch()
     if torch is not None:
         try:
             p = torch.cuda.get_device_properties(index)
@@ -313,8 +307,8 @@ def _device_counts(index: int) -> Tuple[int, int, Dict[str, Dict[str, Optional[i
 
 
 def _torch_peak(index: int) -> Optional[int]:
-    torch = frameworks._torch()
-    if torch is None or frameworks._torch_uses_gpukeeper():
+    torch = frameworks.torch_in_use()
+    if torch is None or frameworks.torch_uses_gpukeeper():
         if torch is not None:
             from gpukeeper.integrations import torch_allocator
 
@@ -419,7 +413,7 @@ def warmup_cuda(device: Any = None, *, matmul_size: int = 1024, iterations: int 
     if index is None:
         return 0.0
     start = time.perf_counter()
-    torch = _torch()
+    torch = frameworks.loaded_torch()
     cupy = sys.modules.get("cupy")
     if torch is not None:
         dev = torch.device(f"cuda:{index}")

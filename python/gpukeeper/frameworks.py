@@ -117,7 +117,14 @@ def _gpukeeper_release(device: Optional[int]) -> int:
 # --------------------------------------------------------------------- PyTorch
 
 
-def _torch() -> Any:
+def loaded_torch() -> Any:
+    """PyTorch when it is already imported (never imports it), else None."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and hasattr(torch, "cuda") else None
+
+
+def torch_in_use() -> Any:
+    """PyTorch when it has initialised CUDA (a CUDA tensor was made), else None."""
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "cuda"):
         return None
@@ -129,7 +136,7 @@ def _torch() -> Any:
     return torch
 
 
-def _torch_uses_gpukeeper() -> bool:
+def torch_uses_gpukeeper() -> bool:
     """True when use_torch_allocator() routed PyTorch's allocations to gpukeeper: then
     PyTorch's own counters are meaningless and the pool's are read instead."""
     integration = sys.modules.get("gpukeeper.integrations.torch_allocator")
@@ -137,10 +144,10 @@ def _torch_uses_gpukeeper() -> bool:
 
 
 def _torch_memory(device: int) -> Optional[FrameworkMemory]:
-    torch = _torch()
+    torch = torch_in_use()
     if torch is None or device >= torch.cuda.device_count():
         return None
-    if _torch_uses_gpukeeper():
+    if torch_uses_gpukeeper():
         integration = sys.modules["gpukeeper.integrations.torch_allocator"]
         allocated, reserved = integration.pool_usage(device)
         return FrameworkMemory("torch", allocated, reserved)
@@ -163,7 +170,7 @@ def _torch_counts(torch: Any, device: int) -> Tuple[int, int]:
 
 
 def _torch_release(device: Optional[int]) -> int:
-    torch = _torch()
+    torch = torch_in_use()
     if torch is None:
         return 0
     # cuBLAS/cuBLASLt keep one workspace per (handle, stream) allocated through the
@@ -176,7 +183,7 @@ def _torch_release(device: Optional[int]) -> int:
             clear_workspaces()
         except Exception:
             pass  # an older build without the workspace map: nothing to clear
-    if _torch_uses_gpukeeper():
+    if torch_uses_gpukeeper():
         return sys.modules["gpukeeper.integrations.torch_allocator"].release(device)
     devices = _torch_devices(torch, device)
     before = sum(_torch_counts(torch, d)[1] for d in devices)
@@ -199,7 +206,7 @@ def _torch_devices(torch: Any, device: Optional[int]) -> List[int]:
 
 
 def _torch_synchronize(device: Optional[int]) -> None:
-    torch = _torch()
+    torch = torch_in_use()
     if torch is None:
         return
     for d in _torch_devices(torch, device):
@@ -433,7 +440,7 @@ _SYNCHRONIZERS: List[Callable[[Optional[int]], None]] = [
 def loaded_frameworks() -> List[str]:
     """Frameworks present in the process that hold (or could hold) device memory."""
     names = []
-    if _torch() is not None:
+    if torch_in_use() is not None:
         names.append("torch")
     if _cupy() is not None:
         names.append("cupy")
@@ -548,7 +555,7 @@ def _load_driver() -> Any:
 def _cuda_maybe_in_use() -> bool:
     """Whether anything in the process could have made a CUDA context (cheap checks
     only: without this, asking the driver would initialise it for nothing)."""
-    if _torch() is not None or _cupy() is not None or _jax_devices():
+    if torch_in_use() is not None or _cupy() is not None or _jax_devices():
         return True
     return any(getattr(p, "kind", "device") in ("device", "async", "pinned") for p in live_pools())
 
@@ -570,7 +577,7 @@ def active_devices() -> List[int]:
     for pool in live_pools():
         if getattr(pool, "kind", "device") in ("device", "async"):
             devices.update(pool.devices())
-    torch = _torch()
+    torch = torch_in_use()
     if torch is not None:
         has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
         for d in range(torch.cuda.device_count()):

@@ -102,7 +102,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from gpukeeper import device as _device
 from gpukeeper.devices import resolve_device
 from gpukeeper import frameworks, host, nvml
 from gpukeeper.errors import InvalidInputError
@@ -627,9 +626,9 @@ def _host_series() -> List[_Series]:
 def _cuda_probe(index: int) -> Tuple[Callable[[], int], str]:
     """The cheapest reader of allocated device bytes that sees every loaded framework."""
     loaded = frameworks.loaded_frameworks()
-    torch = frameworks._torch()
+    torch = frameworks.torch_in_use()
     if loaded == ["torch"] or (not loaded and torch is not None):
-        if frameworks._torch_uses_gpukeeper():
+        if frameworks.torch_uses_gpukeeper():
             from gpukeeper.integrations import torch_allocator
 
             stats = torch_allocator.stats
@@ -678,9 +677,9 @@ class _Events:
     """
 
     def __init__(self, index: int, size: int) -> None:
-        torch = frameworks._torch()
-        if torch is None and _device._torch() is not None:
-            torch = _device._torch()  # CUDA not initialised yet: the events will do it
+        torch = frameworks.torch_in_use()
+        if torch is None and frameworks.loaded_torch() is not None:
+            torch = frameworks.loaded_torch()  # CUDA not initialised yet: the events will do it
         self.size = size
         from gpukeeper import _core
 
@@ -1149,7 +1148,7 @@ def benchmark_md_trajectory(
     # Without an explicit device, CUDA when a framework that could run the model is
     # loaded; otherwise the warm-up's result and the process's CUDA contexts decide
     # (a pure-Python/numpy model must not be "timed" on an idle GPU).
-    torch_or_cupy = _device._torch() is not None or "cupy" in sys.modules
+    torch_or_cupy = frameworks.loaded_torch() is not None or "cupy" in sys.modules
     index = resolve_device(device, auto_cuda=torch_or_cupy).index
     detect = device is None and index is None
     warnings: List[str] = []
