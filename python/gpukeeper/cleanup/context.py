@@ -14,8 +14,8 @@ from gpukeeper.cleanup.frames import caller_frame, clear_traceback_frames
 from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_names
 from gpukeeper.cleanup.report import CleanupReport, Snapshot, fmt_bytes, leak_message
-from gpukeeper.cleanup.run import _run_cleanup
-from gpukeeper.cleanup.tracking import _AllocationTracker
+from gpukeeper.cleanup.run import run_cleanup
+from gpukeeper.cleanup.tracking import AllocationTracker
 from gpukeeper.devices import resolve_device
 from gpukeeper.errors import InvalidInputError, LeakWarning, MemoryLeakError
 
@@ -33,7 +33,7 @@ class _Frame:
     devices: List[int]
     baseline: Snapshot
     started: float
-    tracker: Optional[_AllocationTracker]
+    tracker: Optional[AllocationTracker]
     names: Optional[NameSnapshot]
 
 
@@ -166,7 +166,7 @@ class GPUContext(contextlib.ContextDecorator):
         names = snapshot_names(caller_frame(1)) if self.release_names else None
         tracker = None
         if self.track_allocations:
-            tracker = _AllocationTracker(self.stack_depth)
+            tracker = AllocationTracker(self.stack_depth)
             tracker.start()
         frames = getattr(self._local, "frames", None)
         if frames is None:
@@ -189,7 +189,7 @@ class GPUContext(contextlib.ContextDecorator):
                 emptied, freed = release_new_names(frame.names, caller)
             except Exception as e:  # the cleanup below must run all the same
                 name_error = e
-        report, error = _run_cleanup(
+        report, error = run_cleanup(
             "GPUContext",
             fixed=self._fixed,
             devices=frame.devices,
@@ -254,7 +254,7 @@ def cleanup_cuda(device: Any = None) -> CleanupReport:
     fixed = _parse_device(device)
     devices = devices_in_use(fixed)
     before = measure(devices)
-    report, error = _run_cleanup(
+    report, error = run_cleanup(
         "cleanup_cuda",
         fixed=fixed,
         devices=devices,

@@ -15,8 +15,8 @@ from typing import Any, Dict, Optional, Sequence
 from gpukeeper import frameworks
 # A module, not its names: run asks this module whether the device is stuck, so each
 # imports the other as a module (in either order).
-from gpukeeper.cleanup import run
-from gpukeeper.cleanup.guard_threads import _SignalWatcher, _SyncWorker, _Watchdog
+from gpukeeper.cleanup import run, stuck
+from gpukeeper.cleanup.guard_threads import SignalWatcher, SyncWorker, Watchdog
 from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.cleanup.report import CleanupReport, leak_message
 from gpukeeper.errors import InvalidInputError, LeakWarning
@@ -31,10 +31,10 @@ class _ExitGuard:
         self.exit_timeout = exit_timeout
         self.warn = warn
         self.tolerance_bytes = tolerance_bytes
-        self.worker = _SyncWorker()
-        self.watchdog = _Watchdog()
+        self.worker = SyncWorker()
+        self.watchdog = Watchdog()
         self.previous: Dict[int, Any] = {}
-        self.watcher: Optional[_SignalWatcher] = None
+        self.watcher: Optional[SignalWatcher] = None
         self.forked = False
         self.last_report: Optional[CleanupReport] = None
         self.signals = list(signals)
@@ -58,7 +58,7 @@ class _ExitGuard:
         started = time.perf_counter()
         devices = devices_in_use(None)
         before = measure(devices)
-        report, _ = run._run_cleanup(
+        report, _ = run.run_cleanup(
             "exit guard",
             fixed=None,
             devices=devices,
@@ -112,6 +112,9 @@ _guard_lock = threading.RLock()
 def _device_stuck() -> bool:
     guard = _guard
     return guard is not None and guard.worker.stuck
+
+
+stuck.set_probe(_device_stuck)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -234,7 +237,7 @@ def install_exit_guard(
             }
             if forced:
                 try:
-                    guard.watcher = _SignalWatcher(guard.watchdog, forced)
+                    guard.watcher = SignalWatcher(guard.watchdog, forced)
                 except (ValueError, OSError):
                     guard.watcher = None  # the handler still arms the watchdog itself
         elif wanted:

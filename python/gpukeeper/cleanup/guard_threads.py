@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
-class _SyncWorker:
+class SyncWorker:
     """A daemon thread that runs synchronizations for callers who wait at most N seconds.
 
     Started with the guard: at interpreter exit a new thread may no longer be startable,
@@ -66,7 +66,7 @@ class _SyncWorker:
         self._jobs.put(None)
 
 
-class _Watchdog:
+class Watchdog:
     """Ends the process with a given status if it is still alive at a deadline.
 
     Armed by the SIGTERM handler (and by the signal watcher when the handler cannot run)
@@ -121,7 +121,7 @@ def _force_exit(status: int, why: str) -> None:
     os._exit(status)
 
 
-class _SignalWatcher:
+class SignalWatcher:
     """Sees a signal arrive even while the main thread is blocked in C code.
 
     Python runs signal handlers in the main thread between bytecodes, so a main thread
@@ -132,7 +132,7 @@ class _SignalWatcher:
     A main thread spinning in C while holding the GIL cannot be helped from Python.
     """
 
-    def __init__(self, watchdog: _Watchdog, forced: Dict[int, float]) -> None:
+    def __init__(self, watchdog: Watchdog, forced: Dict[int, float]) -> None:
         self._watchdog = watchdog
         self._forced = forced  # signum -> seconds before a forced exit
         self._arrivals: Dict[int, int] = {}

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Set, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
-from gpukeeper.cleanup.exit_guard import _device_stuck
+from gpukeeper.cleanup.stuck import device_stuck
 from gpukeeper.errors import EmptiedObjectError, InvalidInputError
 
 
@@ -89,7 +89,7 @@ def cleanup_models(*objs: Any) -> int:
     framework's cache, so that the memory goes back to the driver.
     """
     freed, emptied = empty_objects(*objs)
-    if emptied and not _device_stuck():
+    if emptied and not device_stuck():
         frameworks.synchronize_all(None)
         frameworks.release_all_caches(None)
     return freed

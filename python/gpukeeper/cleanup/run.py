@@ -9,13 +9,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 # A module, not its names: the exit guard runs this cleanup and this cleanup asks the guard
 # whether the device is stuck, so each imports the other as a module (in either order).
-from gpukeeper.cleanup import exit_guard
+from gpukeeper.cleanup import stuck
 from gpukeeper.cleanup.measure import devices_in_use, held_above, measure, release_caches, synchronize_devices
 from gpukeeper.cleanup.report import CleanupReport, LeakedArray, Snapshot
-from gpukeeper.cleanup.tracking import _AllocationTracker, _name_leaks
+from gpukeeper.cleanup.tracking import AllocationTracker, name_leaks
 
 
-def _run_cleanup(
+def run_cleanup(
     source: str,
     *,
     fixed: Optional[List[int]],
@@ -26,7 +26,7 @@ def _run_cleanup(
     collect: Optional[bool],
     find_leaks: bool,
     max_listed: int,
-    tracker: Optional[_AllocationTracker] = None,
+    tracker: Optional[AllocationTracker] = None,
     exc_type: Optional[str] = None,
     sync: Optional[Callable[[], bool]] = None,
 ) -> Tuple[CleanupReport, Optional[BaseException]]:
@@ -42,7 +42,7 @@ def _run_cleanup(
     devices = sorted(set(devices) | set(now_devices))
 
     synchronized = False
-    if exit_guard._device_stuck():
+    if stuck.device_stuck():
         notes.append(
             "an earlier synchronization timed out and has not finished: the device is presumed "
             "hung, so nothing was synchronized or released (either would block)"
@@ -89,7 +89,7 @@ def _run_cleanup(
     leaks: List[LeakedArray] = []
     found = 0
     if held and find_leaks:
-        leaks, found = _name_leaks(held, baseline, tracker, max_listed)
+        leaks, found = name_leaks(held, baseline, tracker, max_listed)
     report = CleanupReport(
         source=source,
         devices=devices,

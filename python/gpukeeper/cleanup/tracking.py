@@ -55,7 +55,7 @@ def _recorder_class() -> Any:
         tensor_type = torch.Tensor
 
         class _Recorder(TorchDispatchMode):
-            def __init__(self, tracker: "_AllocationTracker") -> None:
+            def __init__(self, tracker: "AllocationTracker") -> None:
                 super().__init__()
                 self.tracker = tracker
 
@@ -74,7 +74,7 @@ def _recorder_class() -> Any:
     return _dispatch_mode_class
 
 
-class _AllocationTracker:
+class AllocationTracker:
     """Creation sites of the storages/arrays made while it runs (``track_allocations``).
 
     PyTorch: a TorchDispatchMode sees every ATen op of the thread that entered it (and of
@@ -146,10 +146,10 @@ class _AllocationTracker:
             self._mode = None
 
 
-def _name_leaks(
+def name_leaks(
     held: Dict[str, Dict[str, int]],
     baseline: Optional[Snapshot],
-    tracker: Optional[_AllocationTracker],
+    tracker: Optional[AllocationTracker],
     max_listed: int,
 ) -> Tuple[List[LeakedArray], int]:
     """The live tensors/arrays on the devices where memory is still held (slow: gc walk)."""
@@ -171,7 +171,7 @@ def _name_leaks(
 
 
 def _leaked(
-    arr: LiveArray, loc: str, baseline: Optional[Snapshot], tracker: Optional[_AllocationTracker]
+    arr: LiveArray, loc: str, baseline: Optional[Snapshot], tracker: Optional[AllocationTracker]
 ) -> LeakedArray:
     site: Tuple[str, ...] = ()
     inside: Optional[bool] = None

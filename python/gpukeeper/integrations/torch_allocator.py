@@ -152,7 +152,4 @@ def pool_usage(device: int = 0) -> Tuple[int, int]:
 
 def release(device: Optional[int] = None) -> int:
     """Returns the cached memory of the pools behind PyTorch to the driver; bytes."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        torch.cuda.synchronize()  # the pool also waits for its streams; this covers others
-    return int(_core._torch_pool_cleanup(-1 if device is None else device))
+    return torch_memory_api.release_pools(device)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import collections
 import sys
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpukeeper import _core
 from gpukeeper.errors import InvalidInputError
@@ -247,9 +247,7 @@ def _replacements(torch: Any) -> Dict[str, Callable[..., Any]]:
         _core._torch_pool_reset(index(device), False, True)
 
     def _cuda_emptyCache() -> None:
-        from gpukeeper.integrations import torch_allocator
-
-        torch_allocator.release()
+        release_pools()
 
     def _cuda_memorySnapshot(arg: Any = None) -> Dict[str, Any]:
         # arg: None, or (pool id, pool id, include_traces). Only the default pool exists.
@@ -299,6 +297,14 @@ def _replacements(torch: Any) -> Dict[str, Callable[..., Any]]:
         "max_memory_reserved": max_memory_reserved,
         "memory_stats": memory_stats,
     }
+
+
+def release_pools(device: Optional[int] = None) -> int:
+    """Returns the cached memory of the pools behind PyTorch to the driver; bytes."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the pool also waits for its streams; this covers others
+    return int(_core._torch_pool_cleanup(-1 if device is None else device))
 
 
 def install(torch: Any = None) -> None:
