@@ -17,7 +17,9 @@ import sys
 import types
 from typing import Any, Callable, Dict, List, Optional
 
-from gpukeeper import devices, frameworks, nvml
+from gpukeeper import devices, nvml
+from gpukeeper.frameworks import driver as cuda_driver
+from gpukeeper.frameworks import pools_adapter
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -105,8 +107,8 @@ def install_nvml(monkeypatch: Any, fake: FakeNvml) -> FakeNvml:
 
 def install_driver(monkeypatch: Any, driver: FakeDriver) -> FakeDriver:
     monkeypatch.setattr(devices, "cuda_status", lambda: (len(driver.primary), ""))
-    monkeypatch.setattr(frameworks, "_libcuda_loaded", lambda: True)
-    monkeypatch.setattr(frameworks, "_load_driver", lambda: driver)
+    monkeypatch.setattr(cuda_driver, "libcuda_loaded", lambda: True)
+    monkeypatch.setattr(cuda_driver, "load_driver", lambda: driver)
     return driver
 
 
@@ -115,7 +117,7 @@ def hide_frameworks(monkeypatch: Any) -> None:
     never imports them; monkeypatch puts them back), no gpukeeper device pool."""
     for name in ("torch", "cupy", "jax"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.setattr(frameworks, "live_pools", lambda: [])
+    monkeypatch.setattr(pools_adapter, "live_pools", lambda: [])
 
 
 def install_engine(monkeypatch: Any, used: Any) -> FakeNvml:

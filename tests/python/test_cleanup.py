@@ -313,7 +313,7 @@ class FakeTorchDevice:
 def fake_device(monkeypatch):
     fake = FakeTorchDevice()
     real_live_arrays = frameworks.live_arrays
-    monkeypatch.setitem(frameworks._READERS, "torch", fake.read)
+    monkeypatch.setattr(frameworks.ADAPTERS["torch"], "memory", fake.read)
     monkeypatch.setattr(frameworks, "active_devices", lambda: [0])
     monkeypatch.setattr(frameworks, "synchronize_all", lambda device=None: None)
     monkeypatch.setattr(frameworks, "release_all_caches", lambda device=None: {})

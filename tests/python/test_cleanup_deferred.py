@@ -318,7 +318,7 @@ class FakeDevice:
 def fake(monkeypatch):
     dev = FakeDevice()
     monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
-    monkeypatch.setitem(frameworks._READERS, "torch", dev.read)
+    monkeypatch.setattr(frameworks.ADAPTERS["torch"], "memory", dev.read)
     monkeypatch.setattr(frameworks, "active_devices", lambda: [0])
     monkeypatch.setattr(frameworks, "synchronize_all", lambda device=None: None)
     monkeypatch.setattr(frameworks, "live_array_holders", lambda device=None: [

@@ -28,6 +28,8 @@ from engine_fakes import (
     install_nvml,
 )
 from gpukeeper import _core, devices, frameworks, nvml, report
+from gpukeeper.frameworks import contexts as fw_contexts
+from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.cleanup import GPUContext
 from gpukeeper.errors import InvalidInputError, LeakWarning
 from gpukeeper.frameworks import FrameworkMemory
@@ -112,12 +114,12 @@ def test_census_primary_only(monkeypatch):
 
 
 def test_no_libcuda_means_no_context_and_no_question(monkeypatch):
-    monkeypatch.setattr(frameworks, "_libcuda_loaded", lambda: False)
+    monkeypatch.setattr(cuda_driver, "libcuda_loaded", lambda: False)
 
     def boom() -> None:
         raise AssertionError("the driver must not be loaded when libcuda is not mapped")
 
-    monkeypatch.setattr(frameworks, "_load_driver", boom)
+    monkeypatch.setattr(cuda_driver, "load_driver", boom)
     assert frameworks.context_devices() == []
     assert frameworks.primary_context_active(0) is False
     assert frameworks.context_census(0).count == 0
@@ -125,11 +127,11 @@ def test_no_libcuda_means_no_context_and_no_question(monkeypatch):
 
 def test_context_devices_and_engine_memory(monkeypatch):
     install_engine(monkeypatch, used=512 * MiB)
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     assert frameworks.context_devices() == [0]
     assert frameworks.engine_memory(0) == FrameworkMemory("engine", 512 * MiB, 512 * MiB)
     # A GPU framework loaded: NVML's figure is no longer the engine's alone.
-    monkeypatch.setattr(frameworks, "gpu_frameworks_loaded", lambda: ["torch"])
+    monkeypatch.setattr(fw_contexts, "gpu_frameworks_loaded", lambda: ["torch"])
     assert frameworks.engine_memory(0) is None
 
 
@@ -215,7 +217,7 @@ def test_old_report_dicts_still_read(monkeypatch, one_device):
 
 def test_md_engine_alone_is_gpu_work_with_nvml_memory(monkeypatch):
     install_engine(monkeypatch, used=800 * MiB)
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     sync = counter()
     r = benchmark_md_trajectory(_step, STEPS, n_steps=64, warmup_steps=3, synchronize=sync,
                                 timestep_fs=2.0)
@@ -231,7 +233,7 @@ def test_md_engine_alone_is_gpu_work_with_nvml_memory(monkeypatch):
 
 def test_md_engine_with_sync_every_calls_the_callers_synchronize(monkeypatch):
     install_engine(monkeypatch, used=800 * MiB)
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     sync = counter()
     benchmark_md_trajectory(_step, STEPS, n_steps=40, warmup_steps=0, synchronize=sync,
                             sync_every=10, check_memory_leak=False)
@@ -240,7 +242,7 @@ def test_md_engine_with_sync_every_calls_the_callers_synchronize(monkeypatch):
 
 def test_md_engine_without_synchronize_says_its_work_may_be_missing(monkeypatch):
     install_engine(monkeypatch, used=800 * MiB)
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     r = benchmark_md_trajectory(_step, STEPS, n_steps=32, warmup_steps=1)
     assert r.work == "gpu" and r.synchronized is False
     assert "without a final synchronization" in r.throughput_source
@@ -249,7 +251,7 @@ def test_md_engine_without_synchronize_says_its_work_may_be_missing(monkeypatch)
 
 def test_md_engine_leak_is_seen_in_nvml(monkeypatch):
     install_engine(monkeypatch, used=Growing(800 * MiB, 2 * MiB))
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     r = benchmark_md_trajectory(_step, STEPS, n_steps=200, warmup_steps=1, memory_sample_every=1,
                                 synchronize=lambda: None)
     assert r.memory_source == "nvml_process" and r.memory_leak_source == "nvml_process"
@@ -261,7 +263,7 @@ def test_md_without_a_context_stays_cpu(monkeypatch):
     hide_frameworks(monkeypatch)
     install_driver(monkeypatch, FakeDriver({0: False}))
     install_nvml(monkeypatch, FakeNvml(used=None))  # this process is not on the device
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     r = benchmark_md_trajectory(_step, STEPS, n_steps=16, warmup_steps=1)
     assert r.work == "cpu" and r.device == "cpu" and r.memory_source == "process_rss"
 
@@ -269,7 +271,7 @@ def test_md_without_a_context_stays_cpu(monkeypatch):
 def test_md_engine_without_nvml_watches_the_host_and_says_why(monkeypatch):
     hide_frameworks(monkeypatch)
     install_driver(monkeypatch, FakeDriver({0: True}))  # found through the driver instead
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     monkeypatch.setitem(sys.modules, "pynvml", None)
     r = benchmark_md_trajectory(_step, STEPS, n_steps=16, warmup_steps=1, synchronize=lambda: None)
     assert r.work == "gpu" and r.memory_source == "process_rss"
@@ -413,7 +415,7 @@ def test_jax_release_hint_follows_the_settings(monkeypatch, env, wanted, unwante
 
 def test_benchmark_function_engine_alone(monkeypatch):
     install_engine(monkeypatch, used=600 * MiB)
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     sync = counter()
     r = benchmark_function(lambda: None, n_calls=20, warmup=2, synchronize=sync)
     assert r.work == "gpu" and r.backend == "engine" and r.timing == "host" and r.device == "cuda:0"
@@ -424,7 +426,7 @@ def test_benchmark_function_engine_alone(monkeypatch):
 
 def test_benchmark_function_engine_without_synchronize(monkeypatch):
     install_engine(monkeypatch, used=600 * MiB)
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     r = benchmark_function(lambda: None, n_calls=5, warmup=1)
     assert r.work == "gpu" and r.synchronized is False
     assert any("no synchronize callable" in w for w in r.warnings)
@@ -454,7 +456,7 @@ def test_old_benchmark_results_read_back():
 def test_gpu_context_watches_an_engine_context(monkeypatch):
     used: Dict[str, int] = {"v": 700 * MiB}
     install_engine(monkeypatch, used=lambda: used["v"])
-    monkeypatch.setattr(frameworks, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     with pytest.warns(LeakWarning, match="engine"):
         with GPUContext() as ctx:
             used["v"] += 64 * MiB  # the engine allocates inside the block and keeps it

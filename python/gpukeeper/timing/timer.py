@@ -31,14 +31,16 @@ on that same stream.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import warnings
-from functools import lru_cache
 
 from gpukeeper.devices import DeviceSpec, resolve_device
+from gpukeeper.frameworks.adapter import CpuBackend, TimerBackend
+from gpukeeper.frameworks.cuda_context_adapter import CoreBackend, core_cuda
+from gpukeeper.frameworks.cupy_adapter import CupyBackend, cupy_cuda
+from gpukeeper.frameworks.torch_adapter import TorchBackend, torch_cuda
 from gpukeeper.errors import GpuError, InvalidInputError, TimingWarning
 
 __all__ = [
@@ -58,223 +60,21 @@ __all__ = [
 # --------------------------------------------------------------------- devices
 
 
-def _torch_cuda() -> Any:
-    """torch when it is loaded *and* CUDA is usable through it, else None."""
-    torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "cuda"):
-        return None
-    try:
-        return torch if torch.cuda.is_available() else None
-    except Exception:
-        return None
-
-
-def _cupy_cuda() -> Any:
-    """cupy when it is loaded and sees a device, else None."""
-    cupy = sys.modules.get("cupy")
-    if cupy is None or not hasattr(cupy, "cuda"):
-        return None
-    try:
-        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:
-        return None
-
-
-@lru_cache(maxsize=1)
-def _core_cuda() -> bool:
-    """Whether gpukeeper's own core sees a usable CUDA device (asked once: the answer
-    cannot change within a process)."""
-    try:
-        from gpukeeper import _core
-
-        return int(_core.cuda_device_count()) > 0
-    except Exception:
-        return False
-
-
 def timing_device(device: Any = None) -> DeviceSpec:
     """The device to time on: :func:`gpukeeper.devices.resolve_device`, except that None
     means CUDA only when a loaded framework (PyTorch, CuPy) uses it; GPU events around
     host-only work would read zero."""
-    return resolve_device(device, auto_cuda=_torch_cuda() is not None or _cupy_cuda() is not None)
+    return resolve_device(device, auto_cuda=torch_cuda() is not None or cupy_cuda() is not None)
 
 
 # --------------------------------------------------------------------- backends
 
 
-class TimerBackend:
-    """How marks are made and read. Subclass and ``register_backend()`` to add one.
-
-    A mark ("event") is whatever ``new_event()`` returns; ``record`` puts it on a stream,
-    ``elapsed_ms`` waits for ``end`` and returns the time from ``start`` to ``end``.
-    """
-
-    name: str = "abstract"
-    #: True when marks are taken by the device (GPU time), False for a host clock.
-    is_gpu: bool = False
-
-    def __init__(self, device: DeviceSpec) -> None:
-        self.device = device
-
-    def current_stream(self) -> Any:
-        """The stream work is issued to now (None for the CPU)."""
-        return None
-
-    def new_event(self) -> Any:
-        raise NotImplementedError
-
-    def record(self, event: Any, stream: Any) -> None:
-        raise NotImplementedError
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        raise NotImplementedError
-
-    def query(self, event: Any) -> bool:
-        """True when the device has passed ``event`` (always True on the CPU)."""
-        return True
-
-    def synchronize(self) -> None:
-        """Waits for all work on the device."""
-
-
-class CpuBackend(TimerBackend):
-    """A steady host clock (``time.perf_counter_ns``): used without a usable GPU."""
-
-    name = "cpu"
-    is_gpu = False
-
-    def new_event(self) -> List[int]:
-        # A one-element list: mutable, so the same mark can be recorded again.
-        return [0]
-
-    def record(self, event: List[int], stream: Any) -> None:
-        event[0] = time.perf_counter_ns()
-
-    def elapsed_ms(self, start: List[int], end: List[int]) -> float:
-        return (end[0] - start[0]) / 1e6
-
-
-class TorchBackend(TimerBackend):
-    """``torch.cuda.Event`` on PyTorch's current stream of the device."""
-
-    name = "torch"
-    is_gpu = True
-
-    def __init__(self, device: DeviceSpec) -> None:
-        super().__init__(device)
-        torch = _torch_cuda()
-        if torch is None:
-            raise InvalidInputError("the 'torch' timer backend needs PyTorch loaded with usable CUDA")
-        self._torch = torch
-
-    def current_stream(self) -> Any:
-        return self._torch.cuda.current_stream(self.device.index)
-
-    def new_event(self) -> Any:
-        return self._torch.cuda.Event(enable_timing=True)
-
-    def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        end.synchronize()
-        return float(start.elapsed_time(end))
-
-    def query(self, event: Any) -> bool:
-        return bool(event.query())
-
-    def synchronize(self) -> None:
-        self._torch.cuda.synchronize(self.device.index)
-
-
-class CupyBackend(TimerBackend):
-    """``cupy.cuda.Event`` on CuPy's current stream."""
-
-    name = "cupy"
-    is_gpu = True
-
-    def __init__(self, device: DeviceSpec) -> None:
-        super().__init__(device)
-        cupy = _cupy_cuda()
-        if cupy is None:
-            raise InvalidInputError("the 'cupy' timer backend needs CuPy loaded with a usable device")
-        self._cupy = cupy
-
-    def current_stream(self) -> Any:
-        with self._cupy.cuda.Device(self.device.index or 0):
-            return self._cupy.cuda.get_current_stream()
-
-    def new_event(self) -> Any:
-        with self._cupy.cuda.Device(self.device.index or 0):
-            return self._cupy.cuda.Event()
-
-    def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        end.synchronize()
-        return float(self._cupy.cuda.get_elapsed_time(start, end))
-
-    def query(self, event: Any) -> bool:
-        return bool(event.done)
-
-    def synchronize(self) -> None:
-        with self._cupy.cuda.Device(self.device.index or 0):
-            self._cupy.cuda.runtime.deviceSynchronize()
-
-
-class CoreBackend(TimerBackend):
-    """gpukeeper's pooled CUDA events (``_core.Event``): no framework needed.
-
-    The stream is the current one of a loaded framework (PyTorch, else CuPy), else the
-    legacy default stream; pass ``stream=`` to ``CUDATimer`` for another one (an int
-    handle, or any object with ``cuda_stream`` or ``ptr``).
-    """
-
-    name = "gpukeeper"
-    is_gpu = True
-
-    def __init__(self, device: DeviceSpec) -> None:
-        super().__init__(device)
-        if not device.is_cuda or not _core_cuda():
-            raise InvalidInputError("the 'gpukeeper' timer backend needs a usable CUDA device")
-        from gpukeeper import _core
-
-        self._core = _core
-        self._index = device.index or 0
-
-    def current_stream(self) -> Any:
-        # The int handle: recording on it is one C call, with no attribute lookups.
-        torch = _torch_cuda()
-        if torch is not None:
-            return int(torch.cuda.current_stream(self._index).cuda_stream)
-        cupy = _cupy_cuda()
-        if cupy is not None:
-            with cupy.cuda.Device(self._index):
-                return int(cupy.cuda.get_current_stream().ptr)
-        return 0
-
-    def new_event(self) -> Any:
-        return self._core.Event(self._index)
-
-    def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        return float(start.elapsed_ms(end))
-
-    def query(self, event: Any) -> bool:
-        return bool(event.query())
-
-    def synchronize(self) -> None:
-        self._core.synchronize(self._index)
-
-
 # name -> (priority, factory, usable). Highest usable priority wins in select_backend().
 _BACKENDS: Dict[str, Tuple[int, Callable[[DeviceSpec], TimerBackend], Callable[[DeviceSpec], bool]]] = {
-    "torch": (20, TorchBackend, lambda d: d.is_cuda and _torch_cuda() is not None),
-    "cupy": (10, CupyBackend, lambda d: d.is_cuda and _cupy_cuda() is not None),
-    "gpukeeper": (5, CoreBackend, lambda d: d.is_cuda and _core_cuda()),
+    "torch": (20, TorchBackend, lambda d: d.is_cuda and torch_cuda() is not None),
+    "cupy": (10, CupyBackend, lambda d: d.is_cuda and cupy_cuda() is not None),
+    "gpukeeper": (5, CoreBackend, lambda d: d.is_cuda and core_cuda()),
     "cpu": (0, CpuBackend, lambda d: True),
 }
 

@@ -1,0 +1,181 @@
+"""Which devices this process holds CUDA contexts on, and the memory of contexts that no
+framework made (an engine's, e.g. OpenMM's), all without creating a context."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import List, Optional
+
+from gpukeeper import nvml
+from gpukeeper.frameworks import driver as cuda_driver
+from gpukeeper.frameworks import pools_adapter
+from gpukeeper.frameworks.adapter import FrameworkMemory
+from gpukeeper.frameworks.cupy_adapter import cupy_cuda
+from gpukeeper.frameworks.jax_adapter import jax_gpu_devices
+from gpukeeper.frameworks.torch_adapter import torch_in_use
+
+__all__ = [
+    "ENGINE",
+    "ContextCensus",
+    "active_devices",
+    "context_census",
+    "context_devices",
+    "engine_memory",
+    "gpu_frameworks_loaded",
+]
+
+#: The name under which memory of CUDA contexts that no framework owns is counted.
+ENGINE = "engine"
+
+
+def _cuda_maybe_in_use() -> bool:
+    """Whether anything in the process could have made a CUDA context (cheap checks
+    only: without this, asking the driver would initialise it for nothing)."""
+    if torch_in_use() is not None or cupy_cuda() is not None or jax_gpu_devices():
+        return True
+    return any(getattr(p, "kind", "device") in ("device", "async", "pinned") for p in pools_adapter.live_pools())
+
+
+def active_devices() -> List[int]:
+    """CUDA devices on which this process holds a primary context, without creating one.
+
+    Asks the driver (``cuDevicePrimaryCtxGetState`` through ctypes; every framework here
+    uses the primary context). Without a reachable driver: the devices of gpukeeper's
+    device pools and PyTorch's current device. Empty when no framework uses CUDA (see
+    :func:`context_devices` for contexts that no framework made).
+    """
+    if not _cuda_maybe_in_use():
+        return []
+    driver = cuda_driver.load_driver()
+    if driver:
+        return [d for d in range(len(driver.handles)) if driver.primary_active(d)]
+    devices = set()
+    for pool in pools_adapter.live_pools():
+        if getattr(pool, "kind", "device") in ("device", "async"):
+            devices.update(pool.devices())
+    torch = torch_in_use()
+    if torch is not None:
+        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+        for d in range(torch.cuda.device_count()):
+            if has_context is not None and has_context(d):
+                devices.add(d)
+        devices.add(torch.cuda.current_device())
+    return sorted(devices)
+
+
+def gpu_frameworks_loaded() -> List[str]:
+    """The frameworks loaded in the process that run GPU work gpukeeper can see: PyTorch
+    (imported, with usable CUDA), CuPy, JAX with a GPU, and gpukeeper's device pools."""
+    names = []
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "cuda"):
+        try:
+            if torch.cuda.is_available():
+                names.append("torch")
+        except Exception:
+            pass
+    if cupy_cuda() is not None:
+        names.append("cupy")
+    if jax_gpu_devices():
+        names.append("jax")
+    if any(getattr(p, "kind", "device") in ("device", "async") for p in pools_adapter.live_pools()):
+        names.append("gpukeeper")
+    return names
+
+
+@dataclass(frozen=True)
+class ContextCensus:
+    """The CUDA contexts this process holds on one device, as far as can be seen.
+
+    ``primary``: whether the primary context exists (None: unknown). ``other``: a lower
+    bound of the *other* contexts (made with ``cuCtxCreate``, e.g. by OpenMM): 1 when
+    one is seen (NVML lists this process on a device whose primary context does not
+    exist, or one is current on the calling thread), 0 when none is seen (the driver
+    cannot list a process's contexts, so one current on no thread goes unseen), None
+    when nothing could be asked. ``listed``/``process_bytes``: this process in NVML's
+    list and its device memory there. ``how``: the evidence, in words.
+    """
+
+    device: int
+    primary: Optional[bool]
+    other: Optional[int]
+    listed: Optional[bool]
+    process_bytes: Optional[int]
+    how: str
+
+    @property
+    def count(self) -> Optional[int]:
+        """Contexts seen on the device (a lower bound); None when nothing is known."""
+        if self.primary is None and self.other is None:
+            return None
+        return int(bool(self.primary)) + (self.other or 0)
+
+
+def context_census(
+    device: int,
+    *,
+    reading: Optional[nvml.ProcessReading] = None,
+    primary_in_use: bool = False,
+) -> ContextCensus:
+    """Counts this process's CUDA contexts on ``device`` without creating one (the
+    driver's primary-context state, the context current on this thread, NVML's
+    per-process list). ``reading``: that list's answer when the caller has it already;
+    ``primary_in_use``: the caller knows the primary context exists (a framework holds
+    memory on the device, and the frameworks allocate in the primary context)."""
+    loaded = cuda_driver.libcuda_loaded()
+    if reading is None:
+        reading = nvml.this_process_memory(device) if loaded is not False else nvml.ProcessReading(False, 0)
+    primary = True if primary_in_use else cuda_driver.primary_context_active(device)
+    driver = cuda_driver.load_driver() if loaded is not False else None
+    foreign = driver.foreign_current_context() if driver else None
+    evidence = []
+    other: Optional[int] = 0 if (primary is not None or reading.listed is not None) else None
+    if foreign == device:
+        other = 1
+        evidence.append("a context other than the primary one is current on this thread")
+    if reading.listed and primary is False:
+        other = 1
+        evidence.append("NVML lists this process on the device and its primary context does not exist")
+    if loaded is False:
+        evidence.append("the CUDA driver is not loaded in this process")
+    elif primary is None:
+        evidence.append("the driver cannot be asked about the primary context")
+    else:
+        evidence.append("primary context active" if primary else "no primary context")
+    if reading.listed is None and reading.reason:
+        evidence.append(f"NVML: {reading.reason}")
+    return ContextCensus(device, primary, other, reading.listed, reading.used_bytes, "; ".join(evidence))
+
+
+def context_devices() -> List[int]:
+    """CUDA devices on which this process holds any CUDA context: a framework's primary
+    context or one an engine made for itself (``cuCtxCreate``: OpenMM), without
+    creating one. NVML's per-process list where it can tell, else the driver's
+    primary-context state. Empty when the CUDA driver is not loaded in the process."""
+    if cuda_driver.libcuda_loaded() is False:
+        return []
+    found = []
+    for device in range(cuda_driver.cuda_device_count()):
+        reading = nvml.this_process_memory(device)
+        if reading.listed:
+            found.append(device)
+        elif reading.listed is None and cuda_driver.primary_context_active(device):
+            found.append(device)
+    return found
+
+
+def engine_memory(device: int) -> Optional[FrameworkMemory]:
+    """Device memory of this process that no loaded framework accounts for, from NVML's
+    per-process figure: its CUDA contexts and what engines allocate in them. Only read
+    when no GPU framework is loaded (then it is all of the process's device memory, and
+    a change in it is the engine's); None when a framework is loaded, when the process
+    holds no context on ``device``, or when NVML cannot tell. ``allocated`` and
+    ``reserved`` are the same figure: from outside, an engine's live buffers and its
+    cache cannot be told apart."""
+    if gpu_frameworks_loaded() or cuda_driver.libcuda_loaded() is False:
+        return None
+    reading = nvml.this_process_memory(device)
+    if not reading.listed or reading.used_bytes is None:
+        return None
+    return FrameworkMemory(ENGINE, reading.used_bytes, reading.used_bytes)

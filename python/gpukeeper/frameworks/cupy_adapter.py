@@ -1,0 +1,109 @@
+"""The CuPy adapter: its default pool's counters, release, synchronize and
+``cupy.cuda.Event`` marks."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Optional
+
+from gpukeeper.devices import DeviceSpec
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, TimerBackend
+
+__all__ = ["CupyAdapter", "CupyBackend", "cupy_cuda"]
+
+
+def cupy_cuda() -> Any:
+    """CuPy when it is loaded and sees a device, else None."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None or not hasattr(cupy, "cuda"):
+        return None
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            return None
+    except Exception:
+        return None
+    return cupy
+
+
+def _usable(cupy: Any, devices: List[int]) -> List[int]:
+    # cupy.cuda.Device(d) on a device without a context would create one; the registry
+    # passes the devices in use, and this drops those CuPy cannot see.
+    count = cupy.cuda.runtime.getDeviceCount()
+    return [d for d in devices if d < count]
+
+
+class CupyAdapter(FrameworkAdapter):
+    """CuPy's default memory pool (per device) and its pinned pool."""
+
+    name = "cupy"
+
+    def in_use(self) -> bool:
+        return cupy_cuda() is not None
+
+    def memory(self, device: int) -> Optional[FrameworkMemory]:
+        cupy = cupy_cuda()
+        if cupy is None:
+            return None
+        pool = cupy.get_default_memory_pool()
+        with cupy.cuda.Device(device):
+            # CuPy's default pool is per device; its counters read the current device's.
+            return FrameworkMemory("cupy", int(pool.used_bytes()), int(pool.total_bytes()))
+
+    def release(self, devices: List[int]) -> int:
+        cupy = cupy_cuda()
+        if cupy is None:
+            return 0
+        pool = cupy.get_default_memory_pool()
+        released = 0
+        for d in _usable(cupy, devices):
+            with cupy.cuda.Device(d):
+                before = int(pool.total_bytes())
+                pool.free_all_blocks()
+                released += max(0, before - int(pool.total_bytes()))
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+        return released
+
+    def synchronize(self, devices: List[int]) -> None:
+        cupy = cupy_cuda()
+        if cupy is None:
+            return
+        for d in _usable(cupy, devices):
+            with cupy.cuda.Device(d):
+                cupy.cuda.runtime.deviceSynchronize()
+
+
+class CupyBackend(TimerBackend):
+    """``cupy.cuda.Event`` on CuPy's current stream."""
+
+    name = "cupy"
+    is_gpu = True
+
+    def __init__(self, device: DeviceSpec) -> None:
+        super().__init__(device)
+        cupy = cupy_cuda()
+        if cupy is None:
+            raise InvalidInputError("the 'cupy' timer backend needs CuPy loaded with a usable device")
+        self._cupy = cupy
+
+    def current_stream(self) -> Any:
+        with self._cupy.cuda.Device(self.device.index or 0):
+            return self._cupy.cuda.get_current_stream()
+
+    def new_event(self) -> Any:
+        with self._cupy.cuda.Device(self.device.index or 0):
+            return self._cupy.cuda.Event()
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        end.synchronize()
+        return float(self._cupy.cuda.get_elapsed_time(start, end))
+
+    def query(self, event: Any) -> bool:
+        return bool(event.done)
+
+    def synchronize(self) -> None:
+        with self._cupy.cuda.Device(self.device.index or 0):
+            self._cupy.cuda.runtime.deviceSynchronize()

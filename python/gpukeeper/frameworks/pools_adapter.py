@@ -1,0 +1,79 @@
+"""The adapter of gpukeeper's own pools: every live ``MemoryPool`` registry, its device
+and host figures and its release."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, List, Optional
+
+from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
+
+__all__ = ["PoolsAdapter", "host_pool_memory", "live_pools", "register_pool"]
+
+_pools: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+_DEVICE_KINDS = ("device", "async")
+_HOST_KINDS = ("host", "pinned")
+
+
+def register_pool(pool: Any) -> None:
+    """Counts a MemoryPool (anything with stats/devices/emergency_cleanup_all) in reports."""
+    _pools.add(pool)
+
+
+def live_pools() -> List[Any]:
+    """Every gpukeeper pool registry alive in the process."""
+    return list(_pools)
+
+
+def _figures(kinds: tuple, device: Optional[int]) -> Optional[FrameworkMemory]:
+    allocated = reserved = 0
+    found = False
+    for pool in live_pools():
+        if getattr(pool, "kind", "device") not in kinds:
+            continue
+        found = True
+        for d in pool.devices() if device is None else [device]:
+            if d not in pool.devices():
+                continue
+            stats = pool.stats(d)
+            if stats is not None:
+                allocated += stats.allocated_bytes
+                reserved += stats.reserved_bytes
+    return FrameworkMemory("gpukeeper", allocated, reserved) if found else None
+
+
+def host_pool_memory() -> Optional[FrameworkMemory]:
+    """Bytes gpukeeper's host and pinned pools hold (``None`` when there are none).
+
+    Not part of ``memory_by_framework``, which counts device memory only; cleanup
+    watches it too, as it is all there is to watch without a GPU.
+    """
+    return _figures(_HOST_KINDS, None)
+
+
+class PoolsAdapter(FrameworkAdapter):
+    """gpukeeper's ``MemoryPool`` registries. Their pools synchronize the streams they
+    use when they release memory, so ``synchronize`` has nothing to do."""
+
+    name = "gpukeeper"
+    whole_process = True  # a pool knows its devices: no context is created by asking
+
+    def in_use(self) -> bool:
+        return bool(live_pools())
+
+    def memory(self, device: int) -> Optional[FrameworkMemory]:
+        if not live_pools():
+            return None
+        return _figures(_DEVICE_KINDS, device) or FrameworkMemory("gpukeeper", 0, 0)
+
+    def release(self, devices: Optional[List[int]]) -> int:
+        released = 0
+        for pool in live_pools():
+            if devices is None:
+                released += pool.emergency_cleanup_all()
+                continue
+            for d in devices:
+                if d in pool.devices():
+                    released += pool.emergency_cleanup(d)
+        return released

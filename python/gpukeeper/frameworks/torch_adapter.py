@@ -1,0 +1,160 @@
+"""The PyTorch adapter: its memory counters (or the pool behind it), release, synchronize
+and ``torch.cuda.Event`` marks."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Optional, Tuple
+
+from gpukeeper.devices import DeviceSpec
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, TimerBackend
+
+__all__ = ["TorchAdapter", "TorchBackend", "loaded_torch", "torch_cuda", "torch_in_use", "torch_uses_gpukeeper"]
+
+
+def loaded_torch() -> Any:
+    """PyTorch when it is already imported (never imports it), else None."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and hasattr(torch, "cuda") else None
+
+
+def torch_cuda() -> Any:
+    """PyTorch when it is loaded *and* CUDA is usable through it, else None."""
+    torch = loaded_torch()
+    if torch is None:
+        return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def torch_in_use() -> Any:
+    """PyTorch when it has initialised CUDA (a CUDA tensor was made), else None."""
+    torch = loaded_torch()
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None  # no CUDA tensor was ever made: nothing to read or release
+    except Exception:
+        return None
+    return torch
+
+
+def torch_uses_gpukeeper() -> bool:
+    """True when use_torch_allocator() routed PyTorch's allocations to gpukeeper: then
+    PyTorch's own counters are meaningless and the pool's are read instead."""
+    integration = sys.modules.get("gpukeeper.integrations.torch_allocator")
+    return bool(integration is not None and integration.is_active())
+
+
+def _counts(torch: Any, device: int) -> Tuple[int, int]:
+    """(allocated, reserved) from one raw stats call: memory_allocated() and
+    memory_reserved() each flatten the whole stats dict (~100 keys), which would cost a
+    GPUContext exit several hundred microseconds."""
+    stats = torch.cuda.memory.memory_stats_as_nested_dict(device)
+    try:
+        return (
+            int(stats["allocated_bytes"]["all"]["current"]),
+            int(stats["reserved_bytes"]["all"]["current"]),
+        )
+    except (KeyError, TypeError):  # no allocation yet on that device: empty stats
+        return 0, 0
+
+
+def _clear_cublas_workspaces(torch: Any) -> None:
+    # cuBLAS/cuBLASLt keep one workspace per (handle, stream) allocated through the
+    # caching allocator for the life of the process (tens of MiB on Hopper): without this
+    # the first matmul inside a GPUContext would look like a leak and never come back.
+    # (torch's own CudaMemoryLeakCheck clears them the same way.)
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        try:
+            clear_workspaces()
+        except Exception:
+            pass  # an older build without the workspace map: nothing to clear
+
+
+class TorchAdapter(FrameworkAdapter):
+    """PyTorch's caching allocator, or gpukeeper's pool when ``use_torch_allocator()``
+    routed PyTorch to it."""
+
+    name = "torch"
+
+    def in_use(self) -> bool:
+        return torch_in_use() is not None
+
+    def memory(self, device: int) -> Optional[FrameworkMemory]:
+        torch = torch_in_use()
+        if torch is None or device >= torch.cuda.device_count():
+            return None
+        if torch_uses_gpukeeper():
+            integration = sys.modules["gpukeeper.integrations.torch_allocator"]
+            allocated, reserved = integration.pool_usage(device)
+        else:
+            allocated, reserved = _counts(torch, device)
+        return FrameworkMemory("torch", allocated, reserved)
+
+    def release(self, devices: List[int]) -> int:
+        torch = torch_in_use()
+        if torch is None:
+            return 0
+        _clear_cublas_workspaces(torch)
+        if torch_uses_gpukeeper():
+            released = 0
+            for d in devices:
+                released += sys.modules["gpukeeper.integrations.torch_allocator"].release(d)
+            return released
+        devices = [d for d in devices if d < torch.cuda.device_count()]
+        before = sum(_counts(torch, d)[1] for d in devices)
+        torch.cuda.empty_cache()
+        try:
+            torch.cuda.ipc_collect()
+        except Exception:
+            pass  # no IPC handles, or no driver support: nothing to collect
+        after = sum(_counts(torch, d)[1] for d in devices)
+        return max(0, before - after)
+
+    def synchronize(self, devices: List[int]) -> None:
+        torch = torch_in_use()
+        if torch is None:
+            return
+        count = torch.cuda.device_count()
+        for d in devices:
+            if d < count:
+                torch.cuda.synchronize(d)
+
+
+class TorchBackend(TimerBackend):
+    """``torch.cuda.Event`` on PyTorch's current stream of the device."""
+
+    name = "torch"
+    is_gpu = True
+
+    def __init__(self, device: DeviceSpec) -> None:
+        super().__init__(device)
+        torch = torch_cuda()
+        if torch is None:
+            raise InvalidInputError("the 'torch' timer backend needs PyTorch loaded with usable CUDA")
+        self._torch = torch
+
+    def current_stream(self) -> Any:
+        return self._torch.cuda.current_stream(self.device.index)
+
+    def new_event(self) -> Any:
+        return self._torch.cuda.Event(enable_timing=True)
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    def query(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize(self.device.index)
