@@ -217,23 +217,40 @@ def get_gpu_info(device: Any = None) -> Dict[str, Any]:
     index = spec.index
     status = _core.cuda_status()
     if index is None:
-        try:
-            _available, total = _core.host_memory_info()
-        except Exception:
-            total = 0
-        return {
-            "mode": "cpu",
-            "device": "cpu",
-            "cuda_available": False,
-            "reason": spec.reason,
-            "name": _cpu_name(),
-            "cpu_count": os.cpu_count(),
-            "total_memory_bytes": int(total),
-            "total_memory_gb": int(total) / GB,
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        }
-    info: Dict[str, Any] = {
+        return _cpu_info(spec.reason)
+    info = _blank_cuda_info(index, status)
+    _torch_info(index, info)
+    _driver_info(index, info)
+    before = dict(info)
+    _nvml_info(index, info)
+    if info != before:
+        info["sources"].append("nvml")
+    if info["total_memory_bytes"] is not None:
+        info["total_memory_gb"] = info["total_memory_bytes"] / GB
+    return info
+
+
+def _cpu_info(reason: Any) -> Dict[str, Any]:
+    try:
+        _available, total = _core.host_memory_info()
+    except Exception:
+        total = 0
+    return {
+        "mode": "cpu",
+        "device": "cpu",
+        "cuda_available": False,
+        "reason": reason,
+        "name": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "total_memory_bytes": int(total),
+        "total_memory_gb": int(total) / GB,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def _blank_cuda_info(index: int, status: Dict[str, Any]) -> Dict[str, Any]:
+    return {
         "mode": "cuda",
         "device": index,
         "cuda_available": True,
@@ -255,41 +272,44 @@ def get_gpu_info(device: Any = None) -> Dict[str, Any]:
         "pci_bus_id": None,
         "sources": [],
     }
+
+
+def _torch_info(index: int, info: Dict[str, Any]) -> None:
+    """Fills ``info`` from PyTorch's device properties, when PyTorch is loaded."""
     torch = frameworks.loaded_torch()
-    if torch is not None:
-        try:
-            p = torch.cuda.get_device_properties(index)
-            info.update(
-                name=str(p.name),
-                compute_capability=f"{p.major}.{p.minor}",
-                compute_capability_tuple=(int(p.major), int(p.minor)),
-                total_memory_bytes=int(p.total_memory),
-                multiprocessors=int(p.multi_processor_count),
-                l2_cache_bytes=getattr(p, "L2_cache_size", None),
-                uuid=(f"GPU-{p.uuid}" if getattr(p, "uuid", None) else None),
-                torch_cuda_version=torch.version.cuda,
-            )
-            info["sources"].append("torch")
-        except Exception:
-            pass  # a broken torch CUDA build: the other sources still answer
+    if torch is None:
+        return
+    try:
+        p = torch.cuda.get_device_properties(index)
+        info.update(
+            name=str(p.name),
+            compute_capability=f"{p.major}.{p.minor}",
+            compute_capability_tuple=(int(p.major), int(p.minor)),
+            total_memory_bytes=int(p.total_memory),
+            multiprocessors=int(p.multi_processor_count),
+            l2_cache_bytes=getattr(p, "L2_cache_size", None),
+            uuid=(f"GPU-{p.uuid}" if getattr(p, "uuid", None) else None),
+            torch_cuda_version=torch.version.cuda,
+        )
+        info["sources"].append("torch")
+    except Exception:
+        pass  # a broken torch CUDA build: the other sources still answer
+
+
+def _driver_info(index: int, info: Dict[str, Any]) -> None:
+    """Fills what is still missing in ``info`` from the driver API."""
     drv = _driver_api_info(index)
-    if drv:
-        for key, value in drv.items():
-            if key in ("cc_major", "cc_minor"):
-                continue
-            if info.get(key) is None:
-                info[key] = value
-        if info["compute_capability"] is None and "cc_major" in drv:
-            info["compute_capability"] = f"{drv['cc_major']}.{drv.get('cc_minor', 0)}"
-            info["compute_capability_tuple"] = (drv["cc_major"], drv.get("cc_minor", 0))
-        info["sources"].append("driver")
-    before = dict(info)
-    _nvml_info(index, info)
-    if info != before:
-        info["sources"].append("nvml")
-    if info["total_memory_bytes"] is not None:
-        info["total_memory_gb"] = info["total_memory_bytes"] / GB
-    return info
+    if not drv:
+        return
+    for key, value in drv.items():
+        if key in ("cc_major", "cc_minor"):
+            continue
+        if info.get(key) is None:
+            info[key] = value
+    if info["compute_capability"] is None and "cc_major" in drv:
+        info["compute_capability"] = f"{drv['cc_major']}.{drv.get('cc_minor', 0)}"
+        info["compute_capability_tuple"] = (drv["cc_major"], drv.get("cc_minor", 0))
+    info["sources"].append("driver")
 
 
 # --------------------------------------------------------------------- memory

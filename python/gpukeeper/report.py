@@ -367,88 +367,14 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
 
 def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
     notes: List[str] = []
-    framework_memory = frameworks.memory_by_framework(device)
-    reserved_known = _sum(m.reserved for m in framework_memory.values())
-    if reserved_known is None:
-        unknown = [n for n, m in framework_memory.items() if m.reserved is None]
-        notes.append(f"reserved bytes unknown for {', '.join(unknown)}: no context figure")
-    integration = sys.modules.get("gpukeeper.integrations.torch_allocator")
-    try:
-        if integration is not None and integration.is_active():
-            notes.append("PyTorch allocates from a gpukeeper pool (use_torch_allocator)")
-    except Exception:
-        pass
-
-    nvml, nvml_reason = NVML.get() if use_nvml else (None, "disabled (use_nvml=False)")
-    handle = None
-    if nvml is not None:
-        try:
-            handle, how = device_handle(nvml, device)
-            if how != "same index":
-                notes.append(f"NVML device matched by {how}")
-        except Exception as exc:
-            notes.append(f"no NVML device matched CUDA device {device}: {error_text(exc)}")
-
-    name = f"CUDA device {device}"
-    total = free = None
-    source = "cudaMemGetInfo"
-    processes: Optional[List[ProcessMemory]] = None
-    if handle is not None:
-        try:
-            name = text(nvml.nvmlDeviceGetName(handle))
-        except Exception:
-            pass
-        try:
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            total, free, source = int(info.total), int(info.free), "nvml"
-        except Exception as exc:
-            notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
-        processes = device_processes(nvml, handle, notes)
-    if total is None:
-        # cudaMemGetInfo needs a context: this creates one on `device` if the process has
-        # none yet (NVML avoids that, which is why it comes first).
-        free, total = _core.device_memory_info(device)
-        free, total = int(free), int(total)
-        if name == f"CUDA device {device}":
-            name = _torch_name(device) or name
+    framework_memory, reserved_known = _framework_section(device, notes)
+    nvml, nvml_reason, handle = _nvml_handle(device, use_nvml, notes)
+    name, total, free, source, processes = _device_memory(device, nvml, handle, notes)
 
     pid = os.getpid()
-    if processes is None:
-        process_bytes, this_process, others = None, (
-            "unknown: " + (nvml_reason if nvml is None else "NVML gave no process list")
-        ), []
-    else:
-        mine = [p for p in processes if p.pid == pid]
-        others = [p for p in processes if p.pid != pid]
-        if mine and mine[0].used_bytes is not None and mine[0].used_bytes < (reserved_known or 0):
-            # NVML counts every byte this process holds, so a smaller figure belongs to
-            # someone else: a host PID that equals ours inside a container.
-            process_bytes, others = None, processes
-            this_process = (
-                f"unknown: NVML lists pid {pid} with {_fmt(mine[0].used_bytes)}, less than the "
-                f"{_fmt(reserved_known)} its frameworks reserved (another PID namespace's pid?)"
-            )
-        elif mine:
-            process_bytes = mine[0].used_bytes
-            this_process = f"found (pid {pid})"
-            if process_bytes is None:
-                this_process = f"found (pid {pid}), but NVML does not report its memory"
-        elif (
-            (reserved_known or 0) > 0
-            or _holds_context(device)
-            or any(process_name(p.pid) is None for p in others)
-        ):
-            # We have a context (we hold device memory, or the driver says so) yet are not
-            # listed, or listed PIDs do not exist here: NVML's PIDs are another PID
-            # namespace's (a container's).
-            process_bytes = None
-            this_process = (
-                f"unknown: pid {pid} is not in NVML's list (a container's PID namespace "
-                "may hide it); one of the listed processes may be this one"
-            )
-        else:
-            process_bytes = 0
-            this_process = "not listed: no CUDA context on this device"
+    process_bytes, this_process, others = _this_process_reading(
+        device, pid, processes, reserved_known, nvml, nvml_reason
+    )
     listed = None if this_process.startswith("unknown") else this_process.startswith("found")
     census = frameworks.context_census(
         device, reading=ProcessReading(listed, process_bytes), primary_in_use=(reserved_known or 0) > 0
@@ -479,6 +405,100 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
         other_contexts=other,
         contexts_how=census.how,
     )
+
+
+def _framework_section(device: int, notes: List[str]):
+    framework_memory = frameworks.memory_by_framework(device)
+    reserved_known = _sum(m.reserved for m in framework_memory.values())
+    if reserved_known is None:
+        unknown = [n for n, m in framework_memory.items() if m.reserved is None]
+        notes.append(f"reserved bytes unknown for {', '.join(unknown)}: no context figure")
+    integration = sys.modules.get("gpukeeper.integrations.torch_allocator")
+    try:
+        if integration is not None and integration.is_active():
+            notes.append("PyTorch allocates from a gpukeeper pool (use_torch_allocator)")
+    except Exception:
+        pass
+    return framework_memory, reserved_known
+
+
+def _nvml_handle(device: int, use_nvml: bool, notes: List[str]):
+    nvml, nvml_reason = NVML.get() if use_nvml else (None, "disabled (use_nvml=False)")
+    handle = None
+    if nvml is not None:
+        try:
+            handle, how = device_handle(nvml, device)
+            if how != "same index":
+                notes.append(f"NVML device matched by {how}")
+        except Exception as exc:
+            notes.append(f"no NVML device matched CUDA device {device}: {error_text(exc)}")
+    return nvml, nvml_reason, handle
+
+
+def _device_memory(device: int, nvml, handle, notes: List[str]):
+    name = f"CUDA device {device}"
+    total = free = None
+    source = "cudaMemGetInfo"
+    processes: Optional[List[ProcessMemory]] = None
+    if handle is not None:
+        try:
+            name = text(nvml.nvmlDeviceGetName(handle))
+        except Exception:
+            pass
+        try:
+            info = nvml.nvmlDeviceGetMemoryInfo(handle)
+            total, free, source = int(info.total), int(info.free), "nvml"
+        except Exception as exc:
+            notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
+        processes = device_processes(nvml, handle, notes)
+    if total is None:
+        # cudaMemGetInfo needs a context: this creates one on `device` if the process has
+        # none yet (NVML avoids that, which is why it comes first).
+        free, total = _core.device_memory_info(device)
+        free, total = int(free), int(total)
+        if name == f"CUDA device {device}":
+            name = _torch_name(device) or name
+    return name, total, free, source, processes
+
+
+def _this_process_reading(device: int, pid: int, processes, reserved_known, nvml, nvml_reason):
+    if processes is None:
+        process_bytes, this_process, others = None, (
+            "unknown: " + (nvml_reason if nvml is None else "NVML gave no process list")
+        ), []
+        return process_bytes, this_process, others
+    mine = [p for p in processes if p.pid == pid]
+    others = [p for p in processes if p.pid != pid]
+    if mine and mine[0].used_bytes is not None and mine[0].used_bytes < (reserved_known or 0):
+        # NVML counts every byte this process holds, so a smaller figure belongs to
+        # someone else: a host PID that equals ours inside a container.
+        process_bytes, others = None, processes
+        this_process = (
+            f"unknown: NVML lists pid {pid} with {_fmt(mine[0].used_bytes)}, less than the "
+            f"{_fmt(reserved_known)} its frameworks reserved (another PID namespace's pid?)"
+        )
+    elif mine:
+        process_bytes = mine[0].used_bytes
+        this_process = f"found (pid {pid})"
+        if process_bytes is None:
+            this_process = f"found (pid {pid}), but NVML does not report its memory"
+    elif (
+        (reserved_known or 0) > 0
+        or _holds_context(device)
+        or any(process_name(p.pid) is None for p in others)
+    ):
+        # We have a context (we hold device memory, or the driver says so) yet are not
+        # listed, or listed PIDs do not exist here: NVML's PIDs are another PID
+        # namespace's (a container's).
+        process_bytes = None
+        this_process = (
+            f"unknown: pid {pid} is not in NVML's list (a container's PID namespace "
+            "may hide it); one of the listed processes may be this one"
+        )
+    else:
+        process_bytes = 0
+        this_process = "not listed: no CUDA context on this device"
+    return process_bytes, this_process, others
 
 
 def _holds_context(device: int) -> bool:

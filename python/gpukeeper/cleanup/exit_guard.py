@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from gpukeeper import frameworks
 # A module, not its names: run asks this module whether the device is stuck, so each
@@ -195,19 +195,7 @@ def install_exit_guard(
     RuntimeWarning).
     """
     global _guard
-    if not isinstance(sync_timeout, (int, float)) or isinstance(sync_timeout, bool) or sync_timeout <= 0:
-        raise InvalidInputError(f"install_exit_guard: sync_timeout must be > 0 seconds, got {sync_timeout!r}")
-    if exit_timeout is not None and (
-        not isinstance(exit_timeout, (int, float)) or isinstance(exit_timeout, bool) or exit_timeout <= 0
-    ):
-        raise InvalidInputError(f"install_exit_guard: exit_timeout must be > 0 seconds or None, got {exit_timeout!r}")
-    if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
-        raise InvalidInputError(f"install_exit_guard: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
-    wanted = []
-    for s in signals:
-        if s not in (signal.SIGINT, signal.SIGTERM) or isinstance(s, bool):
-            raise InvalidInputError(f"install_exit_guard: only SIGINT and SIGTERM are handled, got {s!r}")
-        wanted.append(signal.Signals(s))
+    wanted = _check_settings(sync_timeout, exit_timeout, tolerance_bytes, signals)
     with _guard_lock:
         if _guard is not None and not _guard.forked:
             _guard.sync_timeout = float(sync_timeout)
@@ -221,25 +209,7 @@ def install_exit_guard(
         )
         stale = _guard  # a guard inherited through fork: its handlers are still installed
         if threading.current_thread() is threading.main_thread():
-            for s in wanted:
-                previous = signal.getsignal(s)
-                if previous is _on_signal:
-                    previous = stale.previous.get(s, signal.SIG_DFL) if stale is not None else signal.SIG_DFL
-                if previous is signal.SIG_IGN:
-                    continue  # ignored on purpose: keep it so
-                guard.previous[s] = previous
-                signal.signal(s, _on_signal)
-            forced = {
-                int(s): guard.exit_timeout
-                for s in guard.previous
-                if s != signal.SIGINT and guard.exit_timeout is not None
-                and not (callable(guard.previous[s]) and guard.previous[s] is not signal.default_int_handler)
-            }
-            if forced:
-                try:
-                    guard.watcher = SignalWatcher(guard.watchdog, forced)
-                except (ValueError, OSError):
-                    guard.watcher = None  # the handler still arms the watchdog itself
+            _install_handlers(guard, stale, wanted)
         elif wanted:
             warnings.warn(
                 "install_exit_guard: signals can only be handled from the main thread; "
@@ -250,6 +220,52 @@ def install_exit_guard(
         atexit.register(guard.at_exit)
         _guard = guard
         return True
+
+
+def _check_settings(
+    sync_timeout: float,
+    exit_timeout: Optional[float],
+    tolerance_bytes: int,
+    signals: Sequence[int],
+) -> List[signal.Signals]:
+    """Raises ``InvalidInputError`` for a bad setting; returns the signals to handle."""
+    if not isinstance(sync_timeout, (int, float)) or isinstance(sync_timeout, bool) or sync_timeout <= 0:
+        raise InvalidInputError(f"install_exit_guard: sync_timeout must be > 0 seconds, got {sync_timeout!r}")
+    if exit_timeout is not None and (
+        not isinstance(exit_timeout, (int, float)) or isinstance(exit_timeout, bool) or exit_timeout <= 0
+    ):
+        raise InvalidInputError(f"install_exit_guard: exit_timeout must be > 0 seconds or None, got {exit_timeout!r}")
+    if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
+        raise InvalidInputError(f"install_exit_guard: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
+    wanted = []
+    for s in signals:
+        if s not in (signal.SIGINT, signal.SIGTERM) or isinstance(s, bool):
+            raise InvalidInputError(f"install_exit_guard: only SIGINT and SIGTERM are handled, got {s!r}")
+        wanted.append(signal.Signals(s))
+    return wanted
+
+
+def _install_handlers(guard: _ExitGuard, stale: Optional[_ExitGuard], wanted: List[signal.Signals]) -> None:
+    """Installs ``_on_signal`` for ``wanted`` (main thread only) and the forced-exit watcher."""
+    for s in wanted:
+        previous = signal.getsignal(s)
+        if previous is _on_signal:
+            previous = stale.previous.get(s, signal.SIG_DFL) if stale is not None else signal.SIG_DFL
+        if previous is signal.SIG_IGN:
+            continue  # ignored on purpose: keep it so
+        guard.previous[s] = previous
+        signal.signal(s, _on_signal)
+    forced = {
+        int(s): guard.exit_timeout
+        for s in guard.previous
+        if s != signal.SIGINT and guard.exit_timeout is not None
+        and not (callable(guard.previous[s]) and guard.previous[s] is not signal.default_int_handler)
+    }
+    if forced:
+        try:
+            guard.watcher = SignalWatcher(guard.watchdog, forced)
+        except (ValueError, OSError):
+            guard.watcher = None  # the handler still arms the watchdog itself
 
 
 def uninstall_exit_guard() -> bool:

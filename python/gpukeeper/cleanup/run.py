@@ -37,55 +37,24 @@ def run_cleanup(
     """
     notes: List[str] = []
     released: Dict[str, int] = {}
-    error: Optional[BaseException] = None
     now_devices = devices_in_use(fixed)
     devices = sorted(set(devices) | set(now_devices))
 
-    synchronized = False
-    if stuck.device_stuck():
-        notes.append(
-            "an earlier synchronization timed out and has not finished: the device is presumed "
-            "hung, so nothing was synchronized or released (either would block)"
-        )
-    else:
-        try:
-            if sync is not None:
-                synchronized = sync()
-                if not synchronized:
-                    notes.append("synchronization timed out: caches not released (it would block)")
-            else:
-                synchronize_devices(fixed, now_devices)
-                synchronized = True
-        except Exception as e:  # a sticky CUDA error from the block's work, typically
-            error = e
-            notes.append(f"synchronize failed: {type(e).__name__}: {e}")
+    synchronized, error = _synchronize(fixed, now_devices, sync, notes)
     can_release = synchronized  # releasing after a failed or timed-out sync would block or fail
 
     def release_and_measure() -> Snapshot:
         nonlocal error
-        if can_release:
-            try:
-                release_caches(fixed, now_devices, released)
-            except Exception as e:
-                if error is None:
-                    error = e
-                notes.append(f"release failed: {type(e).__name__}: {e}")
-        return measure(devices)
+        after, error = _release_and_measure(
+            can_release, fixed, now_devices, devices, released, notes, error
+        )
+        return after
 
     after = release_and_measure()
     held = held_above(baseline, after)
-    gc_runs = gc_objects = 0
-    if collect is True or (collect is None and held):
-        # Young generations first: a cycle made inside a short block is usually still
-        # there, and collecting them costs microseconds instead of a full collection's
-        # tens of milliseconds.
-        for generation in ((1, 2) if collect is None else (2,)):
-            gc_objects += gc.collect(generation)
-            gc_runs += 1
-            after = release_and_measure()
-            held = held_above(baseline, after)
-            if not held:
-                break
+    after, held, gc_runs, gc_objects = _collect_while_held(
+        collect, baseline, after, held, release_and_measure
+    )
     leaks: List[LeakedArray] = []
     found = 0
     if held and find_leaks:
@@ -107,3 +76,74 @@ def run_cleanup(
         notes=notes,
     )
     return report, error
+
+
+def _synchronize(
+    fixed: Optional[List[int]],
+    now_devices: List[int],
+    sync: Optional[Callable[[], bool]],
+    notes: List[str],
+) -> Tuple[bool, Optional[BaseException]]:
+    """(synchronized, the error synchronizing raised)."""
+    if stuck.device_stuck():
+        notes.append(
+            "an earlier synchronization timed out and has not finished: the device is presumed "
+            "hung, so nothing was synchronized or released (either would block)"
+        )
+        return False, None
+    synchronized = False
+    try:
+        if sync is not None:
+            synchronized = sync()
+            if not synchronized:
+                notes.append("synchronization timed out: caches not released (it would block)")
+        else:
+            synchronize_devices(fixed, now_devices)
+            synchronized = True
+    except Exception as e:  # a sticky CUDA error from the block's work, typically
+        notes.append(f"synchronize failed: {type(e).__name__}: {e}")
+        return synchronized, e
+    return synchronized, None
+
+
+def _release_and_measure(
+    can_release: bool,
+    fixed: Optional[List[int]],
+    now_devices: List[int],
+    devices: List[int],
+    released: Dict[str, int],
+    notes: List[str],
+    error: Optional[BaseException],
+) -> Tuple[Snapshot, Optional[BaseException]]:
+    """(the snapshot after releasing, the first error so far)."""
+    if can_release:
+        try:
+            release_caches(fixed, now_devices, released)
+        except Exception as e:
+            if error is None:
+                error = e
+            notes.append(f"release failed: {type(e).__name__}: {e}")
+    return measure(devices), error
+
+
+def _collect_while_held(
+    collect: Optional[bool],
+    baseline: Optional[Snapshot],
+    after: Snapshot,
+    held: Dict[str, Dict[str, int]],
+    release_and_measure: Callable[[], Snapshot],
+) -> Tuple[Snapshot, Dict[str, Dict[str, int]], int, int]:
+    """(after, held, gc runs, objects collected) once garbage collection is done."""
+    gc_runs = gc_objects = 0
+    if collect is True or (collect is None and held):
+        # Young generations first: a cycle made inside a short block is usually still
+        # there, and collecting them costs microseconds instead of a full collection's
+        # tens of milliseconds.
+        for generation in ((1, 2) if collect is None else (2,)):
+            gc_objects += gc.collect(generation)
+            gc_runs += 1
+            after = release_and_measure()
+            held = held_above(baseline, after)
+            if not held:
+                break
+    return after, held, gc_runs, gc_objects
