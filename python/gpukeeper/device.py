@@ -31,6 +31,7 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 from gpukeeper import _core, frameworks, host, nvml
+from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.devices import DeviceSpec, resolve_device
 from gpukeeper.errors import DeviceError, InvalidInputError
 from gpukeeper.host import process_rss_bytes
@@ -117,15 +118,15 @@ _CU_ATTR = {
 
 
 def _driver_api_info(index: int) -> Optional[Dict[str, Any]]:
-    """Device attributes through the driver API (ctypes): needs neither PyTorch nor a
-    CUDA context (cuInit creates none), so describing a device costs no device memory."""
+    """Device attributes through the driver API (the one driver handle of
+    ``frameworks.driver``): needs neither PyTorch nor a CUDA context (cuInit creates
+    none), so describing a device costs no device memory."""
+    driver = cuda_driver.load_driver()
+    if not driver or index >= len(driver.handles):
+        return None
+    lib = driver.lib
+    dev = ctypes.c_int(driver.handles[index])
     try:
-        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-        if lib.cuInit(0) != 0:
-            return None
-        dev = ctypes.c_int(0)
-        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0:
-            return None
         out: Dict[str, Any] = {}
         value = ctypes.c_int(0)
         for key, attr in _CU_ATTR.items():
