@@ -280,6 +280,9 @@ def get_gpu_memory_manager(device: Any = None) -> GPUMemoryManager:
     """
     spec = devices.resolve_device(device)
     index, reason = spec.index, spec.reason
+    count, why = devices.cuda_status()
+    if index is None and count == 0:
+        reason = f"CUDA unavailable: {why}"  # one CPU manager: the machine's reason, however asked for
     key: Union[int, str] = "cpu" if index is None else index
     manager = _managers.get(key)
     if manager is not None:
