@@ -33,7 +33,7 @@ from gpukeeper.timing import (
     select_backend,
 )
 from gpukeeper.timing import timer as timer_module
-from gpukeeper.timing.benchmark import _throttle_verdict
+from gpukeeper.timing.throttle import throttle_verdict
 
 CUDA = bool(gpukeeper.cuda_available())
 
@@ -216,10 +216,10 @@ def test_recompiles_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(w.startswith("recompiles seen") for w in r.warnings)
 
 
-def test_throttle_verdict() -> None:
+def testthrottle_verdict() -> None:
     calm = {"sm_clock_mhz": 1980, "reasons": 0x1}
-    assert _throttle_verdict(calm, {"sm_clock_mhz": 1980, "reasons": 0}) == (False, [])
-    hot, why = _throttle_verdict(calm, {"sm_clock_mhz": 1400, "reasons": 0x20})
+    assert throttle_verdict(calm, {"sm_clock_mhz": 1980, "reasons": 0}) == (False, [])
+    hot, why = throttle_verdict(calm, {"sm_clock_mhz": 1400, "reasons": 0x20})
     assert hot and any("thermal" in w for w in why) and any("1400" in w for w in why)
 
 

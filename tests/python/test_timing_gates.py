@@ -41,7 +41,7 @@ from gpukeeper.timing import (
     register_backend,
     select_backend,
 )
-from gpukeeper.timing import benchmark as benchmark_module
+from gpukeeper.timing import throttle as throttle_module
 from gpukeeper.timing import timer as timer_module
 from gpukeeper.timing.timer import CoreBackend, check_gate_timeout
 
@@ -198,7 +198,7 @@ def test_result_without_launch_latency_field_reads_as_na() -> None:
 @NO_GPU_ONLY
 def test_no_gpu_stream_gates_are_unavailable() -> None:
     assert _core.stream_gates_available() is False
-    assert timer_module._gates() is None
+    assert timer_module.gates() is None
 
 
 @NO_GPU_ONLY
@@ -271,7 +271,7 @@ class FakeGate:
 
 
 class FakeGates:
-    """Stands in for ``_core``'s gate API (what ``_gates()`` returns)."""
+    """Stands in for ``_core``'s gate API (what ``timer.gates()`` returns)."""
 
     def __init__(self, log: List[str], floor_ms: float = 0.0) -> None:
         self.log = log
@@ -324,16 +324,15 @@ class FakeGpuBackend(TimerBackend):
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     """A registered GPU-like backend (chosen for every device) and fake gates in place
-    of ``_core``'s, in both the timer and the benchmark module."""
+    of ``_core``'s where every timer (and so benchmark_function) takes them."""
     log: List[str] = []
     state = types.SimpleNamespace(log=log, gates=FakeGates(log), no_gates=False, fail_record=False)
 
     def gates() -> Any:
         return None if state.no_gates else state.gates
 
-    monkeypatch.setattr(timer_module, "_gates", gates)
-    monkeypatch.setattr(benchmark_module, "_gates", gates)
-    monkeypatch.setattr(benchmark_module, "_nvml_sample", lambda index: (None, "unavailable: fake GPU"))
+    monkeypatch.setattr(timer_module, "gates", gates)
+    monkeypatch.setattr(throttle_module, "nvml_sample", lambda index: (None, "unavailable: fake GPU"))
     register_backend("fakegpu", lambda spec: FakeGpuBackend(spec, state), lambda spec: True, priority=1000)
     try:
         yield state
