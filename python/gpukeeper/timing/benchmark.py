@@ -418,18 +418,21 @@ class _Stop:
 
 def _measure(run: _Run, opts: _Options) -> _Samples:
     """The measured calls until the stopping rule says so. A GPU call whose gate timed
-    out is measured again, ungated (``_gpu_call`` returns None for it)."""
+    out is measured again, ungated (its step returns None)."""
     samples = _Samples()
     if run.timer is not None:
-        call = _gpu_call
+        step = _gpu_step(run, samples)
+    elif run.plan is not None:
+        step = _host_sync_step(run, samples)
     else:
-        call = _host_sync_call if run.plan is not None else _cpu_call
+        step = _cpu_step(run, opts, samples)
     stop = _Stop(opts, run.warnings)
+    add = stop.add
     while True:
-        t = call(run, opts, samples)
+        t = step()
         if t is None:
             continue
-        reason = stop.add(t)
+        reason = add(t)
         if reason is not None:
             break
     samples.stop_reason = reason
@@ -437,44 +440,66 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
     return samples
 
 
-def _gpu_call(run: _Run, opts: _Options, samples: _Samples) -> Optional[float]:
-    """One call between events (``CUDATimer.time_call``); its GPU time, or None when its
+# The steps below bind what they use once: per call, the loop pays for the call and the
+# clock readings, not for attribute lookups.
+
+
+def _gpu_step(run: _Run, samples: _Samples) -> Callable[[], Optional[float]]:
+    """One call between events (``CUDATimer.time_call``): its GPU time, or None when its
     gate timed out: that time holds the host's wait, so the timer stops gating."""
     timer = run.timer
     assert timer is not None
-    took = timer.time_call(run.fn, run.args, run.kwargs,
-                           run.flusher.flush if run.flusher is not None else None)
-    if took.launch_hidden is False:
-        timer.hides_launch_latency = False
-        run.warnings.append(_gate_timed_out_warning(timer.gate_timeout_ms, "in a measured call"))
-        return None
-    samples.gpu.append(took.elapsed_ms)
-    samples.host.append(took.host_ms)
-    return took.elapsed_ms
+    fn, args, kwargs = run.fn, run.args, run.kwargs
+    flush = run.flusher.flush if run.flusher is not None else None
+    time_call, gpu, host = timer.time_call, samples.gpu.append, samples.host.append
+
+    def step() -> Optional[float]:
+        took = time_call(fn, args, kwargs, flush)
+        if took.launch_hidden is False:
+            timer.hides_launch_latency = False
+            run.warnings.append(_gate_timed_out_warning(timer.gate_timeout_ms, "in a measured call"))
+            return None
+        gpu(took.elapsed_ms)
+        host(took.host_ms)
+        return took.elapsed_ms
+
+    return step
 
 
-def _host_sync_call(run: _Run, opts: _Options, samples: _Samples) -> float:
+def _host_sync_step(run: _Run, samples: _Samples) -> Callable[[], float]:
     """One call of GPU work without events: host clock up to the plan's wait."""
-    wait = run.plan.wait  # type: ignore[union-attr]
-    h0 = time.perf_counter_ns()
-    result = run.fn(*run.args, **run.kwargs)
-    wait(result)
-    h1 = time.perf_counter_ns()
-    result = None
-    t = (h1 - h0) / 1e6
-    samples.host.append(t)
-    return t
+    assert run.plan is not None
+    fn, args, kwargs, wait = run.fn, run.args, run.kwargs, run.plan.wait
+    clock, host = time.perf_counter_ns, samples.host.append
+
+    def step() -> float:
+        h0 = clock()
+        result = fn(*args, **kwargs)
+        wait(result)
+        h1 = clock()
+        result = None
+        t = (h1 - h0) / 1e6
+        host(t)
+        return t
+
+    return step
 
 
-def _cpu_call(run: _Run, opts: _Options, samples: _Samples) -> float:
-    """One call of CPU work (or GPU work the caller's ``synchronize`` waits for)."""
-    h0 = time.perf_counter_ns()
-    run.fn(*run.args, **run.kwargs)
-    if opts.synchronize is not None:
-        opts.synchronize()
-    t = (time.perf_counter_ns() - h0) / 1e6
-    samples.host.append(t)
-    return t
+def _cpu_step(run: _Run, opts: _Options, samples: _Samples) -> Callable[[], float]:
+    """One call of CPU work (or of work the caller's ``synchronize`` waits for)."""
+    fn, args, kwargs, synchronize = run.fn, run.args, run.kwargs, opts.synchronize
+    clock, host = time.perf_counter_ns, samples.host.append
+
+    def step() -> float:
+        h0 = clock()
+        fn(*args, **kwargs)
+        if synchronize is not None:
+            synchronize()
+        t = (clock() - h0) / 1e6
+        host(t)
+        return t
+
+    return step
 
 
 # --------------------------------------------------------------------- around the loop

@@ -567,39 +567,41 @@ class CUDATimer:
         the returned ``CallTiming`` (``launch_hidden`` False), for the caller to act on.
         ``prepare(stream)``, when given, runs after the gate is closed and before the
         start mark (an L2 flush queued there is ordered before the measurement, never
-        inside it). Afterwards the timer reads as after ``stop()``: ``elapsed_ms``,
-        ``raw_elapsed_ms``, ``launch_hidden``; ``host_ms`` is the issue time. Exceptions
-        from ``fn`` or ``prepare`` propagate, with the gate opened and no measurement.
+        inside it). Afterwards the timer reads as after ``stop()`` (``elapsed_ms``,
+        ``raw_elapsed_ms``, ``launch_hidden``), except that ``host_ms`` is the call's
+        launch plus wait, as in the ``CallTiming``. Exceptions from ``fn`` or ``prepare``
+        propagate, with the gate opened and no measurement.
         """
         if self._state == "running":
             raise GpuError(f"CUDATimer {self.name!r} is already running; call stop() first")
         self._state = "idle"
-        clock = time.perf_counter_ns
-        record = self._backend.record
         stream = self._open_stream()
         gate = self._gate
+        # Bound before the first clock reading: nothing but the call itself between the marks.
+        clock = time.perf_counter_ns
+        record = self._backend.record
+        start, end = self._start, self._end
         try:
             if prepare is not None:
                 prepare(stream)
             h0 = clock()
-            record(self._start, stream)
+            record(start, stream)
             result = fn(*args, **kwargs) if kwargs else fn(*args)
-            record(self._end, stream)
+            record(end, stream)
         finally:
             if gate is not None:
                 gate.open()
-        issued = clock()
-        elapsed = self._resolve()
-        host_ms = (clock() - h0) / 1e6
-        self._host_ns = issued - h0
+        raw = self._backend.elapsed_ms(start, end)
+        h1 = clock()
+        self._host_ns = h1 - h0
         self._state = "stopped"
-        hidden = None if gate is None else gate.outcome == "opened"
-        return CallTiming(elapsed, host_ms, hidden, result)
+        return CallTiming(self._reading(raw), (h1 - h0) / 1e6,
+                          None if gate is None else gate.outcome == "opened", result)
 
-    def _resolve(self) -> float:
-        """Waits for the stop mark and reads the measurement: the floor is subtracted
-        when the gate opened in time (never below zero)."""
-        self._raw = raw = self._backend.elapsed_ms(self._start, self._end)
+    def _reading(self, raw: float) -> float:
+        """Keeps the event pair's reading ``raw`` and returns the measurement: the floor
+        subtracted when the gate opened in time (never below zero)."""
+        self._raw = raw
         gate = self._gate
         self._elapsed = max(0.0, raw - self._floor_ms) if gate is not None and gate.outcome == "opened" else raw
         return self._elapsed
@@ -613,7 +615,7 @@ class CUDATimer:
                 + ("it is still running" if self._state == "running" else "it was never started")
             )
         if self._elapsed is None:
-            self._resolve()
+            self._reading(self._backend.elapsed_ms(self._start, self._end))  # waits for the stop mark
             if self._gate is not None and self._gate.outcome == "timed_out":
                 warnings.warn(
                     f"CUDATimer {self.name!r}: the launch latency was not hidden: the gate "
@@ -656,7 +658,8 @@ class CUDATimer:
 
     @property
     def host_ms(self) -> float:
-        """Host milliseconds between the ``start()`` and ``stop()`` calls."""
+        """Host milliseconds between the ``start()`` and ``stop()`` calls (after
+        ``time_call``: the call's launch plus wait)."""
         if self._state != "stopped":
             raise GpuError(f"CUDATimer {self.name!r} has no measurement yet")
         return self._host_ns / 1e6
