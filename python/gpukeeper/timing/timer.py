@@ -452,11 +452,11 @@ class CUDATimer:
         self._elapsed: Optional[float] = None
 
     def _set_hiding(self, hide: bool) -> None:
-        """Takes the gate API and the launch floor (hide) or drops them."""
-        self._gates = None
-        self._floor_ms = 0.0
+        """Takes the gate API and the launch floor (hide) or drops them; unchanged when
+        that raises."""
         if not hide or not self._backend.is_gpu:
             # On the host clock there is no launch latency to hide: the flag is moot there.
+            self._gates, self._floor_ms = None, 0.0
             return
         found = gates()
         if found is None:
