@@ -238,6 +238,32 @@ def test_benchmark_min_time_extends_the_run() -> None:
     assert r.stop_reason == "min_time_s"
 
 
+def test_stop_rule() -> None:
+    from gpukeeper.timing.stopping import StopRule
+
+    w: List[str] = []
+    rule = StopRule(3, None, None, w)
+    assert [rule.add(1.0) for _ in range(3)] == [None, None, "n_calls"]
+    # min_time_s: past n_calls until the measured time adds up (5 ms of 2 ms calls: 3 calls)
+    rule = StopRule(2, 0.005, None, w)
+    assert [rule.add(2.0) for _ in range(3)] == [None, None, "min_time_s"]
+    assert StopRule(2, 0.004, None, w).add(4.0) is None
+    rule = StopRule(2, 0.004, None, w)
+    assert [rule.add(2.0), rule.add(2.0)] == [None, "n_calls"]  # reached with n_calls itself
+    # max_noise: identical calls stop at the criterion's minimum of 10, long before n_calls
+    rule = StopRule(1000, None, 0.01, w)
+    reasons = [rule.add(1.0) for _ in range(10)]
+    assert reasons[:9] == [None] * 9 and reasons[9] in ("max_noise", "noise_converged")
+    assert w == []
+    # the safety stop
+    rule = StopRule(1, 10.0, None, w)
+    assert rule.wall_limit_ns == pytest.approx(101e9)  # 10 x min_time_s + 1 s
+    rule.wall_limit_ns = 0
+    assert rule.add(1.0) == "timeout"
+    assert len(w) == 1 and w[0].startswith("min_time_s=10.0 not reached")
+    assert 0.0 <= rule.wall_s() < 5.0
+
+
 def test_benchmark_flags_noise() -> None:
     state = {"i": 0}
 

@@ -7,8 +7,9 @@
   ``register_backend``).
 - ``benchmark_function`` (``benchmark``): warm-up, per-call ``CUDATimer.time_call``
   behind a launch-latency gate, optional L2 flush (``l2``), nvbench-style noise-based
-  stopping, throttle detection (``throttle``), host-clock plans for JAX and engines and
-  the memory readings (``plans``); returns a ``BenchmarkResult`` (``result``).
+  stopping (``stopping``), throttle detection (``throttle``), host-clock plans for JAX
+  and engines and the memory readings (``plans``); returns a ``BenchmarkResult``
+  (``result``).
 - ``compare_implementations`` / ``print_comparison_table`` (``compare``): side by side,
   with the differences that are within the noise marked.
 - ``ProfilerContext``: the PyTorch profiler with a chrome trace and a summary table.

@@ -44,7 +44,7 @@ from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.timing.l2 import L2Flusher
 from gpukeeper.timing.plans import HostSync, MemorySampler, host_sync_plan, jax_plan
 from gpukeeper.timing.result import BenchmarkResult
-from gpukeeper.timing.stats import NoiseCriterion
+from gpukeeper.timing.stopping import StopRule
 from gpukeeper.timing.throttle import ClockWatch
 from gpukeeper.timing.timer import (
     CUDATimer,
@@ -60,11 +60,6 @@ __all__ = ["NOISY_THRESHOLD", "benchmark_function"]
 #: Relative noise (std/mean) above which a result is flagged ``noisy`` when no
 #: ``max_noise`` was asked for.
 NOISY_THRESHOLD = 0.10
-
-# Safety stop for min_time_s: the loop never runs longer than this many times
-# min_time_s of wall time (plus one second), even if the measured time adds up slowly
-# (e.g. GPU time of tiny kernels between long host gaps).
-_MIN_TIME_WALL_FACTOR = 10.0
 
 # A gate must stay closed while the host issues one call; it times out after this many
 # times the slowest warm-up call's host time, within these bounds (ms). A function that
@@ -375,47 +370,6 @@ class _Samples:
     total_s: float = 0.0
 
 
-class _Stop:
-    """The stopping rule: ``n_calls`` calls, more until ``min_time_s`` of measured time
-    (with a safety stop on the wall time), fewer when ``max_noise`` is met."""
-
-    def __init__(self, opts: _Options, warnings: List[str]) -> None:
-        self.n_calls = opts.n_calls
-        self.min_time = opts.min_time
-        self.warnings = warnings
-        self.criterion: Optional[NoiseCriterion] = None
-        if opts.noise_limit is not None:
-            self.criterion = NoiseCriterion(opts.noise_limit, min_samples=max(2, min(10, opts.n_calls)),
-                                            min_time=(opts.min_time or 0.0) * 1e3)
-        self.count = 0
-        self.measured_ms = 0.0
-        self.wall_start = time.perf_counter_ns()
-        self.wall_limit_ns = (self.min_time * _MIN_TIME_WALL_FACTOR + 1.0) * 1e9 if self.min_time else math.inf
-
-    def add(self, t: float) -> Optional[str]:
-        """Counts a call of ``t`` ms; the stop reason when the loop should stop now."""
-        self.measured_ms += t
-        self.count += 1
-        if self.criterion is not None:
-            self.criterion.add(t)
-            if self.count < self.n_calls and self.criterion.is_finished():
-                return "noise_converged" if self.criterion.converged else "max_noise"
-        if self.count < self.n_calls:
-            return None
-        if self.min_time is None:
-            return "n_calls"
-        if self.measured_ms >= self.min_time * 1e3:
-            return "min_time_s" if self.count > self.n_calls else "n_calls"
-        wall_ns = time.perf_counter_ns() - self.wall_start
-        if wall_ns > self.wall_limit_ns:
-            self.warnings.append(
-                f"min_time_s={self.min_time} not reached: measured {self.measured_ms / 1e3:.3f} s "
-                f"in {wall_ns / 1e9:.1f} s of wall time (safety stop)"
-            )
-            return "timeout"
-        return None
-
-
 def _measure(run: _Run, opts: _Options) -> _Samples:
     """The measured calls until the stopping rule says so. A GPU call whose gate timed
     out is measured again, ungated (its step returns None)."""
@@ -426,7 +380,7 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
         step = _host_sync_step(run, samples)
     else:
         step = _cpu_step(run, opts, samples)
-    stop = _Stop(opts, run.warnings)
+    stop = StopRule(opts.n_calls, opts.min_time, opts.noise_limit, run.warnings)
     add = stop.add
     while True:
         t = step()
@@ -436,7 +390,7 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
         if reason is not None:
             break
     samples.stop_reason = reason
-    samples.total_s = (time.perf_counter_ns() - stop.wall_start) / 1e9
+    samples.total_s = stop.wall_s()
     return samples
 
 
