@@ -3,11 +3,13 @@
 Each check does real work (allocations, copies, a round trip of data, the pool's books,
 typed errors on bad input, calibration kernels timed against the GPU's own clock) and
 yields a ``CheckResult``. Without CUDA the host pool is
-checked and the report says that the machine is in CPU mode.
+checked and the report says that the machine is in CPU mode. Times are taken by
+``CUDATimer`` (gate and launch floor included), the timer users use.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterator, List
@@ -16,6 +18,7 @@ from gpukeeper import _core
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.memory import MemoryPool, Precision
 from gpukeeper.runtime import build_info, cuda_available
+from gpukeeper.timing.timer import CUDATimer
 
 __all__ = ["CheckResult", "run_checks"]
 
@@ -161,42 +164,69 @@ def _check_report() -> "tuple[str, Dict[str, Any]]":
 # busy, and cudaEventElapsedTime itself resolves about 0.5 us.
 _TIMING_TOLERANCE_US = 1.0
 _TIMING_TOLERANCE_REL = 1e-3
+_TIMING_KERNELS_NS = (10_000, 100_000, 1_000_000)
+_TIMING_ROUNDS = 7
 
 
 def _check_timing(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
-    import statistics
-
     if not cuda_available():
-        timer = _core.Timer(-1)
-        timer.start()
-        time.sleep(0.01)
-        timer.stop()
-        ms = timer.elapsed_ms()
-        _expect(9.0 <= ms <= 60.0, f"the steady-clock timer read a 10 ms sleep as {ms:.3f} ms")
-        return f"CPU mode: steady-clock timer read a 10 ms sleep as {ms:.2f} ms", {"sleep_ms": ms}
+        return _check_host_clock()
     if not _core.calibration_kernels_available():
         _expect(not require_gpu, "this build has no calibration kernels (built without nvcc)")
         return "no calibration kernels in this build (built without nvcc): accuracy not verified", {}
-    floor_us = _core.launch_floor_ms(0) * 1e3
+    return _check_kernel_timing()
+
+
+def _check_host_clock() -> "tuple[str, Dict[str, Any]]":
+    """CPU mode: ``CUDATimer`` on the host clock reads a 10 ms sleep as 9 .. 60 ms."""
+    timer = CUDATimer("check", device="cpu")
+    with timer:
+        time.sleep(0.01)
+    ms = timer.elapsed_ms
+    _expect(9.0 <= ms <= 60.0, f"the steady-clock timer read a 10 ms sleep as {ms:.3f} ms")
+    return f"CPU mode: steady-clock timer read a 10 ms sleep as {ms:.2f} ms", {"sleep_ms": ms}
+
+
+def _kernel_error_us(timer: CUDATimer, ns: int, out: Any) -> float:
+    """``timer``'s reading of a spin kernel of ``ns`` on device 0's legacy default stream,
+    started on an idle stream, less the kernel's own %globaltimer duration (us)."""
+    _core.spin_kernel(0, 0, out=out.ptr)  # module loaded, `out` touched
+    _core.synchronize(0)  # an idle stream: the launch latency is in front of the kernel
+    took = timer.time_call(_core.spin_kernel, (ns, 0), {"out": out.ptr})
+    _expect(took.launch_hidden is not False, f"{ns // 1000} us: the launch-latency gate timed out")
+    first, last = struct.unpack("<QQ", out.to_bytes()[:16])
+    return took.elapsed_ms * 1e3 - (last - first) / 1e3
+
+
+def _check_kernel_timing() -> "tuple[str, Dict[str, Any]]":
+    """Calibration kernels against ``CUDATimer``: with the launch latency hidden (the
+    timer subtracts the launch floor) within 1 us + 0.1 % of the kernel's own clock."""
+    import statistics
+
+    hidden = CUDATimer("check", device=0, backend="gpukeeper", stream=0, hide_launch_latency=True)
+    plain = CUDATimer("check", device=0, backend="gpukeeper", stream=0)
+    floor_us = hidden.floor_ms * 1e3
     data: Dict[str, Any] = {"launch_floor_us": floor_us}
     _expect(0.0 < floor_us < 20.0, f"implausible launch floor {floor_us:.3f} us")
+    pool = MemoryPool("auto")
+    out = pool.get_managed_buffer(0, 2, Precision.Int64)  # the kernel's first and last ns
     parts = []
-    for ns in (10_000, 100_000, 1_000_000):
-        hidden, plain = [], []
-        for _ in range(7):
-            c = _core.calibrate(ns, hide_launch_latency=True)
-            _expect(c["launch_hidden"], f"{ns // 1000} us: the launch-latency gate timed out")
-            hidden.append(c["event_ms"] * 1e3 - floor_us - c["kernel_ns"] / 1e3)
-            c = _core.calibrate(ns)
-            plain.append(c["event_ms"] * 1e3 - c["kernel_ns"] / 1e3)
-        err = statistics.median(hidden)
-        plain_err = statistics.median(plain)
-        limit = _TIMING_TOLERANCE_US + _TIMING_TOLERANCE_REL * ns / 1e3
-        _expect(abs(err) <= limit,
-                f"{ns // 1000} us kernel: events read {err:+.3f} us off its own clock "
-                f"(limit {limit:.3f} us)")
-        data[f"{ns // 1000}us"] = {"hidden_error_us": err, "plain_error_us": plain_err}
-        parts.append(f"{ns // 1000} us {err:+.2f}")
+    try:
+        for ns in _TIMING_KERNELS_NS:
+            hidden_us, plain_us = [], []
+            for _ in range(_TIMING_ROUNDS):
+                hidden_us.append(_kernel_error_us(hidden, ns, out))
+                plain_us.append(_kernel_error_us(plain, ns, out))
+            err = statistics.median(hidden_us)
+            limit = _TIMING_TOLERANCE_US + _TIMING_TOLERANCE_REL * ns / 1e3
+            _expect(abs(err) <= limit,
+                    f"{ns // 1000} us kernel: events read {err:+.3f} us off its own clock "
+                    f"(limit {limit:.3f} us)")
+            data[f"{ns // 1000}us"] = {"hidden_error_us": err, "plain_error_us": statistics.median(plain_us)}
+            parts.append(f"{ns // 1000} us {err:+.2f}")
+    finally:
+        out.release()
+        pool.emergency_cleanup(0)
     return ("calibration kernels vs events, launch latency hidden, floor "
             f"{floor_us:.2f} us subtracted (error us): " + ", ".join(parts)
             + f"; plain event pair on 10 us: {data['10us']['plain_error_us']:+.2f} us"), data

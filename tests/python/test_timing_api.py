@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import statistics
 import sys
 import time
 import types
@@ -33,7 +34,7 @@ from gpukeeper.timing import (
     select_backend,
 )
 from gpukeeper.timing import timer as timer_module
-from gpukeeper.timing.benchmark import _throttle_verdict
+from gpukeeper.timing.throttle import throttle_verdict
 
 CUDA = bool(gpukeeper.cuda_available())
 
@@ -87,8 +88,10 @@ def test_timer_stops_when_the_body_raises() -> None:
     t = CUDATimer(device="cpu")
     with pytest.raises(KeyError):
         with t:
+            busy(3)
             raise KeyError("boom")
-    assert not t.running and t.elapsed_ms >= 0
+    assert not t.running
+    assert 3.0 <= t.elapsed_ms < 100.0  # stopped on the way out, not left running
 
 
 @pytest.mark.skipif(CUDA, reason="checks the CPU fallback")
@@ -145,6 +148,48 @@ def test_registered_backend_is_preferred() -> None:
     assert CUDATimer(device="cpu").backend == "cpu"
 
 
+def test_time_call_on_cpu() -> None:
+    t = CUDATimer("call", device="cpu")
+    took = t.time_call(busy, (3.0,))
+    assert 3.0 <= took.elapsed_ms < 100.0
+    assert took.launch_hidden is None and took.result is None
+    # host time: from before the start mark to after the wait for the stop mark
+    assert took.elapsed_ms <= took.host_ms < took.elapsed_ms + 50.0
+    assert t.elapsed_ms == t.raw_elapsed_ms == took.elapsed_ms and t.host_ms == took.host_ms
+    assert not t.running and t.launch_hidden is None
+    # arguments in, result out; prepare runs first, with the stream (None on the CPU)
+    seen: List[Any] = []
+    took = t.time_call(lambda x, y=0: seen.append("call") or x + y, (2,), {"y": 3},
+                       prepare=lambda stream: seen.append(("prepare", stream)))
+    assert took.result == 5 and seen == [("prepare", None), "call"]
+
+
+def test_time_call_lets_exceptions_through() -> None:
+    t = CUDATimer(device="cpu")
+    t.time_call(busy, (1.0,))
+
+    def broken() -> None:
+        raise ZeroDivisionError("inside fn")
+
+    with pytest.raises(ZeroDivisionError):
+        t.time_call(broken)
+    assert not t.running
+    with pytest.raises(GpuError, match="never started"):  # no half measurement left
+        _ = t.elapsed_ms
+    t.start()
+    with pytest.raises(GpuError, match="already running"):
+        t.time_call(busy, (1.0,))
+    t.stop()
+
+
+def test_timer_on_a_backend_instance() -> None:
+    backend = select_backend("cpu")
+    t = CUDATimer(backend=backend)
+    assert t.backend == "cpu" and t.device.kind == "cpu"
+    with pytest.raises(InvalidInputError, match="not both"):
+        CUDATimer(device="cpu", backend=backend)
+
+
 # --------------------------------------------------------------------- benchmark_function
 
 
@@ -163,11 +208,21 @@ def test_benchmark_known_duration() -> None:
     assert 2.0 <= r.min_ms <= r.p5_ms <= r.p25_ms <= r.median_ms <= r.p75_ms <= r.p95_ms <= r.p99_ms <= r.max_ms
     assert r.calls_per_s == pytest.approx(1e3 / r.host_mean_ms)
     assert r.stop_reason == "n_calls" and r.warmup == 3
-    assert r.memory_source in ("host_rss", None)
+    assert r.host_times_ms == r.times_ms  # CPU work: the times are the host's
+    # the seed's names, against the samples themselves (sample std, numpy's ddof=1)
+    assert r.mean_ms == pytest.approx(statistics.fmean(r.times_ms))
+    assert r.median_ms == pytest.approx(statistics.median(r.times_ms))
+    assert r.std_ms == pytest.approx(statistics.stdev(r.times_ms))
+    assert r.p95_ms <= r.p99_ms <= r.max_ms == max(r.times_ms)
+    # the loop's wall time holds every measured call, and not much else
+    assert sum(r.times_ms) / 1e3 <= r.total_time_s < sum(r.times_ms) / 1e3 + 5.0
+    if sys.platform.startswith("linux"):  # RSS is read from /proc
+        assert r.memory_source == "host_rss"
+        assert r.memory_before_bytes > 1 << 20 and r.memory_after_bytes > 1 << 20
+        assert r.memory_delta_gb == pytest.approx((r.memory_after_bytes - r.memory_before_bytes) / 2**30)
+    else:
+        assert r.memory_source in ("host_rss", None)
     assert r.throttled is None and r.recompiles == 0
-    # the seed's names
-    for attr in ("mean_ms", "median_ms", "std_ms", "p95_ms", "p99_ms", "memory_delta_gb"):
-        assert hasattr(r, attr)
     assert "busy 2 ms" in r.summary() and "p99" in r.summary()
 
 
@@ -181,6 +236,32 @@ def test_benchmark_min_time_extends_the_run() -> None:
     r = benchmark_function(busy, 2.0, n_calls=2, warmup=0, device="cpu", min_time_s=0.03)
     assert r.n_calls > 2 and sum(r.times_ms) >= 30.0  # preemption may make calls longer, not fewer ms
     assert r.stop_reason == "min_time_s"
+
+
+def test_stop_rule() -> None:
+    from gpukeeper.timing.stopping import StopRule
+
+    w: List[str] = []
+    rule = StopRule(3, None, None, w)
+    assert [rule.add(1.0) for _ in range(3)] == [None, None, "n_calls"]
+    # min_time_s: past n_calls until the measured time adds up (5 ms of 2 ms calls: 3 calls)
+    rule = StopRule(2, 0.005, None, w)
+    assert [rule.add(2.0) for _ in range(3)] == [None, None, "min_time_s"]
+    assert StopRule(2, 0.004, None, w).add(4.0) is None
+    rule = StopRule(2, 0.004, None, w)
+    assert [rule.add(2.0), rule.add(2.0)] == [None, "n_calls"]  # reached with n_calls itself
+    # max_noise: identical calls stop at the criterion's minimum of 10, long before n_calls
+    rule = StopRule(1000, None, 0.01, w)
+    reasons = [rule.add(1.0) for _ in range(10)]
+    assert reasons[:9] == [None] * 9 and reasons[9] in ("max_noise", "noise_converged")
+    assert w == []
+    # the safety stop
+    rule = StopRule(1, 10.0, None, w)
+    assert rule.wall_limit_ns == pytest.approx(101e9)  # 10 x min_time_s + 1 s
+    rule.wall_limit_ns = 0
+    assert rule.add(1.0) == "timeout"
+    assert len(w) == 1 and w[0].startswith("min_time_s=10.0 not reached")
+    assert 0.0 <= rule.wall_s() < 5.0
 
 
 def test_benchmark_flags_noise() -> None:
@@ -216,10 +297,10 @@ def test_recompiles_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     assert any(w.startswith("recompiles seen") for w in r.warnings)
 
 
-def test_throttle_verdict() -> None:
+def testthrottle_verdict() -> None:
     calm = {"sm_clock_mhz": 1980, "reasons": 0x1}
-    assert _throttle_verdict(calm, {"sm_clock_mhz": 1980, "reasons": 0}) == (False, [])
-    hot, why = _throttle_verdict(calm, {"sm_clock_mhz": 1400, "reasons": 0x20})
+    assert throttle_verdict(calm, {"sm_clock_mhz": 1980, "reasons": 0}) == (False, [])
+    hot, why = throttle_verdict(calm, {"sm_clock_mhz": 1400, "reasons": 0x20})
     assert hot and any("thermal" in w for w in why) and any("1400" in w for w in why)
 
 
@@ -459,6 +540,8 @@ def test_benchmark_on_gpu_uses_events() -> None:
     r = benchmark_function(torch.mm, x, x, n_calls=20, warmup=3, l2_flush=True)
     assert r.timing == "gpu" and r.backend == "torch" and r.device.startswith("cuda")
     assert r.gpu_times_ms is not None and len(r.gpu_times_ms) == 20
-    assert r.l2_flush and r.memory_source == "torch" and r.memory_peak_bytes is not None
+    assert r.l2_flush and r.memory_source == "torch"
+    # the peak counter was reset at the start: it holds at least one 256 x 256 fp32 output
+    assert r.memory_peak_bytes >= r.memory_before_bytes + 256 * 256 * 4
     # the host sees at least the GPU time of each call (it waited for it)
     assert r.host_median_ms >= r.median_ms * 0.9

@@ -24,7 +24,7 @@ def test_cpu_timer_reads_a_sleep():
     t.stop()
     assert t.ready()
     ms = t.elapsed_ms()
-    assert 15.0 <= ms <= 30.0
+    assert 19.5 <= ms <= 250.0  # a sleep never ends early; a busy CI host may end it late
     assert t.elapsed_ms() == ms
     assert "cpu" in repr(t)
 
@@ -54,15 +54,19 @@ def test_timer_rejects_bad_streams():
         _core.Timer(-1, stream="default")
 
 
+@pytest.mark.skipif(not CUDA, reason="needs a usable CUDA device")
+def test_timer_on_device_0_uses_the_gpu():
+    assert _core.Timer(0).is_gpu
+
+
+@pytest.mark.skipif(CUDA, reason="checks the fallback without a usable GPU")
 def test_timer_without_gpu_falls_back_to_cpu():
-    if CUDA:
-        assert _core.Timer(0).is_gpu
-        return
     t = _core.Timer()  # device 0, no device: steady clock
     assert not t.is_gpu
     t.start()
+    time.sleep(0.01)
     t.stop()
-    assert t.elapsed_ms() >= 0.0
+    assert 9.5 <= t.elapsed_ms() <= 250.0
 
 
 def test_cpu_event_log_resolves_in_order():
@@ -82,10 +86,11 @@ def test_cpu_event_log_resolves_in_order():
     got = log.resolve()
     assert [label for label, _ in got] == ["a", "inner", "outer", "b"]
     ms = dict(got)
-    assert ms["a"] >= 4.0
-    assert ms["inner"] >= 9.0
-    assert ms["outer"] >= ms["inner"]
-    assert ms["b"] >= ms["outer"]
+    # sleeps never end early; a busy CI host may end them late
+    assert 4.9 <= ms["a"] <= 250.0
+    assert 9.9 <= ms["inner"] <= 250.0
+    assert ms["inner"] <= ms["outer"] <= ms["inner"] + 250.0
+    assert ms["outer"] <= ms["b"] <= ms["outer"] + 250.0  # the lap from "a" holds "outer"
     log.mark("c")  # the last mark is the origin of the next lap
     assert [label for label, _ in log.resolve()] == ["c"]
     log.clear()
@@ -107,7 +112,7 @@ def test_event_log_unbalanced():
 def test_calibration_without_gpu():
     assert isinstance(_core.calibration_kernels_available(), bool)
     if CUDA and _core.calibration_kernels_available():
-        return
+        pytest.skip("the kernels work here: test_calibrate_measures_spin_kernels checks them")
     with pytest.raises(_core.GpuError):
         _core.calibrate(10_000)
     if not _core.calibration_kernels_available():

@@ -41,7 +41,7 @@ from gpukeeper.timing import (
     register_backend,
     select_backend,
 )
-from gpukeeper.timing import benchmark as benchmark_module
+from gpukeeper.timing import throttle as throttle_module
 from gpukeeper.timing import timer as timer_module
 from gpukeeper.timing.timer import CoreBackend, check_gate_timeout
 
@@ -53,6 +53,13 @@ BAD_TIMEOUTS = [0, 0.0, -1, -0.5, math.nan, math.inf, 3.6e6 + 1, True, False, "1
 
 def _noop() -> None:
     pass
+
+
+def _busy(ms: float) -> None:
+    """Spins for ``ms`` milliseconds of host time."""
+    end = time.perf_counter_ns() + int(ms * 1e6)
+    while time.perf_counter_ns() < end:
+        pass
 
 
 # ===================================================================== argument checks
@@ -125,9 +132,10 @@ def test_core_timer_hide_flag_on_the_cpu_is_moot() -> None:
     t = _core.Timer(-1, 0, hide_launch_latency=True)
     assert not t.is_gpu and not t.hides_launch_latency
     t.start()
+    time.sleep(0.01)
     t.stop()
     assert t.launch_hidden() is False
-    assert t.elapsed_ms() >= 0.0
+    assert 9.5 <= t.elapsed_ms() < 500.0  # the steady clock, nothing hidden or subtracted
     with pytest.raises(InvalidInputError):
         _core.Timer(-1, 0, hide_launch_latency=True, gate_timeout_ms=0)
 
@@ -148,7 +156,8 @@ def test_cpu_timer_with_hide_flag_is_moot() -> None:
         warnings.simplefilter("error")  # no TimingWarning on the host clock
         with t:
             time.sleep(0.002)
-        assert t.elapsed_ms >= 1.5
+        assert 1.9 <= t.elapsed_ms < 250.0
+        assert t.raw_elapsed_ms == t.elapsed_ms and t.floor_ms == 0.0
         assert t.launch_hidden is None
     assert "launch latency hidden" not in repr(t)
     # the plain timer says the same
@@ -198,7 +207,7 @@ def test_result_without_launch_latency_field_reads_as_na() -> None:
 @NO_GPU_ONLY
 def test_no_gpu_stream_gates_are_unavailable() -> None:
     assert _core.stream_gates_available() is False
-    assert timer_module._gates() is None
+    assert timer_module.gates() is None
 
 
 @NO_GPU_ONLY
@@ -271,7 +280,7 @@ class FakeGate:
 
 
 class FakeGates:
-    """Stands in for ``_core``'s gate API (what ``_gates()`` returns)."""
+    """Stands in for ``_core``'s gate API (what ``timer.gates()`` returns)."""
 
     def __init__(self, log: List[str], floor_ms: float = 0.0) -> None:
         self.log = log
@@ -324,16 +333,15 @@ class FakeGpuBackend(TimerBackend):
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     """A registered GPU-like backend (chosen for every device) and fake gates in place
-    of ``_core``'s, in both the timer and the benchmark module."""
+    of ``_core``'s where every timer (and so benchmark_function) takes them."""
     log: List[str] = []
     state = types.SimpleNamespace(log=log, gates=FakeGates(log), no_gates=False, fail_record=False)
 
     def gates() -> Any:
         return None if state.no_gates else state.gates
 
-    monkeypatch.setattr(timer_module, "_gates", gates)
-    monkeypatch.setattr(benchmark_module, "_gates", gates)
-    monkeypatch.setattr(benchmark_module, "_nvml_sample", lambda index: (None, "unavailable: fake GPU"))
+    monkeypatch.setattr(timer_module, "gates", gates)
+    monkeypatch.setattr(throttle_module, "nvml_sample", lambda index: (None, "unavailable: fake GPU"))
     register_backend("fakegpu", lambda spec: FakeGpuBackend(spec, state), lambda spec: True, priority=1000)
     try:
         yield state
@@ -355,8 +363,9 @@ def test_fake_timer_gates_the_interval(fake_gpu: types.SimpleNamespace) -> None:
             assert fake_gpu.log == ["close", "record"]  # gate first, then the start mark
             gate = fake_gpu.gates.made[-1]
             assert not gate.is_open
+            _busy(2)
         assert fake_gpu.log == ["close", "record", "record", "open"]  # stop mark, then open
-        assert t.elapsed_ms >= 0.0
+        assert 2.0 <= t.elapsed_ms < 100.0
         assert t.launch_hidden is True
     assert gate.timeout_ms == 12.5
     assert gate.stream == FakeGpuBackend.STREAM and gate.device == 0
@@ -364,12 +373,15 @@ def test_fake_timer_gates_the_interval(fake_gpu: types.SimpleNamespace) -> None:
 
 
 def test_fake_timer_warns_when_the_gate_times_out(fake_gpu: types.SimpleNamespace) -> None:
+    fake_gpu.gates.floor_ms = 0.25
     t = _fake_timer(hide_launch_latency=True, gate_timeout_ms=20)
     with t:
+        _busy(2)
         fake_gpu.gates.host_waits()  # e.g. torch.cuda.synchronize() inside the region
     with pytest.warns(TimingWarning, match="launch latency was not hidden"):
         ms = t.elapsed_ms
-    assert ms >= 0.0
+    # a timed-out reading holds the wait: the floor is not subtracted from it
+    assert ms == t.raw_elapsed_ms and 2.0 <= ms < 100.0
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the warning comes once per measurement
         assert t.launch_hidden is False
@@ -420,6 +432,82 @@ def test_fake_timer_without_a_gate_kernel_is_a_gpu_error(fake_gpu: types.SimpleN
     assert _fake_timer().launch_hidden is None  # without the flag nothing is needed
 
 
+def test_fake_time_call_gates_and_subtracts_the_floor(fake_gpu: types.SimpleNamespace) -> None:
+    fake_gpu.gates.floor_ms = 0.5
+    t = _fake_timer(hide_launch_latency=True, gate_timeout_ms=9.0)
+
+    def flush(stream: Any) -> None:
+        fake_gpu.log.append(f"prepare {stream}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        took = t.time_call(_busy, (2,), prepare=flush)
+    # gate, then what prepare queues, then the bracket; the gate opens after the stop mark
+    assert fake_gpu.log == ["close", f"prepare {FakeGpuBackend.STREAM}", "record", "record", "open"]
+    assert fake_gpu.gates.made[-1].timeout_ms == 9.0
+    assert took.launch_hidden is True and t.launch_hidden is True
+    assert took.elapsed_ms == pytest.approx(t.raw_elapsed_ms - 0.5) and took.elapsed_ms == t.elapsed_ms
+    assert 1.5 <= took.elapsed_ms < 100.0
+    assert took.host_ms >= t.raw_elapsed_ms  # launch plus wait holds the whole bracket
+
+
+def test_fake_time_call_reports_a_timeout_without_a_warning(fake_gpu: types.SimpleNamespace) -> None:
+    fake_gpu.gates.floor_ms = 0.5
+    t = _fake_timer(hide_launch_latency=True)
+
+    def waits() -> str:
+        _busy(1)
+        fake_gpu.gates.host_waits()
+        return "done"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the caller decides; the timer does not warn
+        took = t.time_call(waits)
+        assert took.launch_hidden is False and t.launch_hidden is False
+        assert took.result == "done"
+        assert took.elapsed_ms == t.raw_elapsed_ms >= 1.0  # nothing subtracted
+    assert fake_gpu.gates.made[-1].is_open
+
+
+def test_fake_time_call_opens_the_gate_when_fn_raises(fake_gpu: types.SimpleNamespace) -> None:
+    t = _fake_timer(hide_launch_latency=True)
+
+    def broken() -> None:
+        raise KeyError("inside fn")
+
+    with pytest.raises(KeyError):
+        t.time_call(broken)
+    assert fake_gpu.gates.made[-1].is_open and not t.running
+    with pytest.raises(KeyError):
+        t.time_call(_noop, prepare=lambda stream: broken())
+    assert fake_gpu.gates.made[-1].is_open and len(fake_gpu.gates.made) == 2
+
+
+def test_fake_timer_stops_and_starts_hiding(fake_gpu: types.SimpleNamespace) -> None:
+    fake_gpu.gates.floor_ms = 0.25
+    t = _fake_timer(hide_launch_latency=True)
+    t.hides_launch_latency = False
+    assert not t.hides_launch_latency and t.floor_ms == 0.0
+    took = t.time_call(_busy, (1,))
+    assert took.launch_hidden is None and fake_gpu.gates.made == []
+    assert took.elapsed_ms == t.raw_elapsed_ms >= 1.0
+    t.hides_launch_latency = True
+    assert t.hides_launch_latency and t.floor_ms == 0.25
+    assert t.time_call(_noop).launch_hidden is True and len(fake_gpu.gates.made) == 1
+    with pytest.raises(InvalidInputError):
+        t.hides_launch_latency = 1  # type: ignore[assignment]
+    t.start()
+    with pytest.raises(GpuError, match="running"):
+        t.hides_launch_latency = False
+    t.stop()
+    fake_gpu.no_gates = True
+    with pytest.raises(GpuError, match="gate kernel"):
+        t.hides_launch_latency = True
+    assert t.hides_launch_latency and t.floor_ms == 0.25  # unchanged by the failure
+    t.hides_launch_latency = False  # needs nothing
+    assert not t.hides_launch_latency
+
+
 def _no_launch_warnings(r: BenchmarkResult) -> bool:
     return not any(w.startswith("launch latency") for w in r.warnings)
 
@@ -432,8 +520,10 @@ def test_fake_benchmark_gates_every_call(fake_gpu: types.SimpleNamespace) -> Non
     assert len(made) == 1 + 5  # the probing warm-up call and each measured call
     assert all(g.outcome == "opened" for g in made)
     assert all(g.stream == FakeGpuBackend.STREAM and g.device == 0 for g in made)
-    # default timeout: 20 x the slowest warm-up call, within 50 ms .. 2 s
+    # default timeout: 20 x the slowest warm-up call, within 50 ms .. 2 s; the probe's
+    # is the measured calls' own
     assert all(50.0 <= g.timeout_ms <= 2000.0 for g in made)
+    assert len({g.timeout_ms for g in made}) == 1
     # each measured call: gate closed, start mark, stop mark, gate opened
     assert fake_gpu.log[-4 * 5:] == ["close", "record", "record", "open"] * 5
 
@@ -806,7 +896,7 @@ def test_fake_benchmark_subtracts_and_reports_the_floor(fake_gpu: types.SimpleNa
 
     r = benchmark_function(work, n_calls=5, warmup=1)
     assert r.launch_latency == "hidden" and r.gpu_floor_ms == 0.5
-    assert all(t >= 1.0 for t in r.gpu_times_ms)
+    assert all(1.5 <= t < 200.0 for t in r.gpu_times_ms)  # >= 2 ms of sleep, less the floor
     assert all(h >= g + 0.5 for h, g in zip(r.host_times_ms, r.gpu_times_ms))
     raw = benchmark_function(work, n_calls=5, warmup=1, hide_launch_latency=False)
     assert raw.launch_latency == "included" and raw.gpu_floor_ms is None

@@ -1,27 +1,29 @@
 """Timing that is right on an asynchronous GPU, and the same code on a CPU.
 
-- ``CUDATimer``: events on the current stream (PyTorch's, else CuPy's, else gpukeeper's
-  own events), a steady host clock without a GPU; ``hide_launch_latency`` for timing
-  kernels; a small backend layer (``select_backend``, ``register_backend``).
-- ``benchmark_function``: warm-up, per-call events behind a launch-latency gate,
-  optional L2 flush, nvbench-style
-  noise-based stopping, throttle detection; returns a ``BenchmarkResult``.
-- ``compare_implementations`` / ``print_comparison_table``: side by side, with the
-  differences that are within the noise marked.
+- ``CUDATimer`` (``timer``): events on the current stream (PyTorch's, else CuPy's, else
+  gpukeeper's own events), a steady host clock without a GPU; ``hide_launch_latency``
+  for timing kernels (the gate and the launch-floor subtraction live here only);
+  ``time_call`` for one call, waited for; a small backend layer (``select_backend``,
+  ``register_backend``).
+- ``benchmark_function`` (``benchmark``): warm-up, per-call ``CUDATimer.time_call``
+  behind a launch-latency gate, optional L2 flush (``l2``), nvbench-style noise-based
+  stopping (``stopping``), throttle detection (``throttle``), host-clock plans for JAX
+  and engines and the memory readings (``plans``); returns a ``BenchmarkResult``
+  (``result``).
+- ``compare_implementations`` / ``print_comparison_table`` (``compare``): side by side,
+  with the differences that are within the noise marked.
 - ``ProfilerContext``: the PyTorch profiler with a chrome trace and a summary table.
 - ``stats``: the statistics, pure functions matching numpy's defaults.
 """
 
 from gpukeeper.timing import stats
-from gpukeeper.timing.benchmark import (
-    NOISY_THRESHOLD,
-    L2Flusher,
-    benchmark_function,
+from gpukeeper.timing.benchmark import NOISY_THRESHOLD, benchmark_function
+from gpukeeper.timing.compare import (
     compare_implementations,
     format_comparison_table,
-    l2_cache_size,
     print_comparison_table,
 )
+from gpukeeper.timing.l2 import L2Flusher, l2_cache_size
 from gpukeeper.timing.profiler import ProfilerContext
 from gpukeeper.timing.result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion, SampleStats, summarize

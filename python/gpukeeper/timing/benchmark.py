@@ -1,4 +1,8 @@
-"""``benchmark_function``, ``compare_implementations`` and ``print_comparison_table``.
+"""``benchmark_function``: one function timed call by call, and the steps it is made of.
+
+The steps: the options checked, the set-up (device, plan, L2 flush), the warm-up with its
+gate probe, the measured loop (each GPU call through ``CUDATimer.time_call``) and the
+result.
 
 How one call is measured (GPU; see ``benchmark_function`` for the CPU):
 
@@ -22,324 +26,40 @@ launch floor: the same gated events around an empty kernel, measured once per de
 ``result.gpu_floor_ms``). A function that waits for the GPU inside
 (``.item()``, a synchronize, a copy from pageable memory) cannot run behind a closed
 gate; the last warm-up call finds that out (its gate times out) and such functions are
-timed without a gate, with a warning.
+timed without a gate, with a warning. Steps 1 to 4 are ``CUDATimer.time_call``: the gate,
+the floor and the events are the timer's; this module decides when to gate.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from gpukeeper import frameworks, host
-from gpukeeper import nvml as _nvml
-from gpukeeper.errors import GpuError, InvalidInputError
-from gpukeeper.timing.result import BenchmarkResult
-from gpukeeper.timing.stats import NoiseCriterion
+from gpukeeper import frameworks
 from gpukeeper.devices import DeviceSpec
+from gpukeeper.errors import GpuError, InvalidInputError
+from gpukeeper.timing.l2 import L2Flusher
+from gpukeeper.timing.plans import HostSync, MemorySampler, host_sync_plan, jax_plan
+from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.stopping import StopRule
+from gpukeeper.timing.throttle import ClockWatch
 from gpukeeper.timing.timer import (
+    CUDATimer,
     TimerBackend,
-    _gates,
+    can_hide_launch_latency,
     check_gate_timeout,
-    timing_device,
     select_backend,
+    timing_device,
 )
 
-__all__ = [
-    "benchmark_function",
-    "compare_implementations",
-    "print_comparison_table",
-    "format_comparison_table",
-    "L2Flusher",
-    "l2_cache_size",
-    "NOISY_THRESHOLD",
-]
+__all__ = ["NOISY_THRESHOLD", "benchmark_function"]
 
 #: Relative noise (std/mean) above which a result is flagged ``noisy`` when no
 #: ``max_noise`` was asked for.
 NOISY_THRESHOLD = 0.10
-
-# Safety stop for min_time_s: the loop never runs longer than this many times
-# min_time_s of wall time (plus one second), even if the measured time adds up slowly
-# (e.g. GPU time of tiny kernels between long host gaps).
-_MIN_TIME_WALL_FACTOR = 10.0
-
-
-# --------------------------------------------------------------------- L2 flush
-
-
-def l2_cache_size(device: Any = None) -> int:
-    """The L2 cache size in bytes of a CUDA device (torch or CuPy); 0 on the CPU."""
-    spec = device if isinstance(device, DeviceSpec) else timing_device(device)
-    if not spec.is_cuda:
-        return 0
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                return int(torch.cuda.get_device_properties(spec.index).L2_cache_size)
-        except Exception:
-            pass  # fall through to CuPy
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        props = cupy.cuda.runtime.getDeviceProperties(spec.index or 0)
-        return int(props["l2CacheSize"])
-    return 0
-
-
-class L2Flusher:
-    """A device buffer of exactly the L2 size; ``flush()`` overwrites all of it.
-
-    Filling the whole buffer evicts everything else from L2 (nvbench does the same
-    with a memset of the L2 size). The fill is queued on ``stream`` (the timed one),
-    so it is ordered before the next start event and never inside a measurement.
-    """
-
-    def __init__(self, backend: TimerBackend) -> None:
-        # The buffer comes from the framework whose streams are timed: CuPy for the cupy
-        # backend, else PyTorch when loaded, else CuPy when loaded (gpukeeper's own
-        # backend without either cannot read the L2 size: nothing is flushed).
-        if backend.name == "cupy" or ("torch" not in sys.modules and "cupy" in sys.modules):
-            self.backend = "cupy"
-        elif "torch" in sys.modules:
-            self.backend = "torch"
-        else:
-            self.backend = ""
-        self.nbytes = l2_cache_size(backend.device) if self.backend else 0
-        self._buffer: Any = None
-        if self.nbytes <= 0:
-            return
-        index = backend.device.index or 0
-        if self.backend == "cupy":
-            import cupy  # loaded: the cupy backend was chosen
-
-            with cupy.cuda.Device(index):
-                self._buffer = cupy.empty(self.nbytes, dtype=cupy.uint8)
-        else:
-            torch = sys.modules["torch"]
-            self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=f"cuda:{index}")
-
-    def flush(self, stream: Any = None) -> None:
-        """Overwrites the buffer on ``stream`` (the current one when None)."""
-        if self._buffer is None:
-            return
-        if self.backend == "cupy":
-            if stream is not None:
-                with stream:
-                    self._buffer.fill(0)
-            else:
-                self._buffer.fill(0)
-            return
-        torch = sys.modules["torch"]
-        if stream is not None:
-            with torch.cuda.stream(stream):
-                self._buffer.fill_(0)
-        else:
-            self._buffer.fill_(0)
-
-    def release(self) -> None:
-        self._buffer = None
-
-
-# --------------------------------------------------------------------- memory
-
-
-@dataclass
-class _HostSync:
-    """GPU work gpukeeper cannot put events around (JAX's streams, an engine's own CUDA
-    context): each call is timed on the host clock up to ``wait(result)``."""
-
-    name: str  # the result's backend: "jax" or "engine"
-    index: int
-    how: str
-    wait: Callable[[Any], None]
-    synchronized: Optional[bool]
-
-
-def _jax_plan(index: int) -> _HostSync:
-    return _HostSync("jax", index, "host clock around jax.block_until_ready on the result",
-                     lambda result: frameworks.jax_block_until_ready(result), True)
-
-
-def _engine_plan(index: int, synchronize: Optional[Callable[[], Any]], why: str) -> _HostSync:
-    def wait(result: Any) -> None:
-        frameworks.synchronize_all(index)
-        if synchronize is not None:
-            synchronize()
-
-    if synchronize is not None:
-        how = f"{why}: host clock around each call and the caller's synchronize()"
-    else:
-        how = (f"{why}: host clock around each call, without a synchronization (none given): "
-               "work still queued when a call returns is not in its time")
-    return _HostSync("engine", index, how, wait, True if synchronize is not None else False)
-
-
-class _Memory:
-    """Reads memory before/after/peak from the framework that owns the device."""
-
-    def __init__(self, backend: TimerBackend, host_sync: Optional[_HostSync] = None) -> None:
-        self.backend = backend
-        self.host_sync = host_sync
-        self.source: Optional[str] = None
-        self.before: Optional[int] = None
-        self.after: Optional[int] = None
-        self.peak: Optional[int] = None
-        self.why = ""
-        self._read: Optional[Callable[[], Optional[int]]] = None
-        self._peak_before: Optional[int] = None
-
-    def start(self) -> None:
-        b = self.backend
-        plan = self.host_sync
-        if plan is not None and plan.name == "jax":
-            stats = frameworks.jax_memory_stats(plan.index)
-            if stats is not None and "bytes_in_use" in stats:
-                self.source = "jax"
-                self.before = int(stats["bytes_in_use"])
-                self._peak_before = stats.get("peak_bytes_in_use")
-                return
-            self.why = "JAX gives no memory statistics on this device"
-        if plan is not None:
-            read, why = _nvml.process_memory_reader(plan.index)
-            if read is None:
-                self.why = f"device memory not read: NVML {why}"
-                return
-            self.source = "nvml_process"
-            self._read = read
-            self.before = read()
-            return
-        if b.name == "torch":
-            torch = sys.modules["torch"]
-            self.source = "torch"
-            self.before = int(torch.cuda.memory_allocated(b.device.index))
-            # The peak counter is process-wide; resetting it is the only way to get the
-            # peak of this run (documented in benchmark_function).
-            torch.cuda.reset_peak_memory_stats(b.device.index)
-        elif b.name == "cupy":
-            import cupy
-
-            self.source = "cupy"
-            self.before = int(cupy.get_default_memory_pool().used_bytes())
-        elif not b.is_gpu:
-            self.before = host.current_rss_bytes()
-            self.source = "host_rss" if self.before is not None else None
-
-    def stop(self) -> None:
-        b = self.backend
-        if self.source == "jax":
-            stats = frameworks.jax_memory_stats(self.host_sync.index) or {}  # type: ignore[union-attr]
-            self.after = int(stats.get("bytes_in_use", 0))
-            peak = stats.get("peak_bytes_in_use")
-            # JAX's peak cannot be reset: it is this run's only when the run raised it.
-            if peak is not None and self._peak_before is not None and peak > self._peak_before:
-                self.peak = int(peak)
-        elif self.source == "nvml_process":
-            self.after = self._read()  # type: ignore[misc]
-        elif self.source == "torch":
-            torch = sys.modules["torch"]
-            self.after = int(torch.cuda.memory_allocated(b.device.index))
-            self.peak = int(torch.cuda.max_memory_allocated(b.device.index))
-        elif self.source == "cupy":
-            import cupy
-
-            self.after = int(cupy.get_default_memory_pool().used_bytes())
-        elif self.source == "host_rss":
-            self.after = host.current_rss_bytes()
-
-
-# --------------------------------------------------------------------- throttling
-
-# NVML clock-event ("throttle") reason bits that mean the clocks were pulled down.
-# GpuIdle (0x1), ApplicationsClocksSetting (0x2) and DisplayClockSetting (0x100) are
-# not throttling.
-_THROTTLE_BITS = {
-    0x4: "sw power cap",
-    0x8: "hw slowdown",
-    0x10: "sync boost",
-    0x20: "sw thermal slowdown",
-    0x40: "hw thermal slowdown",
-    0x80: "hw power brake",
-}
-# SM clock after the run below this fraction of the clock before it counts as throttled.
-_CLOCK_DROP = 0.90
-
-
-def _nvml_sample(index: int) -> Tuple[Optional[Dict[str, Any]], str]:
-    """(clocks and reasons, "") or (None, why not)."""
-    nvml, reason = _nvml.NVML.get()
-    if nvml is None:
-        return None, reason
-    try:
-        handle, _ = _nvml.device_handle(nvml, index)
-        sample: Dict[str, Any] = {
-            "sm_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
-            "mem_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
-        }
-        try:
-            sample["max_sm_clock_mhz"] = int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
-        except Exception:
-            pass  # optional decoration
-        get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
-        )
-        sample["reasons"] = int(get_reasons(handle))
-        try:
-            sample["temperature_c"] = int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-        except Exception:
-            pass
-        return sample, ""
-    except Exception as exc:
-        return None, f"unavailable: NVML query failed: {exc}"
-
-
-def _throttle_verdict(before: Dict[str, Any], after: Dict[str, Any]) -> Tuple[bool, List[str]]:
-    why: List[str] = []
-    for sample, when in ((before, "before"), (after, "after")):
-        bits = [text for bit, text in _THROTTLE_BITS.items() if sample.get("reasons", 0) & bit]
-        if bits:
-            why.append(f"{when}: " + ", ".join(bits))
-    if before.get("sm_clock_mhz") and after.get("sm_clock_mhz", 0) < _CLOCK_DROP * before["sm_clock_mhz"]:
-        why.append(f"SM clock fell from {before['sm_clock_mhz']} to {after['sm_clock_mhz']} MHz")
-    return bool(why), why
-
-
-# --------------------------------------------------------------------- recompiles
-
-
-def _dynamo_frames() -> Optional[int]:
-    """Frames torch.compile has compiled so far (None when dynamo was never loaded:
-    importing it just to count would cost seconds)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    if utils is None:
-        return None
-    try:
-        return int(utils.counters["frames"]["total"])
-    except Exception:
-        return None
-
-
-# --------------------------------------------------------------------- validation
-
-
-def _check_count(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidInputError(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_positive(value: Any, what: str) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise InvalidInputError(f"{what} must be a positive finite number or None, got {value!r}")
-    return float(value)
-
-
-# --------------------------------------------------------------------- gates
 
 # A gate must stay closed while the host issues one call; it times out after this many
 # times the slowest warm-up call's host time, within these bounds (ms). A function that
@@ -349,54 +69,7 @@ _GATE_TIMEOUT_MIN_MS = 50.0
 _GATE_TIMEOUT_MAX_MS = 2000.0
 
 
-def _gate_timeout_ms(host_ms: Optional[float]) -> float:
-    if host_ms is None:
-        return _GATE_TIMEOUT_MAX_MS
-    return min(_GATE_TIMEOUT_MAX_MS, max(_GATE_TIMEOUT_MIN_MS, _GATE_TIMEOUT_FACTOR * host_ms))
-
-
-def _gate_timed_out_warning(timeout_ms: float, when: str) -> str:
-    return (
-        f"launch latency included: {when} the gate timed out after {timeout_ms:.0f} ms "
-        "because the function waited for the GPU while the stream was held (a synchronize, "
-        ".item()/.cpu(), a copy from pageable memory, or more launches than the queue "
-        "holds); its GPU times include the launch latency of its first kernel"
-    )
-
-
-# --------------------------------------------------------------------- GPU work without events
-
-
-def _host_sync_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[], Any]]) -> Optional[_HostSync]:
-    """The host-clock plan for GPU work that events cannot see, decided before the
-    warm-up (JAX found from the warm-up's result is decided after it)."""
-    if synchronize is not None and spec.is_cuda:
-        return _engine_plan(spec.index or 0, synchronize, f"GPU work on cuda:{spec.index or 0}")
-    if device is not None or spec.is_cuda:
-        return None
-    jax_devices = frameworks.jax_gpu_devices()
-    if jax_devices and synchronize is None:
-        return _jax_plan(int(getattr(jax_devices[0], "id", 0)))
-    if frameworks.gpu_frameworks_loaded():
-        return None
-    devices = frameworks.context_devices()
-    if devices:
-        return _engine_plan(devices[0], synchronize,
-                            f"a CUDA context with no framework on cuda:{devices[0]}")
-    return None
-
-
-def _timing_method(plan: Optional[_HostSync], on_gpu: bool, backend: str, hidden: bool) -> str:
-    if plan is not None:
-        return plan.how
-    if on_gpu:
-        return (f"CUDA events ({backend}) on the current stream around each call"
-                + (", launch latency hidden behind a gate" if hidden else "")
-                + "; each call waited for")
-    return "host clock around each call (CPU work)"
-
-
-# --------------------------------------------------------------------- benchmark
+# --------------------------------------------------------------------- the function
 
 
 def benchmark_function(
@@ -462,6 +135,53 @@ def benchmark_function(
     Exceptions raised by ``fn`` propagate unchanged. Bad arguments raise
     ``InvalidInputError``.
     """
+    opts = _check_options(fn, name, n_calls, warmup, l2_flush, min_time_s, max_noise,
+                          hide_launch_latency, gate_timeout_ms, synchronize)
+    run = _prepare(fn, args, kwargs, device, opts)
+    _warm_up(run, opts)
+    watch = _Watch(run)
+    samples = _measure(run, opts)
+    watch.stop(run)
+    return _result(run, opts, samples, watch)
+
+
+# --------------------------------------------------------------------- options
+
+
+@dataclass
+class _Options:
+    """``benchmark_function``'s arguments, checked."""
+
+    label: str
+    n_calls: int
+    warmup: int
+    min_time: Optional[float]
+    noise_limit: Optional[float]
+    l2_flush: bool
+    hide: Optional[bool]
+    gate_timeout: Optional[float]
+    synchronize: Optional[Callable[[], Any]]
+
+
+def _check_count(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInputError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_positive(value: Any, what: str) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise InvalidInputError(f"{what} must be a positive finite number or None, got {value!r}")
+    return float(value)
+
+
+def _check_options(
+    fn: Any, name: Any, n_calls: Any, warmup: Any, l2_flush: Any, min_time_s: Any, max_noise: Any,
+    hide_launch_latency: Any, gate_timeout_ms: Any, synchronize: Any,
+) -> _Options:
+    """The arguments checked, in this order; ``InvalidInputError`` for the first bad one."""
     if not callable(fn):
         raise InvalidInputError(f"fn must be callable, got {type(fn).__name__}")
     _check_count(n_calls, "n_calls", 1)
@@ -478,234 +198,357 @@ def benchmark_function(
     if synchronize is not None and not callable(synchronize):
         raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
     label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
+    return _Options(label, n_calls, warmup, min_time, noise_limit, l2_flush, hide_launch_latency,
+                    fixed_timeout, synchronize)
 
+
+# --------------------------------------------------------------------- set-up
+
+
+@dataclass
+class _Run:
+    """One benchmark between its steps: what is timed, where and how."""
+
+    fn: Callable[..., Any]
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    spec: DeviceSpec
+    backend: TimerBackend
+    plan: Optional[HostSync]  # GPU work timed on the host clock (JAX, an engine)
+    warnings: List[str] = field(default_factory=list)
+    flusher: Optional[L2Flusher] = None
+    hide: bool = False  # gate the calls (a GPU backend with the gate kernel, asked for)
+    timer: Optional[CUDATimer] = None  # set for GPU events; None: the host clock
+
+
+def _prepare(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], device: Any,
+             opts: _Options) -> _Run:
+    """The device, the backend, a host-sync plan, the L2 flusher and whether to gate."""
     spec = timing_device(device)
     backend = select_backend(spec)
-    warnings: List[str] = []
-    plan = _host_sync_plan(device, spec, synchronize)
+    plan = host_sync_plan(device, spec, opts.synchronize)
     if plan is not None:
         spec = DeviceSpec("cuda", plan.index)
-
-    flusher: Optional[L2Flusher] = None
-    if l2_flush:
-        if plan is not None:
-            warnings.append(f"l2_flush ignored: {plan.name} work runs where gpukeeper cannot flush before it")
-        elif backend.is_gpu:
-            flusher = L2Flusher(backend)
-            if flusher.nbytes == 0:
-                warnings.append("l2_flush: the L2 size could not be read; nothing flushed")
-        else:
-            warnings.append("l2_flush ignored: only a GPU's L2 cache is flushed")
-
-    gates: Any = None
-    if backend.is_gpu and plan is None and hide_launch_latency is not False:
-        gates = _gates()
-        if gates is None and hide_launch_latency:
+    run = _Run(fn, args, kwargs, spec, backend, plan)
+    if opts.l2_flush:
+        run.flusher = _l2_flusher(run)
+    events = backend.is_gpu and plan is None
+    if events and opts.hide is not False:
+        run.hide = can_hide_launch_latency(backend)
+        if not run.hide and opts.hide:
             raise GpuError(
                 "hide_launch_latency=True needs gpukeeper's gate kernel, and this build has "
                 "none (built without nvcc); pass hide_launch_latency=None or False"
             )
-    gate_index = spec.index or 0
+    return run
 
-    # Warm-up. The last call is the gate probe: it runs behind a gate, so a function that
-    # waits for the GPU inside is found here rather than in every measured call.
+
+def _l2_flusher(run: _Run) -> Optional[L2Flusher]:
+    """A flusher for GPU events; None (with a warning) where nothing can be flushed."""
+    if run.plan is not None:
+        run.warnings.append(f"l2_flush ignored: {run.plan.name} work runs where gpukeeper cannot flush before it")
+        return None
+    if not run.backend.is_gpu:
+        run.warnings.append("l2_flush ignored: only a GPU's L2 cache is flushed")
+        return None
+    flusher = L2Flusher(run.backend)
+    if flusher.nbytes == 0:
+        run.warnings.append("l2_flush: the L2 size could not be read; nothing flushed")
+    return flusher
+
+
+# --------------------------------------------------------------------- warm-up
+
+
+def _gate_timeout_ms(host_ms: Optional[float]) -> float:
+    if host_ms is None:
+        return _GATE_TIMEOUT_MAX_MS
+    return min(_GATE_TIMEOUT_MAX_MS, max(_GATE_TIMEOUT_MIN_MS, _GATE_TIMEOUT_FACTOR * host_ms))
+
+
+def _gate_timed_out_warning(timeout_ms: float, when: str) -> str:
+    return (
+        f"launch latency included: {when} the gate timed out after {timeout_ms:.0f} ms "
+        "because the function waited for the GPU while the stream was held (a synchronize, "
+        ".item()/.cpu(), a copy from pageable memory, or more launches than the queue "
+        "holds); its GPU times include the launch latency of its first kernel"
+    )
+
+
+def _make_timer(run: _Run, opts: _Options, slowest_ms: Optional[float], hide: bool) -> CUDATimer:
+    """The timer of the GPU calls, on the backend's current stream; its gate times out
+    after ``gate_timeout_ms``, else 20 x the slowest warm-up call (50 ms .. 2 s)."""
+    return CUDATimer(
+        opts.label if isinstance(opts.label, str) else "",
+        backend=run.backend,
+        stream=run.backend.current_stream(),
+        hide_launch_latency=hide,
+        gate_timeout_ms=opts.gate_timeout or _gate_timeout_ms(slowest_ms),
+    )
+
+
+def _warm_up(run: _Run, opts: _Options) -> None:
+    """``warmup`` calls (the last one is the gate probe when gating), the switch to JAX's
+    plan when the last call returned JAX arrays, a synchronisation, and the timer."""
     slowest_ms: Optional[float] = None
-    for i in range(warmup):
-        probe = gates is not None and i == warmup - 1
-        gate = None
+    last: Any = None
+    for i in range(opts.warmup):
+        if run.hide and i == opts.warmup - 1:
+            last = _probe(run, opts, slowest_ms)
+            break
         h0 = time.perf_counter_ns()
-        if probe:
-            timeout = fixed_timeout or _gate_timeout_ms(slowest_ms)
-            gate = gates.StreamGate(backend.current_stream(), gate_index, timeout)
-        try:
-            last = fn(*args, **kwargs)
-            if plan is not None:
-                plan.wait(last)
-            elif synchronize is not None:
-                synchronize()
-        finally:
-            if gate is not None:
-                gate.open()
+        last = run.fn(*run.args, **run.kwargs)
+        if run.plan is not None:
+            run.plan.wait(last)
+        elif opts.synchronize is not None:
+            opts.synchronize()
         call_ms = (time.perf_counter_ns() - h0) / 1e6
-        if not probe:
-            slowest_ms = call_ms if slowest_ms is None else max(slowest_ms, call_ms)
-        if gate is not None:
-            backend.synchronize()
-            if gate.outcome == "timed_out":
-                gates = None
-                warnings.append(_gate_timed_out_warning(timeout, "in the last warm-up call"))
-    if plan is None and warmup > 0 and spec.is_cuda and frameworks.holds_jax_arrays(last):
-        # Events on PyTorch's or CuPy's stream never see JAX's streams.
-        jax_index = frameworks.jax_device_index(last)
-        plan = _jax_plan(jax_index if jax_index is not None else (spec.index or 0))
-        spec = DeviceSpec("cuda", plan.index)
-        gates = None
-        if flusher is not None:
-            flusher.release()
-            flusher = None
-            warnings.append("l2_flush ignored: jax work runs where gpukeeper cannot flush before it")
+        slowest_ms = call_ms if slowest_ms is None else max(slowest_ms, call_ms)
+    if run.plan is None and opts.warmup > 0 and run.spec.is_cuda and frameworks.holds_jax_arrays(last):
+        _switch_to_jax(run, last)
     last = None
-    backend.synchronize()
-    if plan is not None and plan.synchronized is False:
-        warnings.append(
+    run.backend.synchronize()
+    if run.plan is not None and run.plan.synchronized is False:
+        run.warnings.append(
             "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, so "
             "each call's time may end before its work does (pass synchronize=, e.g. "
             "lambda: simulation.context.getState())")
-    timed_on_gpu = backend.is_gpu and plan is None
+    if run.timer is None and run.backend.is_gpu and run.plan is None:
+        run.timer = _make_timer(run, opts, slowest_ms, run.hide)
 
-    stream = backend.current_stream()
-    gate_timeout = fixed_timeout or _gate_timeout_ms(slowest_ms)
-    frames_before = _dynamo_frames()
-    clocks: Dict[str, Any] = {}
-    nvml_before: Optional[Dict[str, Any]] = None
-    if backend.is_gpu or plan is not None:
-        nvml_before, why = _nvml_sample(spec.index or 0)
-        clocks["nvml"] = why or "ok"
-        if nvml_before is not None:
-            clocks["before"] = nvml_before
-        else:
-            warnings.append(f"throttle detection {why}")
-    memory = _Memory(backend, plan)
-    memory.start()
-    if memory.why:
-        warnings.append(memory.why)
 
-    criterion: Optional[NoiseCriterion] = None
-    if noise_limit is not None:
-        criterion = NoiseCriterion(
-            noise_limit, min_samples=max(2, min(10, n_calls)), min_time=(min_time or 0.0) * 1e3
-        )
-    gpu_times: List[float] = []
-    host_times: List[float] = []
-    measured_ms = 0.0
-    stop_reason = "n_calls"
-    # Events are made before the loop and reused, so that creating them is never inside
-    # a measurement (CUDA event creation can cost microseconds and allocate).
-    start_evt = backend.new_event()
-    end_evt = backend.new_event()
-    record = backend.record
-    elapsed = backend.elapsed_ms
-    clock = time.perf_counter_ns
-    wall_start = clock()
-    wall_limit_ns = (min_time * _MIN_TIME_WALL_FACTOR + 1.0) * 1e9 if min_time else math.inf
-    count = 0
-    launch_hidden = gates is not None
-    floor_ms = float(gates.launch_floor_ms(gate_index)) if gates is not None else 0.0
+def _probe(run: _Run, opts: _Options, slowest_ms: Optional[float]) -> Any:
+    """The last warm-up call, behind a gate: a function that waits for the GPU inside is
+    found here (its gate times out; the timer stops gating) rather than in every measured
+    call. Returns what the call returned."""
+    run.backend.synchronize()  # the launch floor is measured (once per device) on an idle device
+    timer = run.timer = _make_timer(run, opts, slowest_ms, hide=True)
+    sync = opts.synchronize
+    call = run.fn if sync is None else _then(run.fn, sync)
+    took = timer.time_call(call, run.args, run.kwargs)
+    run.backend.synchronize()
+    if took.launch_hidden is False:
+        timer.hides_launch_latency = False
+        run.warnings.append(_gate_timed_out_warning(timer.gate_timeout_ms, "in the last warm-up call"))
+    return took.result
+
+
+def _then(fn: Callable[..., Any], sync: Callable[[], Any]) -> Callable[..., Any]:
+    """``fn`` followed by ``sync()``, returning what ``fn`` returned."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        sync()
+        return result
+
+    return call
+
+
+def _switch_to_jax(run: _Run, last: Any) -> None:
+    """Events on PyTorch's or CuPy's stream never see JAX's streams: JAX's plan instead."""
+    jax_index = frameworks.jax_device_index(last)
+    run.plan = jax_plan(jax_index if jax_index is not None else (run.spec.index or 0))
+    run.spec = DeviceSpec("cuda", run.plan.index)
+    run.hide = False
+    run.timer = None
+    if run.flusher is not None:
+        run.flusher.release()
+        run.flusher = None
+        run.warnings.append("l2_flush ignored: jax work runs where gpukeeper cannot flush before it")
+
+
+# --------------------------------------------------------------------- measured calls
+
+
+@dataclass
+class _Samples:
+    """The measured calls: GPU times (events), host times, why and when the loop stopped."""
+
+    gpu: List[float] = field(default_factory=list)
+    host: List[float] = field(default_factory=list)
+    stop_reason: str = "n_calls"
+    total_s: float = 0.0
+
+
+def _measure(run: _Run, opts: _Options) -> _Samples:
+    """The measured calls until the stopping rule says so. A GPU call whose gate timed
+    out is measured again, ungated (its step returns None)."""
+    samples = _Samples()
+    if run.timer is not None:
+        step = _gpu_step(run, samples)
+    elif run.plan is not None:
+        step = _host_sync_step(run, samples)
+    else:
+        step = _cpu_step(run, opts, samples)
+    stop = StopRule(opts.n_calls, opts.min_time, opts.noise_limit, run.warnings)
+    add = stop.add
     while True:
-        gate = gates.StreamGate(stream, gate_index, gate_timeout) if gates is not None else None
-        if flusher is not None:
-            flusher.flush(stream)
-        if plan is not None:
-            wait = plan.wait
-            h0 = clock()
-            result = fn(*args, **kwargs)
-            wait(result)
-            h1 = clock()
-            result = None
-            t = (h1 - h0) / 1e6
-        elif timed_on_gpu:
-            h0 = clock()
-            try:
-                record(start_evt, stream)
-                fn(*args, **kwargs)
-                record(end_evt, stream)
-            finally:
-                if gate is not None:
-                    gate.open()
-            g = elapsed(start_evt, end_evt)
-            h1 = clock()
-            if gate is not None and gate.outcome == "timed_out":
-                # This call's time holds the host's wait: measure it again, ungated.
-                gates = None
-                launch_hidden = False
-                warnings.append(_gate_timed_out_warning(gate_timeout, "in a measured call"))
-                continue
-            if gate is not None:
-                g = max(0.0, g - floor_ms)
-            gpu_times.append(g)
-            t = g
-        else:
-            h0 = clock()
-            fn(*args, **kwargs)
-            if synchronize is not None:
-                synchronize()
-            h1 = clock()
-            t = (h1 - h0) / 1e6
-        host_times.append((h1 - h0) / 1e6)
-        measured_ms += t
-        count += 1
-        if criterion is not None:
-            criterion.add(t)
-            if count < n_calls and criterion.is_finished():
-                stop_reason = "noise_converged" if criterion.converged else "max_noise"
-                break
-        if count >= n_calls:
-            if min_time is None:
-                break  # stop_reason stays "n_calls"
-            if measured_ms >= min_time * 1e3:
-                stop_reason = "min_time_s" if count > n_calls else "n_calls"
-                break
-            if clock() - wall_start > wall_limit_ns:
-                stop_reason = "timeout"
-                warnings.append(
-                    f"min_time_s={min_time} not reached: measured {measured_ms / 1e3:.3f} s "
-                    f"in {(clock() - wall_start) / 1e9:.1f} s of wall time (safety stop)"
+        t = step()
+        if t is None:
+            continue
+        reason = add(t)
+        if reason is not None:
+            break
+    samples.stop_reason = reason
+    samples.total_s = stop.wall_s()
+    return samples
+
+
+# The steps below bind what they use once: per call, the loop pays for the call and the
+# clock readings, not for attribute lookups.
+
+
+def _gpu_step(run: _Run, samples: _Samples) -> Callable[[], Optional[float]]:
+    """One call between events (``CUDATimer.time_call``): its GPU time, or None when its
+    gate timed out: that time holds the host's wait, so the timer stops gating."""
+    timer = run.timer
+    assert timer is not None
+    fn, args, kwargs = run.fn, run.args, run.kwargs
+    flush = run.flusher.flush if run.flusher is not None else None
+    time_call, gpu, host = timer.time_call, samples.gpu.append, samples.host.append
+
+    def step() -> Optional[float]:
+        took = time_call(fn, args, kwargs, flush)
+        if took.launch_hidden is False:
+            timer.hides_launch_latency = False
+            run.warnings.append(_gate_timed_out_warning(timer.gate_timeout_ms, "in a measured call"))
+            return None
+        gpu(took.elapsed_ms)
+        host(took.host_ms)
+        return took.elapsed_ms
+
+    return step
+
+
+def _host_sync_step(run: _Run, samples: _Samples) -> Callable[[], float]:
+    """One call of GPU work without events: host clock up to the plan's wait."""
+    assert run.plan is not None
+    fn, args, kwargs, wait = run.fn, run.args, run.kwargs, run.plan.wait
+    clock, host = time.perf_counter_ns, samples.host.append
+
+    def step() -> float:
+        h0 = clock()
+        result = fn(*args, **kwargs)
+        wait(result)
+        h1 = clock()
+        result = None
+        t = (h1 - h0) / 1e6
+        host(t)
+        return t
+
+    return step
+
+
+def _cpu_step(run: _Run, opts: _Options, samples: _Samples) -> Callable[[], float]:
+    """One call of CPU work (or of work the caller's ``synchronize`` waits for)."""
+    fn, args, kwargs, synchronize = run.fn, run.args, run.kwargs, opts.synchronize
+    clock, host = time.perf_counter_ns, samples.host.append
+
+    def step() -> float:
+        h0 = clock()
+        fn(*args, **kwargs)
+        if synchronize is not None:
+            synchronize()
+        t = (clock() - h0) / 1e6
+        host(t)
+        return t
+
+    return step
+
+
+# --------------------------------------------------------------------- around the loop
+
+
+def _dynamo_frames() -> Optional[int]:
+    """Frames torch.compile has compiled so far (None when dynamo was never loaded:
+    importing it just to count would cost seconds)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    try:
+        return int(utils.counters["frames"]["total"])
+    except Exception:
+        return None
+
+
+class _Watch:
+    """What is read around the measured calls: compiled frames, clocks (throttling) and
+    memory. Made right before the loop; ``stop()`` right after it."""
+
+    def __init__(self, run: _Run) -> None:
+        self.frames_before = _dynamo_frames()
+        self.clocks: Optional[ClockWatch] = None
+        if run.backend.is_gpu or run.plan is not None:
+            self.clocks = ClockWatch(run.spec.index or 0, run.warnings)
+            self.clocks.start()
+        self.memory = MemorySampler(run.backend, run.plan)
+        self.memory.start()
+        if self.memory.why:
+            run.warnings.append(self.memory.why)
+        self.recompiles = 0
+
+    def stop(self, run: _Run) -> None:
+        run.backend.synchronize()
+        self.memory.stop()
+        if run.flusher is not None:
+            run.flusher.release()
+        if self.clocks is not None:
+            self.clocks.stop()
+        frames_after = _dynamo_frames()
+        if frames_after is not None:
+            self.recompiles = frames_after - (self.frames_before or 0)
+            if self.recompiles > 0:
+                run.warnings.append(
+                    f"recompiles seen: torch.compile compiled {self.recompiles} frame(s) while measuring; "
+                    "the times include compilation (warm up with every input shape)"
                 )
-                break
-    total_s = (clock() - wall_start) / 1e9
-    backend.synchronize()
-    memory.stop()
-    if flusher is not None:
-        flusher.release()
 
-    throttled: Optional[bool] = None
-    if nvml_before is not None:
-        nvml_after, why = _nvml_sample(spec.index or 0)
-        if nvml_after is not None:
-            clocks["after"] = nvml_after
-            throttled, reasons = _throttle_verdict(nvml_before, nvml_after)
-            if throttled:
-                warnings.append("throttled: " + "; ".join(reasons))
-        else:
-            warnings.append(f"throttle detection {why}")
 
-    recompiles = 0
-    frames_after = _dynamo_frames()
-    if frames_after is not None:
-        recompiles = frames_after - (frames_before or 0)
-        if recompiles > 0:
-            warnings.append(
-                f"recompiles seen: torch.compile compiled {recompiles} frame(s) while measuring; "
-                "the times include compilation (warm up with every input shape)"
-            )
+# --------------------------------------------------------------------- the result
 
+
+def _timing_method(plan: Optional[HostSync], on_gpu: bool, backend: str, hidden: bool) -> str:
+    if plan is not None:
+        return plan.how
+    if on_gpu:
+        return (f"CUDA events ({backend}) on the current stream around each call"
+                + (", launch latency hidden behind a gate" if hidden else "")
+                + "; each call waited for")
+    return "host clock around each call (CPU work)"
+
+
+def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> BenchmarkResult:
+    """The ``BenchmarkResult``, flagged noisy above ``max_noise`` (else 10 %)."""
+    timer, plan, memory = run.timer, run.plan, watch.memory
+    on_gpu = timer is not None
+    hidden = timer is not None and timer.hides_launch_latency
     result = BenchmarkResult(
-        name=label,
-        times_ms=gpu_times if timed_on_gpu else host_times,
-        host_times_ms=host_times,
-        gpu_times_ms=gpu_times if timed_on_gpu else None,
-        timing="gpu" if timed_on_gpu else "host",
-        device=str(spec),
-        backend=plan.name if plan is not None else backend.name,
-        warmup=warmup,
-        l2_flush=flusher is not None and flusher.nbytes > 0,
-        launch_latency=("hidden" if launch_hidden else "included") if timed_on_gpu else "n/a",
-        gpu_floor_ms=floor_ms if launch_hidden else None,
-        stop_reason=stop_reason,
-        total_time_s=total_s,
+        name=opts.label,
+        times_ms=samples.gpu if on_gpu else samples.host,
+        host_times_ms=samples.host,
+        gpu_times_ms=samples.gpu if on_gpu else None,
+        timing="gpu" if on_gpu else "host",
+        device=str(run.spec),
+        backend=plan.name if plan is not None else run.backend.name,
+        warmup=opts.warmup,
+        l2_flush=run.flusher is not None and run.flusher.nbytes > 0,
+        launch_latency=("hidden" if hidden else "included") if on_gpu else "n/a",
+        gpu_floor_ms=timer.floor_ms if hidden else None,  # type: ignore[union-attr]
+        stop_reason=samples.stop_reason,
+        total_time_s=samples.total_s,
         memory_before_bytes=memory.before,
         memory_after_bytes=memory.after,
         memory_peak_bytes=memory.peak,
         memory_source=memory.source,
-        throttled=throttled,
-        recompiles=recompiles,
-        warnings=warnings,
-        clocks=clocks,
-        work="gpu" if (timed_on_gpu or plan is not None) else "cpu",
-        timing_method=_timing_method(plan, timed_on_gpu, backend.name, launch_hidden),
+        throttled=watch.clocks.throttled if watch.clocks is not None else None,
+        recompiles=watch.recompiles,
+        warnings=run.warnings,
+        clocks=watch.clocks.clocks if watch.clocks is not None else {},
+        work="gpu" if (on_gpu or plan is not None) else "cpu",
+        timing_method=_timing_method(plan, on_gpu, run.backend.name, hidden),
         synchronized=plan.synchronized if plan is not None else True,
     )
-    limit = noise_limit if noise_limit is not None else NOISY_THRESHOLD
+    limit = opts.noise_limit if opts.noise_limit is not None else NOISY_THRESHOLD
     noise = result.relative_noise
     if not math.isnan(noise) and noise > limit:
         result.noisy = True
@@ -714,108 +557,3 @@ def benchmark_function(
             f"(IQR/median {result.relative_iqr * 100:.1f} %)"
         )
     return result
-
-
-# --------------------------------------------------------------------- comparison
-
-
-def compare_implementations(
-    impls: Mapping[str, Callable[..., Any]], *args: Any, **kwargs: Any
-) -> Dict[str, BenchmarkResult]:
-    """Benchmarks each implementation with the same arguments, in order.
-
-    ``kwargs`` are those of ``benchmark_function`` (``n_calls``, ``warmup``, ``device``,
-    ``l2_flush``, ``min_time_s``, ``max_noise``) plus keyword arguments for the
-    implementations. Returns ``{name: BenchmarkResult}`` in the order given, each with
-    ``speedup`` = baseline median / its median (the first implementation is the
-    baseline; medians, because one slow outlier call should not decide a speedup).
-    """
-    if not isinstance(impls, Mapping) or not impls:
-        raise InvalidInputError("impls must be a non-empty dict of name -> callable")
-    if "name" in kwargs:
-        raise InvalidInputError("compare_implementations names results by the keys of impls; do not pass name=")
-    for key, fn in impls.items():
-        if not isinstance(key, str):
-            raise InvalidInputError(f"implementation names must be strings, got {key!r}")
-        if not callable(fn):
-            raise InvalidInputError(f"implementation {key!r} is not callable ({type(fn).__name__})")
-    results: Dict[str, BenchmarkResult] = {}
-    for key, fn in impls.items():
-        results[key] = benchmark_function(fn, *args, name=key, **kwargs)
-    baseline = next(iter(results.values())).median_ms
-    for result in results.values():
-        result.speedup = baseline / result.median_ms if result.median_ms > 0 else math.inf
-    return results
-
-
-def _within_noise(a: BenchmarkResult, b: BenchmarkResult) -> bool:
-    """True when the interquartile ranges [p25, p75] of ``a`` and ``b`` overlap."""
-    return a.p25_ms <= b.p75_ms and b.p25_ms <= a.p75_ms
-
-
-def format_comparison_table(
-    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]]
-) -> str:
-    """The table ``print_comparison_table`` prints, as a string."""
-    if isinstance(results, Mapping):
-        rows = list(results.items())
-    elif isinstance(results, (list, tuple)):
-        rows = [(r.name, r) for r in results]
-    else:
-        raise InvalidInputError(f"results must be a dict or list of BenchmarkResult, got {type(results).__name__}")
-    if not rows:
-        raise InvalidInputError("no results to compare")
-    for key, r in rows:
-        if not isinstance(r, BenchmarkResult):
-            raise InvalidInputError(f"result {key!r} is not a BenchmarkResult ({type(r).__name__})")
-    baseline = rows[0][1]
-    header = ["Implementation", "Median ms", "Mean ms", "Std ms", "P95 ms", "P99 ms", "Calls/s", "Speedup"]
-    body: List[List[str]] = []
-    any_close = False
-    for i, (key, r) in enumerate(rows):
-        speedup = r.speedup if r.speedup is not None else (
-            baseline.median_ms / r.median_ms if r.median_ms > 0 else math.inf
-        )
-        mark = ""
-        if i > 0 and _within_noise(baseline, r):
-            mark = "~"
-            any_close = True
-        flags = "".join([" (noisy)" if r.noisy else "", " (throttled)" if r.throttled else ""])
-        body.append([
-            f"{key}{flags}",
-            f"{r.median_ms:.4f}",
-            f"{r.mean_ms:.4f}",
-            f"{r.std_ms:.4f}" if not math.isnan(r.std_ms) else "n/a",
-            f"{r.p95_ms:.4f}",
-            f"{r.p99_ms:.4f}",
-            f"{r.calls_per_s:,.1f}",
-            f"{mark}{speedup:.2f}x" if i > 0 else "1.00x (baseline)",
-        ])
-    widths = [max(len(h), *(len(row[c]) for row in body)) for c, h in enumerate(header)]
-
-    def line(cells: Iterable[str]) -> str:
-        out = []
-        for c, cell in enumerate(cells):
-            out.append(cell.ljust(widths[c]) if c == 0 else cell.rjust(widths[c]))
-        return "  ".join(out).rstrip()
-
-    out = io.StringIO()
-    out.write(line(header) + "\n")
-    out.write("  ".join("-" * w for w in widths) + "\n")
-    for row in body:
-        out.write(line(row) + "\n")
-    if any_close:
-        out.write("~ : within the noise (interquartile ranges overlap with the baseline's)\n")
-    return out.getvalue()
-
-
-def print_comparison_table(
-    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]],
-    file: Optional[TextIO] = None,
-) -> str:
-    """Prints one row per result (median, mean, std, p95, p99, calls/s, speedup against
-    the first) to ``file`` (stdout by default) and returns the text. A speedup marked
-    ``~`` is within the noise: the IQRs of that result and the baseline overlap."""
-    text = format_comparison_table(results)
-    print(text, end="", file=file if file is not None else sys.stdout)
-    return text

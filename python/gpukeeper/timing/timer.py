@@ -121,12 +121,30 @@ def select_backend(device: Any = None, backend: Optional[str] = None) -> TimerBa
 
 # --------------------------------------------------------------------- the timer
 
+# Imported here rather than at the top: the part above is the backend layer, which is
+# moving into the framework adapters; what follows is the timer's own.
+from typing import Mapping, NamedTuple, Sequence  # noqa: E402
 
-def _gates() -> Any:
-    """``_core`` when stream gates work here, else None."""
+__all__ += ["CallTiming", "can_hide_launch_latency", "check_gate_timeout", "gates"]
+
+
+def gates() -> Any:
+    """gpukeeper's stream-gate API (``_core``: ``StreamGate``, ``launch_floor_ms``) when
+    stream gates work here, else None.
+
+    The one place the timing code asks: ``CUDATimer`` (and through it
+    ``benchmark_function`` and ``gpukeeper check``) calls it when a timer is made, so a
+    test can put a stand-in gate module here.
+    """
     from gpukeeper import _core
 
     return _core if _core.stream_gates_available() else None
+
+
+def can_hide_launch_latency(backend: TimerBackend) -> bool:
+    """Whether a ``CUDATimer`` on ``backend`` can hide the launch latency: the marks are
+    the device's (a GPU backend) and this build has gpukeeper's gate kernel."""
+    return bool(backend.is_gpu) and gates() is not None
 
 
 def check_gate_timeout(value: Any) -> float:
@@ -136,6 +154,22 @@ def check_gate_timeout(value: Any) -> float:
             f"gate_timeout_ms must be a number of milliseconds in (0, 3600000], got {value!r}"
         )
     return float(value)
+
+
+class CallTiming(NamedTuple):
+    """One call timed by ``CUDATimer.time_call``."""
+
+    #: The timer's reading (``CUDATimer.elapsed_ms``): the launch floor subtracted when
+    #: the gate opened in time.
+    elapsed_ms: float
+    #: Host milliseconds from just before the start mark to the end of the wait for the
+    #: stop mark: launch plus wait, the latency a caller of the function sees.
+    host_ms: float
+    #: True when the gate opened in time, False when it timed out (the reading then holds
+    #: the host's wait), None for a timer that does not hide the launch latency.
+    launch_hidden: Optional[bool]
+    #: What the function returned.
+    result: Any
 
 
 class CUDATimer:
@@ -172,7 +206,12 @@ class CUDATimer:
     ``host_ms`` is the host time between the ``start()`` and ``stop()`` calls (no
     synchronisation): on a GPU, how long it took to *issue* the work.
 
-    The two events are created once and reused by every ``start()``/``stop()``.
+    ``time_call(fn, args, kwargs)`` is the same measurement around one call, waited for,
+    in one method: the per-call engine of ``benchmark_function``.
+
+    The two events are created once and reused by every measurement. ``backend`` is a
+    backend's name, or a ``TimerBackend`` made by ``select_backend`` (then ``device`` is
+    the backend's and must be left out).
     """
 
     def __init__(
@@ -181,7 +220,7 @@ class CUDATimer:
         *,
         device: Any = None,
         stream: Any = None,
-        backend: Optional[str] = None,
+        backend: Any = None,
         hide_launch_latency: bool = False,
         gate_timeout_ms: float = 1000.0,
     ) -> None:
@@ -191,29 +230,42 @@ class CUDATimer:
             raise InvalidInputError(f"hide_launch_latency must be a bool, got {hide_launch_latency!r}")
         self._gate_timeout_ms = check_gate_timeout(gate_timeout_ms)
         self.name = name
-        self._backend = select_backend(device, backend)
-        self._gates: Any = None
-        if hide_launch_latency and self._backend.is_gpu:
-            # On the host clock there is no launch latency to hide: the flag is moot there.
-            self._gates = _gates()
-            if self._gates is None:
-                raise GpuError(
-                    "hide_launch_latency needs gpukeeper's gate kernel, and this build has none "
-                    "(it was built without nvcc); time without it, or rebuild with a CUDA toolkit"
-                )
+        if isinstance(backend, TimerBackend):
+            if device is not None:
+                raise InvalidInputError("CUDATimer: pass device= or a TimerBackend instance, not both")
+            self._backend = backend
+        else:
+            self._backend = select_backend(device, backend)
+        self._index = self._backend.device.index or 0
         self._stream_arg = stream
         self._stream: Any = None
         self._start = self._backend.new_event()
         self._end = self._backend.new_event()
+        self._gates: Any = None
         self._gate: Any = None
         self._floor_ms = 0.0
-        if self._gates is not None:
-            self._floor_ms = float(self._gates.launch_floor_ms(self._backend.device.index or 0))
+        self._set_hiding(hide_launch_latency)
         self._raw: Optional[float] = None
         self._state = "idle"  # idle -> running -> stopped -> running ...
         self._host_start = 0
         self._host_ns = 0
         self._elapsed: Optional[float] = None
+
+    def _set_hiding(self, hide: bool) -> None:
+        """Takes the gate API and the launch floor (hide) or drops them; unchanged when
+        that raises."""
+        if not hide or not self._backend.is_gpu:
+            # On the host clock there is no launch latency to hide: the flag is moot there.
+            self._gates, self._floor_ms = None, 0.0
+            return
+        found = gates()
+        if found is None:
+            raise GpuError(
+                "hide_launch_latency needs gpukeeper's gate kernel, and this build has none "
+                "(it was built without nvcc); time without it, or rebuild with a CUDA toolkit"
+            )
+        self._floor_ms = float(found.launch_floor_ms(self._index))
+        self._gates = found
 
     @property
     def backend(self) -> str:
@@ -227,8 +279,26 @@ class CUDATimer:
 
     @property
     def hides_launch_latency(self) -> bool:
-        """True when ``start()`` holds the stream with a gate (see the class docs)."""
+        """True when ``start()`` holds the stream with a gate (see the class docs).
+
+        Settable between measurements: False stops gating (for code found to wait for the
+        GPU inside, as ``benchmark_function`` does after a gate timed out); True starts,
+        with the same ``GpuError`` as the constructor where there is no gate kernel.
+        """
         return self._gates is not None
+
+    @hides_launch_latency.setter
+    def hides_launch_latency(self, hide: bool) -> None:
+        if not isinstance(hide, bool):
+            raise InvalidInputError(f"hides_launch_latency must be a bool, got {hide!r}")
+        if self._state == "running":
+            raise GpuError(f"CUDATimer {self.name!r} is running; change hides_launch_latency between measurements")
+        self._set_hiding(hide)
+
+    @property
+    def gate_timeout_ms(self) -> float:
+        """How long a gate holds the stream at most (ms)."""
+        return self._gate_timeout_ms
 
     @property
     def device(self) -> DeviceSpec:
@@ -243,19 +313,23 @@ class CUDATimer:
     def running(self) -> bool:
         return self._state == "running"
 
+    def _open_stream(self) -> Any:
+        """The measurement's stream, and its gate closed on it when hiding (else no gate):
+        the first step of ``start()`` and ``time_call()``."""
+        stream = self._stream_arg if self._stream_arg is not None else self._backend.current_stream()
+        self._stream = stream
+        self._elapsed = None
+        gates_ = self._gates
+        self._gate = None if gates_ is None else gates_.StreamGate(stream, self._index, self._gate_timeout_ms)
+        return stream
+
     def start(self) -> "CUDATimer":
         """Records the start mark on the current stream (or the given one); with
         ``hide_launch_latency``, closes the gate on that stream first."""
         if self._state == "running":
             raise GpuError(f"CUDATimer {self.name!r} is already running; call stop() first")
-        stream = self._stream_arg if self._stream_arg is not None else self._backend.current_stream()
-        self._stream = stream
-        self._elapsed = None
         self._host_start = time.perf_counter_ns()
-        if self._gates is not None:
-            self._gate = self._gates.StreamGate(
-                stream, self._backend.device.index or 0, self._gate_timeout_ms
-            )
+        stream = self._open_stream()
         try:
             self._backend.record(self._start, stream)
         except BaseException:
@@ -279,6 +353,59 @@ class CUDATimer:
         self._state = "stopped"
         return self
 
+    def time_call(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Optional[Mapping[str, Any]] = None,
+        prepare: Optional[Callable[[Any], Any]] = None,
+    ) -> CallTiming:
+        """Times one call ``fn(*args, **kwargs)`` and waits for it.
+
+        The same measurement as ``start()``, the call, ``stop()`` and ``elapsed_ms``, in
+        one method and without a ``TimingWarning``: a gate that timed out is reported in
+        the returned ``CallTiming`` (``launch_hidden`` False), for the caller to act on.
+        ``prepare(stream)``, when given, runs after the gate is closed and before the
+        start mark (an L2 flush queued there is ordered before the measurement, never
+        inside it). Afterwards the timer reads as after ``stop()`` (``elapsed_ms``,
+        ``raw_elapsed_ms``, ``launch_hidden``), except that ``host_ms`` is the call's
+        launch plus wait, as in the ``CallTiming``. Exceptions from ``fn`` or ``prepare``
+        propagate, with the gate opened and no measurement.
+        """
+        if self._state == "running":
+            raise GpuError(f"CUDATimer {self.name!r} is already running; call stop() first")
+        self._state = "idle"
+        stream = self._open_stream()
+        gate = self._gate
+        # Bound before the first clock reading: nothing but the call itself between the marks.
+        clock = time.perf_counter_ns
+        record = self._backend.record
+        start, end = self._start, self._end
+        try:
+            if prepare is not None:
+                prepare(stream)
+            h0 = clock()
+            record(start, stream)
+            result = fn(*args, **kwargs) if kwargs else fn(*args)
+            record(end, stream)
+        finally:
+            if gate is not None:
+                gate.open()
+        raw = self._backend.elapsed_ms(start, end)
+        h1 = clock()
+        self._host_ns = h1 - h0
+        self._state = "stopped"
+        return CallTiming(self._reading(raw), (h1 - h0) / 1e6,
+                          None if gate is None else gate.outcome == "opened", result)
+
+    def _reading(self, raw: float) -> float:
+        """Keeps the event pair's reading ``raw`` and returns the measurement: the floor
+        subtracted when the gate opened in time (never below zero)."""
+        self._raw = raw
+        gate = self._gate
+        self._elapsed = max(0.0, raw - self._floor_ms) if gate is not None and gate.outcome == "opened" else raw
+        return self._elapsed
+
     @property
     def elapsed_ms(self) -> float:
         """Milliseconds from the start mark to the stop mark (waits for the stop mark)."""
@@ -288,10 +415,7 @@ class CUDATimer:
                 + ("it is still running" if self._state == "running" else "it was never started")
             )
         if self._elapsed is None:
-            self._raw = self._backend.elapsed_ms(self._start, self._end)
-            self._elapsed = self._raw
-            if self._gate is not None and self._gate.outcome == "opened":
-                self._elapsed = max(0.0, self._raw - self._floor_ms)
+            self._reading(self._backend.elapsed_ms(self._start, self._end))  # waits for the stop mark
             if self._gate is not None and self._gate.outcome == "timed_out":
                 warnings.warn(
                     f"CUDATimer {self.name!r}: the launch latency was not hidden: the gate "
@@ -302,6 +426,7 @@ class CUDATimer:
                     TimingWarning,
                     stacklevel=2,
                 )
+        assert self._elapsed is not None
         return self._elapsed
 
     @property
@@ -333,7 +458,8 @@ class CUDATimer:
 
     @property
     def host_ms(self) -> float:
-        """Host milliseconds between the ``start()`` and ``stop()`` calls."""
+        """Host milliseconds between the ``start()`` and ``stop()`` calls (after
+        ``time_call``: the call's launch plus wait)."""
         if self._state != "stopped":
             raise GpuError(f"CUDATimer {self.name!r} has no measurement yet")
         return self._host_ns / 1e6

@@ -1,0 +1,187 @@
+"""``gpukeeper check`` (gpukeeper.check): every check passes in CPU mode, the timing
+check's reading is bounded, and its GPU path is right on a simulated device.
+
+The GPU path times calibration kernels with ``CUDATimer`` (launch latency hidden, the
+launch floor subtracted by the timer) against the kernels' own clock. Without a GPU it
+runs here against a simulated device whose answer is known: a gated event pair costs
+the device ``bracket`` ns of its own, an ungated kernel on an idle stream starts a
+launch latency after its start mark. The real device is checked by the GPU round
+(``scripts/gpu-check.sh`` runs ``gpukeeper check --require-gpu``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import types
+from typing import Any, List
+
+import pytest
+
+import gpukeeper
+from gpukeeper import _core, devices
+from gpukeeper import check as check_module
+from gpukeeper.check import CheckResult, run_checks
+from gpukeeper.timing import TimerBackend, register_backend
+from gpukeeper.timing import timer as timer_module
+
+CUDA = bool(gpukeeper.cuda_available())
+
+CPU_CHECKS = ["build", "runtime", "pool[host]", "pool[host+exp]", "cleanup", "report", "timing"]
+
+
+# --------------------------------------------------------------------- CPU mode
+
+
+@pytest.mark.skipif(CUDA, reason="checks CPU mode")
+def test_every_check_passes_in_cpu_mode() -> None:
+    results = list(run_checks())
+    assert [r.name for r in results] == CPU_CHECKS
+    assert all(r.ok for r in results), [(r.name, r.detail) for r in results if not r.ok]
+    assert "CPU mode" in results[1].detail
+    timing = results[-1]
+    # The check itself times a 10 ms sleep with CUDATimer on the host clock.
+    assert 9.0 <= timing.data["sleep_ms"] <= 60.0
+    assert timing.data["sleep_ms"] / 1e3 <= timing.seconds < 5.0
+    assert f"{timing.data['sleep_ms']:.2f} ms" in timing.detail
+
+
+@pytest.mark.skipif(CUDA, reason="checks CPU mode")
+def test_require_gpu_fails_without_one() -> None:
+    results = {r.name: r for r in run_checks(require_gpu=True)}
+    assert not results["runtime"].ok
+    assert "a GPU was required" in results["runtime"].detail
+    assert results["timing"].ok  # the host clock is still checked, and right
+
+
+def test_a_failing_check_is_a_result_not_a_crash() -> None:
+    def broken() -> Any:
+        raise ZeroDivisionError("inside a check")
+
+    got = check_module._timed("broken", broken)
+    assert isinstance(got, CheckResult) and not got.ok
+    assert got.detail == "ZeroDivisionError: inside a check" and got.data == {}
+    assert got.to_dict()["ok"] is False and 0.0 <= got.seconds < 5.0
+
+
+# --------------------------------------------------------------------- simulated GPU
+
+
+class SimDevice:
+    """A device clock (ns) that marks, gates and spin kernels advance as a GPU would."""
+
+    LAUNCH_NS = 4_000  # an ungated kernel on an idle stream starts this long after its mark
+
+    def __init__(self, bracket_ns: int) -> None:
+        self.now = 1_000_000_000
+        self.bracket_ns = bracket_ns  # what a gated event pair costs the device itself
+        self.closed = False
+        self.marks_behind_gate = 0
+        self.time_out = False
+        self.kernels: List[int] = []
+
+    def spin(self, duration_ns: int, stream: Any = 0, out: Any = None) -> None:
+        if not self.closed:
+            self.now += self.LAUNCH_NS
+        first = self.now
+        self.now += int(duration_ns)
+        self.kernels.append(int(duration_ns))
+        if out is not None:
+            (ctypes.c_uint64 * 2).from_address(out)[:] = [first, self.now]
+
+
+class SimBackend(TimerBackend):
+    name = "gpukeeper"
+    is_gpu = True
+
+    def __init__(self, device: Any, sim: SimDevice) -> None:
+        super().__init__(device)
+        self.sim = sim
+
+    def current_stream(self) -> Any:
+        return 0
+
+    def new_event(self) -> List[int]:
+        return [0]
+
+    def record(self, event: List[int], stream: Any) -> None:
+        sim = self.sim
+        event[0] = sim.now
+        if sim.closed:
+            sim.marks_behind_gate += 1
+            if sim.marks_behind_gate == 1:  # the bracket's own cost follows the start mark
+                sim.now += sim.bracket_ns
+
+    def elapsed_ms(self, start: List[int], end: List[int]) -> float:
+        return (end[0] - start[0]) / 1e6
+
+
+class SimGates:
+    def __init__(self, sim: SimDevice, floor_ns: int) -> None:
+        self.sim = sim
+        self.floor_ns = floor_ns
+
+    def launch_floor_ms(self, device: int = 0, refresh: bool = False) -> float:
+        return self.floor_ns / 1e6
+
+    def StreamGate(self, stream: Any, device: int, timeout_ms: float) -> Any:  # noqa: N802
+        sim = self.sim
+        sim.closed, sim.marks_behind_gate = True, 0
+        gate = types.SimpleNamespace(outcome="pending")
+
+        def open_() -> None:
+            sim.closed = False
+            gate.outcome = "timed_out" if sim.time_out else "opened"
+
+        gate.open = open_
+        return gate
+
+
+def _simulate(monkeypatch: pytest.MonkeyPatch, bracket_ns: int, floor_ns: int) -> SimDevice:
+    """Device 0 as the simulated device for the check's GPU path."""
+    sim = SimDevice(bracket_ns)
+    gates = SimGates(sim, floor_ns)
+    monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
+    monkeypatch.setattr(check_module, "cuda_available", lambda: True)
+    monkeypatch.setattr(_core, "calibration_kernels_available", lambda: True)
+    monkeypatch.setattr(_core, "spin_kernel", sim.spin)
+    monkeypatch.setattr(_core, "synchronize", lambda device=0: None)
+    monkeypatch.setattr(timer_module, "gates", lambda: gates)
+    # register_backend replaces the "gpukeeper" entry; setitem puts the real one back.
+    monkeypatch.setitem(timer_module._BACKENDS, "gpukeeper", timer_module._BACKENDS["gpukeeper"])
+    register_backend("gpukeeper", lambda spec: SimBackend(spec, sim), lambda spec: spec.is_cuda, priority=5)
+    return sim
+
+
+def test_simulated_gpu_timing_check_passes_with_the_right_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _simulate(monkeypatch, bracket_ns=2_500, floor_ns=2_500)
+    detail, data = check_module._check_timing(require_gpu=True)
+    assert data["launch_floor_us"] == pytest.approx(2.5)
+    for key in ("10us", "100us", "1000us"):
+        # hidden: kernel + bracket - floor = the kernel's own duration
+        assert data[key]["hidden_error_us"] == pytest.approx(0.0, abs=1e-6)
+        # plain: the launch latency in front of the kernel is in the reading
+        assert data[key]["plain_error_us"] == pytest.approx(SimDevice.LAUNCH_NS / 1e3)
+    assert "floor 2.50 us subtracted" in detail and "plain event pair on 10 us: +4.00 us" in detail
+    measured = [ns for ns in sim.kernels if ns]
+    assert measured == [10_000] * 14 + [100_000] * 14 + [1_000_000] * 14  # 7 hidden + 7 plain each
+
+
+def test_simulated_gpu_timing_check_catches_a_wrong_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The timer subtracts 1 us where the bracket costs 2.5: every hidden reading is 1.5 us
+    # long, past the 10 us kernel's limit of 1 us + 0.1 %.
+    _simulate(monkeypatch, bracket_ns=2_500, floor_ns=1_000)
+    with pytest.raises(check_module._Failed, match=r"10 us kernel: events read \+1\.500 us off"):
+        check_module._check_timing(require_gpu=True)
+
+
+def test_simulated_gpu_timing_check_fails_when_the_gate_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim = _simulate(monkeypatch, bracket_ns=2_500, floor_ns=2_500)
+    sim.time_out = True
+    with pytest.raises(check_module._Failed, match="10 us: the launch-latency gate timed out"):
+        check_module._check_timing(require_gpu=True)
+
+
+def test_simulated_gpu_timing_check_rejects_an_implausible_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    _simulate(monkeypatch, bracket_ns=25_000, floor_ns=25_000)
+    with pytest.raises(check_module._Failed, match="implausible launch floor 25.000 us"):
+        check_module._check_timing(require_gpu=True)
