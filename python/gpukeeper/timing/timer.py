@@ -32,7 +32,7 @@ on that same stream.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import warnings
 
@@ -54,6 +54,10 @@ __all__ = [
     "select_backend",
     "register_backend",
     "available_backends",
+    "CallTiming",
+    "can_hide_launch_latency",
+    "check_gate_timeout",
+    "gates",
 ]
 
 
@@ -121,11 +125,7 @@ def select_backend(device: Any = None, backend: Optional[str] = None) -> TimerBa
 
 # --------------------------------------------------------------------- the timer
 
-# Imported here rather than at the top: the part above is the backend layer, which is
-# moving into the framework adapters; what follows is the timer's own.
-from typing import Mapping, NamedTuple, Sequence  # noqa: E402
 
-__all__ += ["CallTiming", "can_hide_launch_latency", "check_gate_timeout", "gates"]
 
 
 def gates() -> Any:
