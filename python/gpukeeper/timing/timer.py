@@ -126,8 +126,6 @@ def select_backend(device: Any = None, backend: Optional[str] = None) -> TimerBa
 # --------------------------------------------------------------------- the timer
 
 
-
-
 def gates() -> Any:
     """gpukeeper's stream-gate API (``_core``: ``StreamGate``, ``launch_floor_ms``) when
     stream gates work here, else None.
