@@ -102,6 +102,7 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int,
     next_other = min(next_sync, next_slow)
     slot = 0
     marked = -1  # the last step that ended an interval
+    final = n - 1  # a full ring is not resolved after it: the loop's end does that
 
     def slow(i: int, mark: bool) -> None:
         # Host work between steps: probe the mark just recorded, then the work, then
@@ -116,7 +117,7 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int,
             bar.update(i + 1)  # type: ignore[union-attr]
             next_bar += bar_every
         next_slow = next_mem if next_mem < next_bar else next_bar
-        if slot == ring and mark:
+        if slot == ring and mark and i != final:
             marks.resolve(slot, keep)  # type: ignore[union-attr]
             slot = keep
         if mark:
@@ -141,7 +142,7 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int,
             last[slot] = marked = i  # type: ignore[index]
             slot += 1
             next_mark = _next_on_grid(i, k)
-        if busy or slot == ring:
+        if busy or (slot == ring and i != final):
             slow(i, mark)
 
     def at(i: int, t0: int) -> int:
@@ -152,7 +153,7 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int,
             last[slot] = marked = i  # type: ignore[index]
             slot += 1
             next_mark = i + k
-            if slot == ring:
+            if slot == ring and i != final:
                 slow(i, True)
             return next_mark if next_mark < next_other else next_other
         if i < next_mark and i < next_slow:  # only a synchronization is due
