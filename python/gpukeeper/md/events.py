@@ -31,6 +31,7 @@ from gpukeeper.timing.timer import (
     CupyBackend,
     TimerBackend,
     TorchBackend,
+    available_backends,
     select_backend,
 )
 
@@ -65,11 +66,8 @@ _DIRECT_RECORD = (CoreBackend.record, TorchBackend.record, CupyBackend.record)
 def event_backend(index: int) -> TimerBackend:
     """The events of device ``index``: gpukeeper's pooled events when the core sees the
     device, else the framework's (PyTorch, else CuPy; a core built without CUDA)."""
-    from gpukeeper import _core
-
-    if int(_core.cuda_device_count()) > index:
-        return select_backend(index, "gpukeeper")
-    return select_backend(index)
+    usable = available_backends(index)
+    return select_backend(index, "gpukeeper" if "gpukeeper" in usable else None)
 
 
 def choose_event_every(step_ns: float, event_ns: float, n: int) -> int:

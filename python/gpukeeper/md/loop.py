@@ -81,6 +81,42 @@ def _next_on_grid(i: int, every: int) -> int:
     return ((i + 1) // every + 1) * every - 1
 
 
+class _HostWork:
+    """The host work between two steps, where due: a memory sample, the progress bar; with
+    marks, the probe of the mark just recorded, a full ring resolved (except after the
+    last step: the loop's end does that) and a fresh origin for the next interval."""
+
+    def __init__(self, n: int, o: LoopOptions) -> None:
+        self.sampler, self.bar, self.marks = o.sampler, o.bar, o.marks
+        self.mem_every = o.sampler.every if o.sampler else n + 1
+        self.bar_every = o.bar.every if o.bar else n + 1
+        self.next_mem, self.next_bar = self.mem_every - 1, self.bar_every - 1
+        self.next = min(self.next_mem, self.next_bar)  # the next step with work (past n: never)
+        self.ring = o.marks.size if o.marks else 0
+        self.keep = min(RING_KEEP, self.ring // 2)
+        self.final = n - 1
+
+    def __call__(self, i: int, mark: bool, slot: int) -> int:
+        """Does the work due after step ``i`` (``mark``: a mark was just recorded in
+        ``slot - 1``); returns the ring slot of the next mark."""
+        marks = self.marks
+        if mark:
+            marks.probe(slot - 1)  # type: ignore[union-attr]
+        if i == self.next_mem:
+            self.sampler.sample(i)  # type: ignore[union-attr]
+            self.next_mem += self.mem_every
+        if i == self.next_bar:
+            self.bar.update(i + 1)  # type: ignore[union-attr]
+            self.next_bar += self.bar_every
+        self.next = min(self.next_mem, self.next_bar)
+        if mark and slot == self.ring and i != self.final:
+            marks.resolve(slot, self.keep)  # type: ignore[union-attr]
+            slot = self.keep
+        if mark:
+            marks.restart(slot)  # type: ignore[union-attr]
+        return slot
+
+
 def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int, int], int], Callable[[], int]]:
     """(the first step where something is due, ``at(i, t0)``, ``finish()``) for a run of
     ``n`` steps. ``at`` stores step i's host time and does what is due after it;
@@ -88,44 +124,18 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int,
 
     The two common cases take a short branch: only a mark due (events every k steps),
     only a synchronization due (``sync_every``); everything else goes to ``due``."""
-    pc, sync, marks, sampler, bar = time.perf_counter_ns, o.sync, o.marks, o.sampler, o.bar
+    pc, sync, marks, work = time.perf_counter_ns, o.sync, o.marks, _HostWork(n, o)
     k, s_every = (o.event_every if marks else n + 1), (o.sync_every or n + 1)
-    mem_every = sampler.every if sampler else n + 1
-    bar_every = bar.every if bar else n + 1
-    rec, last = (marks.rec, marks.last) if marks else (None, None)
-    ring = marks.size if marks else 0
-    keep = min(RING_KEEP, ring // 2)
-    # The steps where something is due next (past n: never); "slow" is host work between
-    # steps (memory, progress), "other" everything but the marks.
-    next_mark, next_sync, next_mem, next_bar = k - 1, s_every - 1, mem_every - 1, bar_every - 1
-    next_slow = min(next_mem, next_bar)
-    next_other = min(next_sync, next_slow)
+    rec, last, ring, final = (marks.rec, marks.last, marks.size, n - 1) if marks else (None, None, -1, n)
+    # The steps where something is due next (past n: never); "other": all but marks.
+    next_mark, next_sync = k - 1, s_every - 1
+    next_other = min(next_sync, work.next)
     slot = 0
     marked = -1  # the last step that ended an interval
-    final = n - 1  # a full ring is not resolved after it: the loop's end does that
-
-    def slow(i: int, mark: bool) -> None:
-        # Host work between steps: probe the mark just recorded, then the work, then
-        # (after resolving a full ring) a fresh origin for the next interval.
-        nonlocal next_mem, next_bar, next_slow, slot
-        if mark:
-            marks.probe(slot - 1)  # type: ignore[union-attr]
-        if i == next_mem:
-            sampler.sample(i)  # type: ignore[union-attr]
-            next_mem += mem_every
-        if i == next_bar:
-            bar.update(i + 1)  # type: ignore[union-attr]
-            next_bar += bar_every
-        next_slow = next_mem if next_mem < next_bar else next_bar
-        if slot == ring and mark and i != final:
-            marks.resolve(slot, keep)  # type: ignore[union-attr]
-            slot = keep
-        if mark:
-            marks.restart(slot)  # type: ignore[union-attr]
 
     def due(i: int, t0: int) -> None:
         nonlocal next_mark, next_sync, slot, marked
-        busy = i == next_slow
+        busy = i == work.next
         mark = marks is not None and (i == next_mark or busy)
         if i == next_sync:
             if mark:
@@ -143,7 +153,7 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int,
             slot += 1
             next_mark = _next_on_grid(i, k)
         if busy or (slot == ring and i != final):
-            slow(i, mark)
+            slot = work(i, mark, slot)
 
     def at(i: int, t0: int) -> int:
         nonlocal next_mark, next_sync, next_other, slot, marked
@@ -154,16 +164,16 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int,
             slot += 1
             next_mark = i + k
             if slot == ring and i != final:
-                slow(i, True)
+                slot = work(i, True, slot)
             return next_mark if next_mark < next_other else next_other
-        if i < next_mark and i < next_slow:  # only a synchronization is due
+        if i < next_mark and i < work.next:  # only a synchronization is due
             if sync is not None:
                 sync()
             host_ns[i] = pc() - t0
             next_sync += s_every
         else:
             due(i, t0)
-        next_other = next_sync if next_sync < next_slow else next_slow
+        next_other = next_sync if next_sync < work.next else work.next
         return next_mark if next_mark < next_other else next_other
 
     def finish() -> int:

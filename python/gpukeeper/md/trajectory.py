@@ -366,6 +366,35 @@ def _result(run: _Run, host_ns: "array[int]", total_time: float, initial: Option
     )
 
 
+def _measure(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], warm: WarmUp,
+             check_memory_leak: bool, memory_sample_every: Union[int, str],
+             progress: Optional[bool]) -> TrajectoryResult:
+    """The measured loop of a prepared run, with its memory probes, and its result."""
+    plan, n = run.plan, run.n
+    if check_memory_leak:
+        run.sampler, run.cross = _memory_probes(plan, run.synchronize, memory_sample_every, n,
+                                                warm.host_ns, run.event_every, run.warnings)
+    bar = _progress_bar(progress, n, run.event_every)
+    # Preallocated: array stores keep no Python objects alive per step, so the
+    # bookkeeping itself neither allocates nor grows the memory it watches.
+    host_ns = array("q", bytes(8 * n))
+    source = data if n == len(data) else itertools.islice(itertools.cycle(data), n)
+    cross_before = probes.cross_reading(run.cross, plan.index)
+    initial = run.sampler.start() if run.sampler is not None else None
+    waits = plan.index is not None or run.synchronize is not None  # else nothing to wait for
+    options = LoopOptions(run.sync if waits else None, run.sync_every, run.marks, run.event_every or 1,
+                          run.sampler, bar)
+    model = _blocking(model_func) if plan.kind == "jax" else model_func
+    total_time, pending = run_loop(model, source, n, host_ns, options)
+    if run.marks is not None:
+        run.marks.resolve(pending)
+    if bar is not None:
+        bar.close()
+    final = run.sampler.finish() if run.sampler is not None else None
+    cross_after = probes.cross_reading(run.cross, plan.index)
+    return _result(run, host_ns, total_time, initial, final, (cross_before, cross_after))
+
+
 def benchmark_md_trajectory(
     model_func: Callable[[Any], Any],
     inputs: Iterable[Any],
@@ -435,26 +464,4 @@ def benchmark_md_trajectory(
     run = _Run(label, n, warmup_steps, timestep, n_atoms, sync_every, leak_tolerance_mb, outlier_k,
                synchronize)
     warm = _prepare(run, model_func, data, device, timing, event_every, event_ring)
-    plan = run.plan
-    if check_memory_leak:
-        run.sampler, run.cross = _memory_probes(plan, synchronize, memory_sample_every, n, warm.host_ns,
-                                                run.event_every, run.warnings)
-    bar = _progress_bar(progress, n, run.event_every)
-    # Preallocated: array stores keep no Python objects alive per step, so the
-    # bookkeeping itself neither allocates nor grows the memory it watches.
-    host_ns = array("q", bytes(8 * n))
-    source = data if n == len(data) else itertools.islice(itertools.cycle(data), n)
-    cross_before = probes.cross_reading(run.cross, plan.index)
-    initial = run.sampler.start() if run.sampler is not None else None
-    waits = plan.index is not None or synchronize is not None  # else nothing to wait for
-    options = LoopOptions(run.sync if waits else None, sync_every, run.marks, run.event_every or 1,
-                          run.sampler, bar)
-    model = _blocking(model_func) if plan.kind == "jax" else model_func
-    total_time, pending = run_loop(model, source, n, host_ns, options)
-    if run.marks is not None:
-        run.marks.resolve(pending)
-    if bar is not None:
-        bar.close()
-    final = run.sampler.finish() if run.sampler is not None else None
-    cross_after = probes.cross_reading(run.cross, plan.index)
-    return _result(run, host_ns, total_time, initial, final, (cross_before, cross_after))
+    return _measure(run, model_func, data, warm, check_memory_leak, memory_sample_every, progress)
