@@ -6,7 +6,9 @@ a no-op model (the overhead itself; target <= 1 us per step without per-step syn
 a ~100 us busy step (the slowdown of a real step loop; target <= 2%). Each figure is the
 best of ``--repeats`` runs (the least disturbed by the machine), bare and instrumented
 runs alternating. On a CUDA machine with
-PyTorch it adds the configurations with GPU event timing, and two real GPU step loops:
+PyTorch it adds the configurations with GPU event timing (a mark every k-th step, k chosen
+by ``event_every="auto"``; and a mark after every step, ``event_every=1``, the cost of
+per-step GPU times), and two real GPU step loops:
 a 100 us calibration kernel per step (GPU-bound), and a small MLP force field (energy and
 forces by autograd for 256 atoms, ~100 us of launches per step: host-bound). The bare
 GPU loops end with a synchronize, as the instrumented one does.
@@ -70,6 +72,7 @@ def measure(model: Callable[[Any], Any], steps: int, repeats: int,
         "memory_sample_every": best.memory_sample_every,
         "memory_source": best.memory_source,
         "timing_source": best.timing_source,
+        "event_every": best.event_every,
     }
 
 
@@ -96,6 +99,8 @@ def main(argv: List[str] | None = None) -> int:
                 sync = torch.cuda.synchronize
                 configs += [
                     ("noop, GPU events, memory auto", noop, a.steps, dict(device="cuda:0")),
+                    ("noop, GPU events every step, memory auto", noop, a.steps,
+                     dict(device="cuda:0", event_every=1)),
                     ("noop, host timing, CUDA memory auto", noop, a.steps,
                      dict(device="cuda:0", timing="host")),
                     ("100us, GPU events, memory auto", busy_100us, a.busy_steps, dict(device="cuda:0")),
@@ -112,6 +117,10 @@ def main(argv: List[str] | None = None) -> int:
                     configs += [
                         ("GPU 100us kernel, GPU events, memory auto", kernel_100us, a.busy_steps,
                          dict(device="cuda:0", sync=sync)),
+                        ("GPU 100us kernel, GPU events, no memory", kernel_100us, a.busy_steps,
+                         dict(device="cuda:0", check_memory_leak=False, sync=sync)),
+                        ("GPU 100us kernel, GPU events every step", kernel_100us, a.busy_steps,
+                         dict(device="cuda:0", check_memory_leak=False, sync=sync, event_every=1)),
                         ("GPU 100us kernel, host timing, no memory", kernel_100us, a.busy_steps,
                          dict(device="cuda:0", timing="host", check_memory_leak=False, sync=sync)),
                     ]
@@ -140,11 +149,12 @@ def main(argv: List[str] | None = None) -> int:
         m = measure(model, steps, a.repeats, **kw)
         m.update(config=label, steps=steps)
         rows.append(m)
-    print(f"{'configuration':40s} {'steps':>6s} {'bare ms':>9s} {'instr ms':>9s} "
-          f"{'us/step':>8s} {'slowdown':>9s} {'mem every':>9s}")
+    print(f"{'configuration':44s} {'steps':>6s} {'bare ms':>9s} {'instr ms':>9s} "
+          f"{'us/step':>8s} {'slowdown':>9s} {'mem every':>9s} {'ev every':>8s}")
     for r in rows:
-        print(f"{r['config']:40s} {r['steps']:6d} {r['bare_s'] * 1e3:9.2f} {r['instrumented_s'] * 1e3:9.2f} "
-              f"{r['overhead_us_per_step']:8.3f} {r['slowdown_pct']:8.2f}% {str(r['memory_sample_every']):>9s}")
+        print(f"{r['config']:44s} {r['steps']:6d} {r['bare_s'] * 1e3:9.2f} {r['instrumented_s'] * 1e3:9.2f} "
+              f"{r['overhead_us_per_step']:8.3f} {r['slowdown_pct']:8.2f}% {str(r['memory_sample_every']):>9s} "
+              f"{str(r['event_every']):>8s}")
     if a.json:
         meta = {"python": platform.python_version(), "platform": platform.platform(),
                 "gpukeeper": gpukeeper.__version__, "cuda": bool(gpukeeper.cuda_available())}

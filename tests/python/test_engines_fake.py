@@ -33,7 +33,8 @@ from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.cleanup import GPUContext
 from gpukeeper.errors import InvalidInputError, LeakWarning
 from gpukeeper.frameworks import FrameworkMemory
-from gpukeeper.md import _throughput, benchmark_md_trajectory
+from gpukeeper.md import benchmark_md_trajectory
+from gpukeeper.md.trajectory import throughput
 from gpukeeper.report import MemoryReport, memory_report
 from gpukeeper.timing import benchmark_function
 
@@ -327,17 +328,17 @@ def test_md_torch_loaded_and_counters_explain_the_memory_no_warning(monkeypatch)
 
 def test_throughput_source_events_only_when_they_cover_the_loop():
     gpu_ms = [1.0] * 100  # 0.1 s of GPU time
-    rate, source, cover = _throughput(100, 0.1004, gpu_ms, True, busy=0.9)
+    rate, source, cover = throughput(100, 0.1004, gpu_ms, True, busy=0.9)
     assert source.startswith("events") and rate == pytest.approx(1000.0) and cover > 0.99
-    rate, source, cover = _throughput(100, 0.5, gpu_ms, True, busy=0.9)  # work elsewhere too
+    rate, source, cover = throughput(100, 0.5, gpu_ms, True, busy=0.9)  # work elsewhere too
     assert source.startswith("wall clock") and "only 20.0%" in source and rate == pytest.approx(200.0)
     # An idle stream's laps add up to the wall time as well: coverage alone proves nothing.
-    rate, source, cover = _throughput(100, 0.1004, gpu_ms, True, busy=0.0)
+    rate, source, cover = throughput(100, 0.1004, gpu_ms, True, busy=0.0)
     assert source.startswith("wall clock") and "not shown busy" in source
     assert rate == pytest.approx(100 / 0.1004)
-    rate, source, cover = _throughput(100, 0.1004, gpu_ms, True)  # never probed
+    rate, source, cover = throughput(100, 0.1004, gpu_ms, True)  # never probed
     assert source.startswith("wall clock")
-    rate, source, cover = _throughput(100, 0.5, None, False)
+    rate, source, cover = throughput(100, 0.5, None, False)
     assert cover is None and "without a final synchronization" in source
 
 

@@ -40,11 +40,11 @@ def test_statistics_match_numpy() -> None:
     s = latency_stats(list(x))
     assert s.mean_ms == pytest.approx(np.mean(x))
     assert s.median_ms == pytest.approx(np.median(x))
-    assert s.std_ms == pytest.approx(np.std(x))
+    assert s.std_ms == pytest.approx(np.std(x, ddof=1))  # sample std, as gpukeeper.timing.stats
     for q, v in ((5, s.p5_ms), (95, s.p95_ms), (99, s.p99_ms)):
         assert v == pytest.approx(np.percentile(x, q))
     assert (s.min_ms, s.max_ms) == (np.min(x), np.max(x))
-    assert s.jitter_ms == pytest.approx(np.std(np.diff(x)))
+    assert s.jitter_ms == pytest.approx(np.std(np.diff(x), ddof=1))
     d = len(x) // 10
     assert s.drift_ms == pytest.approx(np.median(x[-d:]) - np.median(x[:d]))
     mad = np.median(np.abs(x - np.median(x)))

@@ -1,0 +1,223 @@
+"""Leak verdicts of memory series sampled over a run: ``leak_verdict`` and a run's ``memory_outcome``.
+
+The growth of a series is the least-squares slope of its samples in the *second half*
+of the run, projected over the whole run and compared with a tolerance: a slope, not two
+end points, so that a cache filling in the first steps is growth and not a leak. The
+series' noise (the largest move between two samples that the steady per-step move does
+not explain) decides whether the verdict can be trusted at all.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.timing import stats as tstats
+
+__all__ = [
+    "LeakVerdict",
+    "leak_verdict",
+    "combine_verdicts",
+    "least_squares_slope",
+    "MemoryOutcome",
+    "memory_outcome",
+    "ABOVE_NOISE",
+]
+
+MB = float(1 << 20)
+
+#: A series noisier than the tolerance still proves a leak when its projected growth is
+#: at least this many times its noise: a single jump of h inside the second half fits a
+#: line whose projection over the run is up to 3h, so growth above 4x the largest jump
+#: cannot be one jump of the allocator.
+ABOVE_NOISE = 4.0
+
+
+def least_squares_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ys over xs (0 with fewer than 2 distinct xs).
+
+    (``gpukeeper.timing.stats`` has no regression; this is the one md needs.)
+    """
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    mx = math.fsum(xs) / n
+    my = math.fsum(ys) / n
+    sxx = math.fsum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0
+    return math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+
+
+@dataclass(frozen=True)
+class LeakVerdict:
+    """The verdict of one memory series (see :func:`leak_verdict`).
+
+    ``leak``: True (grows), False (stable), None (inconclusive: the series moves by more
+    than the tolerance for reasons a line does not explain). ``slope``: bytes per step
+    over the second half; ``growth``: ``slope * n_steps``; ``noise``: the largest move
+    between two samples that the steady slope does not explain (bytes); ``steady``: the
+    fraction of sample intervals in the second half over which the series grew;
+    ``reason``: one readable line.
+    """
+
+    source: str
+    leak: Optional[bool]
+    slope: float
+    growth: float
+    noise: float
+    steady: float
+    samples: int
+    reason: str
+
+
+def _late(xs: Sequence[float], ys: Sequence[float], n_steps: int) -> List[Tuple[float, float]]:
+    late = [(x, float(y)) for x, y in zip(xs, ys) if x >= n_steps / 2.0]
+    if len(late) < 3:
+        late = [(x, float(y)) for x, y in zip(xs, ys)][-3:]
+    return late
+
+
+def _check_verdict_args(steps: Sequence[float], values: Sequence[float], n_steps: Any,
+                        tolerance_mb: Any) -> None:
+    if len(steps) != len(values) or len(values) < 2:
+        raise InvalidInputError(
+            f"leak_verdict needs two equally long series of at least 2 samples, got "
+            f"{len(steps)} steps and {len(values)} values")
+    if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 1:
+        raise InvalidInputError(f"n_steps must be an int >= 1, got {n_steps!r}")
+    if isinstance(tolerance_mb, bool) or not isinstance(tolerance_mb, (int, float)) or not tolerance_mb >= 0:
+        raise InvalidInputError(f"tolerance_mb must be a number >= 0, got {tolerance_mb!r}")
+
+
+def leak_verdict(
+    steps: Sequence[float],
+    values: Sequence[float],
+    n_steps: int,
+    tolerance_mb: float,
+    source: str = "memory",
+) -> LeakVerdict:
+    """Whether a memory series sampled over a run of ``n_steps`` grows.
+
+    ``steps``: the number of calls made when each reading was taken; ``values``: the
+    readings (bytes). The growth is the least-squares slope over the second half of the
+    run, projected over the whole run (a slope, not two end points: a cache that fills
+    early is not a leak). The noise is the largest move between two consecutive
+    samples in the second half that the median per-step move does not explain: a steady
+    leak moves the same way every interval (noise near 0), an allocator that keeps and
+    hands back pages moves in jumps.
+
+    - noise <= tolerance: a leak when the growth exceeds the tolerance;
+    - noise > tolerance: a leak only when the growth exceeds the tolerance *and*
+      4 times the noise (more than one jump could make); otherwise inconclusive (None).
+
+    Raises ``InvalidInputError`` for mismatched or empty series.
+    """
+    _check_verdict_args(steps, values, n_steps, tolerance_mb)
+    late = _late([float(x) for x in steps], values, n_steps)
+    lx = [x for x, _ in late]
+    ly = [y for _, y in late]
+    slope = least_squares_slope(lx, ly)
+    growth = slope * n_steps
+    spans = [lx[i + 1] - lx[i] for i in range(len(lx) - 1)]
+    moves = [ly[i + 1] - ly[i] for i in range(len(ly) - 1)]
+    rates = [m / s for m, s in zip(moves, spans) if s > 0]
+    typical = tstats.median(rates) if rates else 0.0
+    noise = max((abs(m - typical * s) for m, s in zip(moves, spans)), default=0.0)
+    steady = sum(1 for m in moves if m > 0) / len(moves) if moves else 0.0
+    tol = tolerance_mb * MB
+    over = f"{growth / MB:+.2f} MB over {n_steps} steps ({slope:+.1f} B/step)"
+    if noise <= tol:
+        leak: Optional[bool] = growth > tol
+        reason = (f"{'leak' if leak else 'stable'}: {source} {over}, tolerance {tolerance_mb:g} MB "
+                  f"(noise {noise / MB:.2f} MB)")
+    elif growth > tol and growth > ABOVE_NOISE * noise:
+        leak = True
+        reason = (f"leak: {source} {over}, above its noise {noise / MB:.2f} MB "
+                  f"(tolerance {tolerance_mb:g} MB)")
+    else:
+        leak = None
+        reason = (f"inconclusive: {source} noise {noise / MB:.2f} MB > tolerance {tolerance_mb:g} MB "
+                  f"(growth {over})")
+    return LeakVerdict(source, leak, slope, growth, noise, steady, len(late), reason)
+
+
+def combine_verdicts(primary: LeakVerdict, in_use: Optional[LeakVerdict]) -> LeakVerdict:
+    """One verdict from a held-bytes series (RSS) and an in-use series (malloc, tracemalloc).
+
+    In-use counts decide: they move only when memory is allocated or freed, where RSS
+    also moves when the allocator keeps or returns pages. RSS overrules them only for a
+    leak they cannot see (memory taken outside malloc: mmap, a library's own allocator),
+    and only when it grows steadily with noise under the tolerance; growth made of a few
+    jumps is the allocator's, not proof of a leak.
+    """
+    if in_use is None:
+        return primary
+    if in_use.leak:
+        return in_use
+    if primary.leak and primary.noise <= primary.growth / ABOVE_NOISE and primary.steady >= 0.5:
+        return LeakVerdict(
+            primary.source, True, primary.slope, primary.growth, primary.noise, primary.steady,
+            primary.samples,
+            primary.reason + f", steadily, while {in_use.source} does not grow: memory taken "
+            "outside malloc (mmap, a library's own allocator)")
+    note = primary.reason
+    if primary.leak:
+        note = (f"{primary.source} grows {primary.growth / MB:+.2f} MB in jumps, not steadily: "
+                "the allocator keeping freed memory")
+    return LeakVerdict(in_use.source, in_use.leak, in_use.slope, in_use.growth, in_use.noise,
+                       in_use.steady, in_use.samples, f"{in_use.reason}; cross-check {note}")
+
+
+@dataclass
+class MemoryOutcome:
+    """The memory part of a TrajectoryResult (see its fields of the same meaning)."""
+
+    steps: List[int]
+    bytes: List[int]
+    all_series: Dict[str, List[int]]
+    slope: Optional[float] = None
+    slope_all: Optional[float] = None
+    leak: Optional[bool] = None
+    peak: Optional[int] = None
+    verdict: Optional[LeakVerdict] = None
+
+
+def _verdict_warnings(verdict: LeakVerdict, n: int, leak_tolerance_mb: float, warnings: List[str]) -> None:
+    if verdict.leak:
+        warnings.append(
+            f"memory grows by {verdict.slope:.1f} bytes/step ({verdict.growth / MB:.2f} MB over "
+            f"{n} steps, tolerance {leak_tolerance_mb} MB, {verdict.source}): leak")
+    elif verdict.leak is None:
+        warnings.append(f"leak verdict {verdict.reason}")
+    if verdict.samples < 4:
+        warnings.append(f"only {verdict.samples} memory samples in the second half: the leak "
+                        "verdict is weak (lower memory_sample_every or run more steps)")
+
+
+def memory_outcome(sampler: Any, final: Optional[List[int]], n: int, leak_tolerance_mb: float,
+                   warnings: List[str]) -> MemoryOutcome:
+    """The samples of a run turned into series, slopes and the leak verdict; what is
+    worth saying goes to ``warnings``.
+
+    ``sampler``: a :class:`gpukeeper.md.probes.MemorySampler` (or None: memory was not
+    checked); ``final``: each series' reading after the loop's synchronization.
+    """
+    if sampler is None or not sampler.series:
+        return MemoryOutcome([], [], {})
+    series, count = sampler.series, sampler.count
+    # x = calls made when the reading was taken: the initial reading at 0, the one
+    # after step i at i+1, the final one (after the synchronization) at n.
+    xs = [0.0] + [float(s + 1) for s in sampler.steps[1:count]] + [float(n)]
+    all_series = {s.name: list(sampler.values[k][:count]) + [final[k]]  # type: ignore[index]
+                  for k, s in enumerate(series)}
+    bytes_l = all_series[series[0].name]
+    slope_all = least_squares_slope(xs, [float(b) for b in bytes_l])
+    verdicts = [leak_verdict(xs, all_series[s.name], n, leak_tolerance_mb, s.name) for s in series]
+    in_use = next((v for v, s in zip(verdicts, series) if s.in_use), None)
+    verdict = verdicts[0] if series[0].in_use else combine_verdicts(verdicts[0], in_use)
+    _verdict_warnings(verdict, n, leak_tolerance_mb, warnings)
+    return MemoryOutcome([int(v) for v in xs], bytes_l, all_series, verdicts[0].slope, slope_all,
+                         verdict.leak, max(bytes_l), verdict)

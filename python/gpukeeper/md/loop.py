@@ -1,0 +1,212 @@
+"""The measured loop of an MD run: one loop for every option, and its progress bar.
+
+Per step the loop does what an uninstrumented loop cannot avoid plus the least that
+measures it: two ``perf_counter_ns`` calls, a subtraction, one store in a preallocated
+``array`` and one integer comparison::
+
+    for i, x in enumerate(source):
+        t0 = pc()
+        out = model(x)
+        if i != nxt:
+            host_ns[i] = pc() - t0
+        else:
+            nxt = at(i, t0)
+
+Everything else happens only at the steps where it is due, in ``at``: a device
+synchronization inside the measured window (``sync_every``), a GPU event mark (after
+every ``event_every``-th step), a memory sample, the progress bar, resolving a full ring
+of marks. ``at`` returns the next step where something is due. A memory sample or the
+progress bar is host work between two steps: with GPU events, the step before it ends an
+interval and a fresh origin is recorded after it, so that work is in no step's GPU time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Tuple
+
+from gpukeeper.md.events import RING_KEEP, EventMarks
+from gpukeeper.md.probes import MemorySampler
+
+__all__ = ["Progress", "LoopOptions", "run_loop", "step_hook"]
+
+
+class Progress:
+    """A text progress bar on ``stream``, updated every 1% of the steps."""
+
+    def __init__(self, total: int, stream: Any) -> None:
+        self.total = total
+        self.stream = stream
+        self.start = time.perf_counter()
+        self.every = max(1, total // 100)
+
+    def update(self, done: int) -> None:
+        elapsed = time.perf_counter() - self.start
+        frac = done / self.total
+        width = 30
+        bar = "#" * int(frac * width) + "." * (width - int(frac * width))
+        eta = elapsed / frac - elapsed if frac > 0 else 0.0
+        rate = done / elapsed if elapsed > 0 else 0.0
+        self.stream.write(f"\r[{bar}] {frac * 100:5.1f}% {done}/{self.total} steps "
+                          f"{rate:8.1f} steps/s ETA {eta:6.1f}s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.update(self.total)
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+@dataclass
+class LoopOptions:
+    """What the measured loop does besides calling the model.
+
+    ``sync``: waits for the device (inside every ``sync_every``-th step's window, and
+    after the loop; None: there is nothing to wait for); ``marks``/``event_every``: GPU event marks after every k-th step
+    (None: no events); ``sampler``: memory samples every ``sampler.every`` steps;
+    ``bar``: the progress bar.
+    """
+
+    sync: Optional[Callable[[], None]]
+    sync_every: Optional[int] = None
+    marks: Optional[EventMarks] = None
+    event_every: int = 1
+    sampler: Optional[MemorySampler] = None
+    bar: Optional[Progress] = None
+
+
+def _next_on_grid(i: int, every: int) -> int:
+    """The first step after ``i`` that ends a period of ``every`` steps."""
+    return ((i + 1) // every + 1) * every - 1
+
+
+class _HostWork:
+    """The host work between two steps, where due: a memory sample, the progress bar; with
+    marks, the probe of the mark just recorded, a full ring resolved (except after the
+    last step: the loop's end does that) and a fresh origin for the next interval."""
+
+    def __init__(self, n: int, o: LoopOptions) -> None:
+        self.sampler, self.bar, self.marks = o.sampler, o.bar, o.marks
+        self.mem_every = o.sampler.every if o.sampler else n + 1
+        self.bar_every = o.bar.every if o.bar else n + 1
+        self.next_mem, self.next_bar = self.mem_every - 1, self.bar_every - 1
+        self.next = min(self.next_mem, self.next_bar)  # the next step with work (past n: never)
+        self.ring = o.marks.size if o.marks else 0
+        self.keep = min(RING_KEEP, self.ring // 2)
+        self.final = n - 1
+
+    def __call__(self, i: int, mark: bool, slot: int) -> int:
+        """Does the work due after step ``i`` (``mark``: a mark was just recorded in
+        ``slot - 1``); returns the ring slot of the next mark."""
+        marks = self.marks
+        if mark:
+            marks.probe(slot - 1)  # type: ignore[union-attr]
+        if i == self.next_mem:
+            self.sampler.sample(i)  # type: ignore[union-attr]
+            self.next_mem += self.mem_every
+        if i == self.next_bar:
+            self.bar.update(i + 1)  # type: ignore[union-attr]
+            self.next_bar += self.bar_every
+        self.next = min(self.next_mem, self.next_bar)
+        if mark and slot == self.ring and i != self.final:
+            marks.resolve(slot, self.keep)  # type: ignore[union-attr]
+            slot = self.keep
+        if mark:
+            marks.restart(slot)  # type: ignore[union-attr]
+        return slot
+
+
+def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int, int], int], Callable[[], int]]:
+    """(the first step where something is due, ``at(i, t0)``, ``finish()``) for a run of
+    ``n`` steps. ``at`` stores step i's host time and does what is due after it;
+    ``finish`` (after the loop) ends the last interval and returns the marks to resolve.
+
+    The two common cases take a short branch: only a mark due (events every k steps),
+    only a synchronization due (``sync_every``); everything else goes to ``due``."""
+    pc, sync, marks, work = time.perf_counter_ns, o.sync, o.marks, _HostWork(n, o)
+    k, s_every = (o.event_every if marks else n + 1), (o.sync_every or n + 1)
+    rec, last, ring, final = (marks.rec, marks.last, marks.size, n - 1) if marks else (None, None, -1, n)
+    # The steps where something is due next (past n: never); "other": all but marks.
+    next_mark, next_sync = k - 1, s_every - 1
+    next_other = min(next_sync, work.next)
+    slot = 0
+    marked = -1  # the last step that ended an interval
+
+    def due(i: int, t0: int) -> None:
+        nonlocal next_mark, next_sync, slot, marked
+        busy = i == work.next
+        mark = marks is not None and (i == next_mark or busy)
+        if i == next_sync:
+            if mark:
+                rec[slot]()  # type: ignore[index]
+            if sync is not None:
+                sync()
+            host_ns[i] = pc() - t0
+            next_sync += s_every
+        else:
+            host_ns[i] = pc() - t0
+            if mark:
+                rec[slot]()  # type: ignore[index]
+        if mark:
+            last[slot] = marked = i  # type: ignore[index]
+            slot += 1
+            next_mark = _next_on_grid(i, k)
+        if busy or (slot == ring and i != final):
+            slot = work(i, mark, slot)
+
+    def at(i: int, t0: int) -> int:
+        nonlocal next_mark, next_sync, next_other, slot, marked
+        if i < next_other:  # only a mark is due (events every k steps)
+            host_ns[i] = pc() - t0
+            rec[slot]()  # type: ignore[index]
+            last[slot] = marked = i  # type: ignore[index]
+            slot += 1
+            next_mark = i + k
+            if slot == ring and i != final:
+                slot = work(i, True, slot)
+            return next_mark if next_mark < next_other else next_other
+        if i < next_mark and i < work.next:  # only a synchronization is due
+            if sync is not None:
+                sync()
+            host_ns[i] = pc() - t0
+            next_sync += s_every
+        else:
+            due(i, t0)
+        next_other = next_sync if next_sync < work.next else work.next
+        return next_mark if next_mark < next_other else next_other
+
+    def finish() -> int:
+        nonlocal slot, marked
+        if marks is not None and marked < n - 1:
+            rec[slot]()  # type: ignore[index]
+            last[slot] = marked = n - 1  # type: ignore[index]
+            slot += 1
+        return slot
+
+    return min(next_mark, next_other), at, finish
+
+
+def run_loop(model: Callable[[Any], Any], source: Iterable[Any], n: int, host_ns: Any,
+             o: LoopOptions) -> Tuple[float, int]:
+    """Runs the ``n`` measured steps, storing each step's host latency (ns) in
+    ``host_ns``; returns (the loop's wall time in s, the final synchronization included;
+    the marks left to resolve)."""
+    nxt, at, finish = step_hook(n, host_ns, o)
+    pc = time.perf_counter_ns
+    out: Any = None
+    t_start = time.perf_counter()
+    if o.marks is not None:
+        o.marks.begin()
+    for i, x in enumerate(source):
+        t0 = pc()
+        out = model(x)
+        if i != nxt:
+            host_ns[i] = pc() - t0
+        else:
+            nxt = at(i, t0)
+    pending = finish()
+    out = None  # noqa: F841  (the last step's result is dropped before the final wait)
+    if o.sync is not None:
+        o.sync()
+    return time.perf_counter() - t_start, pending

@@ -1,0 +1,467 @@
+"""``benchmark_md_trajectory``: argument checks, warm-up, plan, the measured loop and the result it assembles."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+from gpukeeper import frameworks
+from gpukeeper.devices import resolve_device
+from gpukeeper.errors import InvalidInputError
+import gpukeeper.md.events as events
+import gpukeeper.md.probes as probes
+from gpukeeper.md.leak import memory_outcome
+from gpukeeper.md.loop import LoopOptions, Progress, run_loop
+from gpukeeper.md.plan import Plan, events_how, make_plan
+from gpukeeper.md.result import LatencyStats, TrajectoryResult, latency_stats
+
+__all__ = [
+    "benchmark_md_trajectory",
+    "checked_arguments",
+    "warm_up",
+    "WarmUp",
+    "step_statistics",
+    "throughput",
+    "EVENTS_COVER",
+    "PROGRESS_AUTO_MIN_STEPS",
+]
+
+PROGRESS_AUTO_MIN_STEPS = 5000
+#: Events decide the throughput only when the steps' GPU times add up to at least this
+#: share of the loop's wall time: then the timed stream was busy between the marks and
+#: the events hold the work (and leave out the bookkeeping between steps). Below it, work
+#: ran where the events do not look (another context, an engine's own stream) or after
+#: the last mark, and the wall clock decides.
+EVENTS_COVER = 0.99
+
+
+# --------------------------------------------------------------------- arguments
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInputError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_pos(name: str, value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+        raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def checked_arguments(
+    model_func: Any, inputs: Any, warmup_steps: Any, timestep_fs: Any, n_atoms: Any,
+    name: Optional[str], memory_sample_every: Any, sync_every: Any, n_steps: Any, timing: Any,
+    leak_tolerance_mb: Any, outlier_k: Any, event_ring: Any, synchronize: Any,
+    event_every: Any = "auto",
+) -> Tuple[Sequence[Any], int, Optional[float], str]:
+    """benchmark_md_trajectory's arguments checked (InvalidInputError otherwise):
+    (the per-step inputs as a sequence, measured steps, timestep, label)."""
+    if not callable(model_func):
+        raise InvalidInputError(f"model_func must be callable, got {type(model_func).__name__}")
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
+        raise InvalidInputError(f"inputs must be an iterable of per-step inputs, got {type(inputs).__name__}")
+    data: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
+    if len(data) == 0:
+        raise InvalidInputError("inputs is empty: a trajectory needs at least one step")
+    _check_int("warmup_steps", warmup_steps, 0)
+    n = len(data) if n_steps is None else _check_int("n_steps", n_steps, 1)
+    timestep = _check_pos("timestep_fs", timestep_fs)
+    if n_atoms is not None:
+        _check_int("n_atoms", n_atoms, 1)
+    if sync_every is not None:
+        _check_int("sync_every", sync_every, 1)
+    if memory_sample_every != "auto":
+        _check_int("memory_sample_every", memory_sample_every, 1)
+    if event_every != "auto":
+        _check_int("event_every", event_every, 1)
+    if timing not in ("auto", "gpu", "host"):
+        raise InvalidInputError(f"timing must be 'auto', 'gpu' or 'host', got {timing!r}")
+    if leak_tolerance_mb != 0:
+        _check_pos("leak_tolerance_mb", leak_tolerance_mb)
+    _check_pos("outlier_k", outlier_k)
+    _check_int("event_ring", event_ring, 1)
+    if synchronize is not None and not callable(synchronize):
+        raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
+    label = name or getattr(model_func, "__name__", None) or type(model_func).__name__
+    return data, n, timestep, label
+
+
+# --------------------------------------------------------------------- warm-up and setup
+
+
+@dataclass
+class WarmUp:
+    """What the warm-up saw: its last result, each step's host latency (ns), and the
+    wall time of a step (ns) over its second half between two device waits (0: not
+    measured)."""
+
+    last: Any
+    host_ns: List[int]
+    step_ns: float = 0.0
+
+
+def warm_up(model: Callable[[Any], Any], cyc: Iterable[Any], steps: int,
+            settle: Optional[Callable[[], None]]) -> WarmUp:
+    """Runs ``steps`` warm-up calls. With ``settle`` (a device wait), the second half is
+    timed from a wait to a wait: the wall time of a step as the loop will see it (GPU
+    work and launch gaps included), from which the GPU event period is chosen."""
+    pc = time.perf_counter_ns
+    tail = (steps + 1) // 2 if settle is not None else 0
+    host_ns: List[int] = []
+    out: Any = None
+    t_tail = 0
+    it = iter(cyc)
+    for j in range(steps):
+        if j == steps - tail:
+            settle()  # type: ignore[misc]
+            t_tail = pc()
+        x = next(it)
+        t0 = pc()
+        out = model(x)
+        host_ns.append(pc() - t0)
+    step_ns = 0.0
+    if tail:
+        settle()  # type: ignore[misc]
+        step_ns = (pc() - t_tail) / tail
+    return WarmUp(out, host_ns, step_ns)
+
+
+def _event_marks(plan: Plan, n: int, event_ring: int, event_every: Union[int, str], step_ns: float,
+                 synchronize: Optional[Callable[[], Any]]) -> Tuple[Plan, Optional[events.EventMarks], Optional[int]]:
+    """The ring of GPU marks and the steps per interval, for an "events" plan (the plan
+    with its timing method in words); no events for any other plan, or where no backend
+    gives device events (the plan then times the framework's work on the host clock)."""
+    if plan.kind != "events":
+        return plan, None, None
+    backend = events.event_backend(plan.index)  # type: ignore[arg-type]
+    if not backend.is_gpu:
+        return Plan("framework", plan.index, "host clock (no CUDA events usable here), ended by a "
+                    "device synchronization"), None, None
+    marks = events.EventMarks(backend, min(n, event_ring))
+    if event_every == "auto":
+        k = events.choose_event_every(step_ns, events.event_cost_ns(marks), n)
+    else:
+        k = int(event_every)
+    return Plan("events", plan.index, events_how(k, synchronize)), marks, k
+
+
+def _memory_probes(plan: Plan, synchronize: Optional[Callable[[], Any]], memory_sample_every: Union[int, str],
+                   n: int, warm_ns: List[int], event_every: Optional[int],
+                   warnings: List[str]) -> Tuple[Optional[probes.MemorySampler], Optional[probes.MemorySeries]]:
+    """The memory sampler of the run and the NVML cross-check series (either may be None)."""
+    cross = None
+    if plan.kind == "cpu":
+        series = probes.host_series()
+    else:
+        series, cross = probes.device_series(plan.kind, plan.index, synchronize, warnings)
+    every = probes.sample_period(series, memory_sample_every, n, warm_ns, align=event_every or 1)
+    return probes.MemorySampler(series, every, n), cross
+
+
+def _progress_bar(progress: Optional[bool], n: int, event_every: Optional[int]) -> Optional[Progress]:
+    if progress is None:
+        try:
+            progress = bool(sys.stderr.isatty()) and n >= PROGRESS_AUTO_MIN_STEPS
+        except (AttributeError, ValueError):
+            progress = False
+    if not progress:
+        return None
+    bar = Progress(n, sys.stderr)
+    if event_every and event_every > 1:  # on steps that end an interval anyway
+        bar.every = max(event_every, bar.every // event_every * event_every)
+    return bar
+
+
+# --------------------------------------------------------------------- statistics and throughput
+
+
+def step_statistics(host_ms: List[float], gpu_ms: Optional[List[float]], marks: Optional[events.EventMarks],
+                    sync_every: Optional[int], outlier_k: float, n: int, warnings: List[str],
+                    ) -> Tuple[LatencyStats, Optional[LatencyStats], Optional[List[float]], Optional[float]]:
+    """(host statistics, GPU statistics or None, the GPU times kept, the share of probed
+    marks that found the timed stream busy); what is worth saying goes to ``warnings``."""
+    host_stats = latency_stats(host_ms, outlier_k)
+    busy = marks.busy_fraction() if marks is not None else None
+    if gpu_ms and marks is not None and busy == 0.0 and marks.probes >= 3:
+        # Every probed mark completed at once: the laps are the host's time between
+        # records, not work on the device (which ran elsewhere, or was done already).
+        warnings.append(
+            f"the timed stream was idle at each of {marks.probes} probed marks: the step's "
+            "GPU work runs elsewhere (another engine's CUDA context, another stream), or the "
+            "device finishes it before the host returns; per-step times are host latencies")
+        gpu_ms = []
+    gpu_stats = latency_stats(gpu_ms, outlier_k) if gpu_ms else None
+    if gpu_stats is not None and sync_every is None and gpu_stats.median_ms < 0.05 * host_stats.median_ms:
+        warnings.append(
+            "GPU time is under 5% of host latency: the model may run on the CPU "
+            "(pass device='cpu' or timing='host')")
+    primary = gpu_stats if gpu_stats is not None else host_stats
+    if primary.outlier_steps:
+        warnings.append(f"{len(primary.outlier_steps)} outlier step(s) above "
+                        f"{primary.outlier_threshold_ms:.4f} ms")
+    if n >= 20 and not math.isnan(primary.drift_pct) and abs(primary.drift_pct) > 10.0:
+        warnings.append(f"latency drifts by {primary.drift_pct:+.1f}% from the first to the last decile")
+    return host_stats, gpu_stats, gpu_ms, busy
+
+
+def throughput(n: int, total_time: float, gpu_ms: Optional[List[float]], synchronized: Optional[bool],
+               busy: Optional[float] = None) -> Tuple[float, str, Optional[float]]:
+    """(steps per second, what decided it, events coverage): the wall clock of the whole
+    loop, unless the events provably hold the work: the marks probed right after their
+    record were mostly still pending (``busy``, the stream had work queued) and the
+    steps' GPU times add up to nearly all of the loop (:data:`EVENTS_COVER`). Coverage
+    alone proves nothing: laps between marks on an idle stream add up to the wall time
+    too."""
+    steps_per_s = n / total_time if total_time > 0 else math.inf
+    source = "wall clock of the whole trajectory" + (
+        "" if synchronized is not False else " (without a final synchronization)")
+    if not gpu_ms:
+        return steps_per_s, source, None
+    gpu_total_s = math.fsum(gpu_ms) / 1e3
+    coverage = gpu_total_s / total_time if total_time > 0 else None
+    if (coverage is not None and coverage >= EVENTS_COVER and gpu_total_s > 0
+            and busy is not None and busy >= 0.5):
+        return n / gpu_total_s, (
+            f"events: the timed stream was busy at {busy:.0%} of the probed marks and the "
+            f"steps' GPU times add up to {coverage:.1%} of the loop's wall time"), coverage
+    if coverage is not None and (busy is None or busy < 0.5):
+        source += (": the timed stream was not shown busy at the marks, so the events "
+                   "need not hold the work")
+    elif coverage is not None:
+        source += (f": the steps' GPU times add up to only {coverage:.1%} of it, so the "
+                   "events do not hold all of the work (it runs elsewhere, or after the "
+                   "last mark)")
+    return steps_per_s, source, coverage
+
+
+# --------------------------------------------------------------------- the benchmark
+
+
+@dataclass
+class _Run:
+    """One run's decisions and readings, from the warm-up to the result."""
+
+    label: str
+    n: int
+    warmup_steps: int
+    timestep: Optional[float]
+    n_atoms: Optional[int]
+    sync_every: Optional[int]
+    leak_tolerance_mb: float
+    outlier_k: float
+    synchronize: Optional[Callable[[], Any]]
+    plan: Plan = field(default_factory=lambda: Plan("cpu", None, ""))
+    warnings: List[str] = field(default_factory=list)
+    warmup_time: float = 0.0
+    marks: Optional[events.EventMarks] = None
+    event_every: Optional[int] = None
+    sampler: Optional[probes.MemorySampler] = None
+    cross: Optional[probes.MemorySeries] = None
+
+    def sync(self) -> None:
+        """Waits for the steps' work: the frameworks' on the device, and the caller's."""
+        if self.plan.index is not None:
+            frameworks.synchronize_all(self.plan.index)
+        if self.synchronize is not None:
+            self.synchronize()
+
+
+def _prepare(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], device: Any, timing: str,
+             event_every: Union[int, str], event_ring: int) -> Any:
+    """Device, warm-up, plan and GPU marks of ``run``; returns the last warm-up result."""
+    # Without an explicit device, CUDA when a framework that could run the model is
+    # loaded; otherwise the warm-up's result and the process's CUDA contexts decide
+    # (a pure-Python/numpy model must not be "timed" on an idle GPU).
+    torch_or_cupy = frameworks.loaded_torch() is not None or "cupy" in sys.modules
+    index = resolve_device(device, auto_cuda=torch_or_cupy).index
+    use_events = index is not None and timing != "host" and torch_or_cupy
+    if timing == "gpu" and not use_events:
+        raise InvalidInputError(
+            f"timing='gpu' needs a CUDA device and PyTorch or CuPy loaded (device: "
+            f"{'cpu' if index is None else f'cuda:{index}'}); an engine's own context or JAX "
+            "is timed on the host clock")
+    # A synchronize callable says the steps run where gpukeeper cannot wait (another
+    # engine's context): events on the framework's stream would time that stream, and
+    # on the legacy default stream they serialize the engine's streams at every mark
+    # (an OpenMM loop beside torch ran 8% slower with them). Host clock, unless asked.
+    events_wanted = use_events and (run.synchronize is None or timing == "gpu")
+    settle = (lambda: frameworks.synchronize_all(index)) if events_wanted and event_every == "auto" else None
+    t_w = time.perf_counter()
+    warm = warm_up(model_func, itertools.cycle(data), run.warmup_steps, settle)
+    run.plan = make_plan(index, device is None and index is None, events_wanted,
+                         torch_or_cupy and run.synchronize is None, warm.last, run.synchronize)
+    if run.plan.kind == "jax":
+        frameworks.jax_block_until_ready(warm.last)
+    warm.last = None
+    run.sync()
+    run.warmup_time = time.perf_counter() - t_w
+    run.plan, run.marks, run.event_every = _event_marks(run.plan, run.n, event_ring, event_every,
+                                                        warm.step_ns, run.synchronize)
+    return warm
+
+
+def _blocking(model_func: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The step of a JAX model: its result waited for (jax.block_until_ready)."""
+    block = frameworks.jax_block_until_ready
+
+    def step(x: Any) -> Any:
+        return block(model_func(x))
+
+    return step
+
+
+def _result(run: _Run, host_ns: "array[int]", total_time: float, initial: Optional[List[int]],
+            final: Optional[List[int]], cross: Tuple[Any, Any]) -> TrajectoryResult:
+    """The TrajectoryResult of a finished loop."""
+    plan, n, warnings = run.plan, run.n, run.warnings
+    mem = memory_outcome(run.sampler, final, n, run.leak_tolerance_mb, warnings)
+    series = run.sampler.series if run.sampler is not None else []
+    probes.cross_check_warning(cross[0], cross[1], series, run.leak_tolerance_mb, warnings)
+    host_ms = [v / 1e6 for v in host_ns]
+    gpu_ms = run.marks.step_times_ms() if run.marks is not None else None
+    host_stats, gpu_stats, gpu_ms, busy = step_statistics(host_ms, gpu_ms, run.marks, run.sync_every,
+                                                          run.outlier_k, n, warnings)
+    # ---- throughput: the wall clock, unless the events provably hold the work
+    synchronized: Optional[bool] = True
+    if plan.kind == "engine" and run.synchronize is None:
+        synchronized = False
+        warnings.append(
+            "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, "
+            "so the work it still had queued after the last step may be missing from the wall "
+            "clock (pass synchronize=, e.g. lambda: simulation.context.getState())")
+    steps_per_s, thr_source, coverage = throughput(n, total_time, gpu_ms, synchronized, busy)
+    verdict = mem.verdict
+    return TrajectoryResult(
+        name=run.label, device="cpu" if plan.index is None else f"cuda:{plan.index}", n_steps=n,
+        warmup_steps=run.warmup_steps, timing_source="gpu" if gpu_stats is not None else "host",
+        host_times_ms=host_ms, gpu_times_ms=gpu_ms if gpu_ms else None, host=host_stats,
+        gpu=gpu_stats, total_time_s=total_time, warmup_time_s=run.warmup_time,
+        steps_per_s=steps_per_s,
+        ns_per_day=steps_per_s * run.timestep * 1e-6 * 86400.0 if run.timestep is not None else None,
+        us_per_atom_step=(1e6 / steps_per_s / run.n_atoms) if run.n_atoms is not None and steps_per_s > 0 else None,
+        timestep_fs=run.timestep, n_atoms=run.n_atoms, sync_every=run.sync_every,
+        memory_source=series[0].name if series else None,
+        memory_sample_every=run.sampler.every if run.sampler is not None else None,
+        memory_steps=mem.steps, memory_bytes=mem.bytes,
+        memory_initial_bytes=initial[0] if initial else None,
+        memory_final_bytes=final[0] if final else None,
+        memory_peak_bytes=mem.peak, memory_slope_bytes_per_step=mem.slope,
+        memory_slope_all_bytes_per_step=mem.slope_all, leak_tolerance_mb=float(run.leak_tolerance_mb),
+        memory_leak=mem.leak, warnings=warnings,
+        work="cpu" if plan.kind == "cpu" else "gpu", timing_method=plan.how,
+        synchronized=synchronized, throughput_source=thr_source, events_coverage=coverage,
+        memory_leak_source=verdict.source if verdict else None,
+        memory_leak_reason=verdict.reason if verdict else "",
+        memory_noise_bytes=verdict.noise if verdict else None,
+        memory_series=mem.all_series, event_every=run.event_every,
+    )
+
+
+def _measure(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], warm: WarmUp,
+             check_memory_leak: bool, memory_sample_every: Union[int, str],
+             progress: Optional[bool]) -> TrajectoryResult:
+    """The measured loop of a prepared run, with its memory probes, and its result."""
+    plan, n = run.plan, run.n
+    if check_memory_leak:
+        run.sampler, run.cross = _memory_probes(plan, run.synchronize, memory_sample_every, n,
+                                                warm.host_ns, run.event_every, run.warnings)
+    bar = _progress_bar(progress, n, run.event_every)
+    # Preallocated: array stores keep no Python objects alive per step, so the
+    # bookkeeping itself neither allocates nor grows the memory it watches.
+    host_ns = array("q", bytes(8 * n))
+    source = data if n == len(data) else itertools.islice(itertools.cycle(data), n)
+    cross_before = probes.cross_reading(run.cross, plan.index)
+    initial = run.sampler.start() if run.sampler is not None else None
+    waits = plan.index is not None or run.synchronize is not None  # else nothing to wait for
+    options = LoopOptions(run.sync if waits else None, run.sync_every, run.marks, run.event_every or 1,
+                          run.sampler, bar)
+    model = _blocking(model_func) if plan.kind == "jax" else model_func
+    total_time, pending = run_loop(model, source, n, host_ns, options)
+    if run.marks is not None:
+        run.marks.resolve(pending)
+    if bar is not None:
+        bar.close()
+    final = run.sampler.finish() if run.sampler is not None else None
+    cross_after = probes.cross_reading(run.cross, plan.index)
+    return _result(run, host_ns, total_time, initial, final, (cross_before, cross_after))
+
+
+def benchmark_md_trajectory(
+    model_func: Callable[[Any], Any],
+    inputs: Iterable[Any],
+    check_memory_leak: bool = True,
+    warmup_steps: int = 10,
+    timestep_fs: Optional[float] = None,
+    n_atoms: Optional[int] = None,
+    device: Any = None,
+    name: Optional[str] = None,
+    memory_sample_every: Union[int, str] = "auto",
+    progress: Optional[bool] = None,
+    sync_every: Optional[int] = None,
+    *,
+    n_steps: Optional[int] = None,
+    timing: str = "auto",
+    leak_tolerance_mb: float = 1.0,
+    outlier_k: float = 5.0,
+    event_ring: int = 4096,
+    event_every: Union[int, str] = "auto",
+    synchronize: Optional[Callable[[], Any]] = None,
+) -> TrajectoryResult:
+    """Runs ``model_func(x)`` once per step over ``inputs`` and profiles every step.
+
+    Args:
+        model_func: called with one input per step; its result is kept until the next
+            step (as an MD integrator keeps the forces), then dropped.
+        inputs: the per-step inputs (a sequence, or any iterable: materialized first).
+        check_memory_leak: sample memory and give a leak verdict (``memory_leak``).
+        warmup_steps: calls before measuring, cycling through ``inputs`` (not measured).
+        timestep_fs, n_atoms: enable ``ns_per_day`` and ``us_per_atom_step``.
+        device: where the model runs (as ``get_device``); None: CUDA when a framework
+            that can run it is loaded (PyTorch, CuPy; JAX when the steps return JAX
+            arrays), or when the process holds a CUDA context no framework owns (an
+            engine such as OpenMM); else CPU. Pass ``"cpu"`` for a CPU model on a GPU
+            machine.
+        name: label (default: the function's name).
+        memory_sample_every: read memory after every N-th step, or "auto" (module doc).
+        progress: a text bar on stderr; None: on when stderr is a tty and the run has at
+            least 5000 steps.
+        sync_every: synchronize the device inside every k-th step's measured window.
+        n_steps: measured steps (default ``len(inputs)``); inputs are cycled.
+        timing: "auto" (GPU events on CUDA, else host), "gpu" or "host" (no events).
+        leak_tolerance_mb: projected growth over the run above which it is a leak.
+        outlier_k: outlier threshold in robust standard deviations.
+        event_ring: GPU event marks kept before they are resolved.
+        event_every: with GPU events, a mark after every k-th step: "auto" chooses k
+            from the warm-up's step time so that the marks cost the device at most 0.5%
+            of a step and the host at most 0.4 us a step (module doc; the second half
+            of the warm-up is then timed between two device waits); 1 gives every step
+            its own GPU time. The k used is ``result.event_every``.
+        synchronize: waits for the steps' work where gpukeeper cannot: an engine's own
+            CUDA context (e.g. ``lambda: simulation.context.getState()`` for OpenMM).
+            Called after the warm-up, inside every ``sync_every``-th step and before the
+            loop's wall clock stops. Without it, the work such an engine still has queued
+            after the last step may be missing from the wall clock (the result says so).
+            Passing it also says the steps' memory is the engine's: it is then read from
+            NVML's figure for this process.
+
+    Returns a :class:`TrajectoryResult`. Raises ``InvalidInputError`` for bad arguments
+    (an uncallable model, no inputs, negative counts, an unknown ``timing`` ...);
+    exceptions of ``model_func`` propagate unchanged.
+    """
+    data, n, timestep, label = checked_arguments(
+        model_func, inputs, warmup_steps, timestep_fs, n_atoms, name, memory_sample_every,
+        sync_every, n_steps, timing, leak_tolerance_mb, outlier_k, event_ring, synchronize,
+        event_every)
+    run = _Run(label, n, warmup_steps, timestep, n_atoms, sync_every, leak_tolerance_mb, outlier_k,
+               synchronize)
+    warm = _prepare(run, model_func, data, device, timing, event_every, event_ring)
+    return _measure(run, model_func, data, warm, check_memory_leak, memory_sample_every, progress)
