@@ -30,7 +30,8 @@ std::uint64_t to_duration_ns(const py::handle& obj) {
 int to_timing_device(const py::handle& obj) {
   if (obj.is_none()) return 0;
   if (PyBool_Check(obj.ptr()) || !PyLong_Check(obj.ptr())) {
-    throw InvalidInputError("device must be an int (-1 for CPU timing), got " +
+    throw InvalidInputError("device must be an int (" + std::to_string(kCpuDevice) +
+                            " for CPU timing), got " +
                             std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
   }
   long long value = 0;
@@ -39,9 +40,9 @@ int to_timing_device(const py::handle& obj) {
   } catch (const py::cast_error&) {
     throw InvalidInputError("device id out of range");
   }
-  if (value < -1 || value > 1 << 20) {
-    throw InvalidInputError("device must be -1 (CPU) or a CUDA device id, got " +
-                            std::to_string(value));
+  if (value < kCpuDevice || value > 1 << 20) {
+    throw InvalidInputError("device must be " + std::to_string(kCpuDevice) +
+                            " (CPU) or a CUDA device id, got " + std::to_string(value));
   }
   return static_cast<int>(value);
 }

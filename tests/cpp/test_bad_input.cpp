@@ -256,7 +256,7 @@ TEST_CASE("bad input: unknown memory kinds and device ids", "[bad_input]") {
       REQUIRE_THROWS_AS(gpukeeper::make_resource(k, 99), GpuError);
     }
   }
-  REQUIRE_THROWS_AS(gpukeeper::device_memory_info(-1), InvalidInputError);
+  REQUIRE_THROWS_AS(gpukeeper::device_memory_info(gpukeeper::kCpuDevice), InvalidInputError);
   REQUIRE_THROWS_AS(gpukeeper::device_memory_info(99), InvalidInputError);
 
   for (ResourceKind k : all_kinds()) {

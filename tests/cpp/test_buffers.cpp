@@ -1,24 +1,19 @@
-// ManagedBuffer and BufferBatch: RAII owners of pool blocks.
-#include <chrono>
+// ManagedBuffer: the RAII owner of a pool block.
 #include <cstring>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
-#include "gpukeeper/memory/buffer_batch.hpp"
 #include "gpukeeper/memory/managed_buffer.hpp"
 #include "test_support.hpp"
 
 using namespace gktest;
-using gpukeeper::BufferBatch;
 using gpukeeper::ManagedBuffer;
 
 static_assert(!std::is_copy_constructible<ManagedBuffer>::value, "ManagedBuffer is move-only");
 static_assert(!std::is_copy_assignable<ManagedBuffer>::value, "ManagedBuffer is move-only");
 static_assert(std::is_nothrow_move_constructible<ManagedBuffer>::value, "moves cannot fail");
 static_assert(std::is_nothrow_move_assignable<ManagedBuffer>::value, "moves cannot fail");
-static_assert(!std::is_copy_constructible<BufferBatch>::value, "BufferBatch is move-only");
-static_assert(std::is_nothrow_move_constructible<BufferBatch>::value, "moves cannot fail");
 
 #define GK_FOR_EACH_KIND()                                                                   \
   const ResourceKind kind =                                                                  \
@@ -170,112 +165,4 @@ TEST_CASE("ManagedBuffers made in one thread and dropped in others", "[buffers]"
   REQUIRE(pool->stats().allocated_count == 0);
   REQUIRE(pool->stats().allocated_bytes == 0);
   REQUIRE(pool->validate() == "");
-}
-
-TEST_CASE("BufferBatch owns many buffers and returns them together", "[buffers]") {
-  GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind);
-  {
-    BufferBatch batch(pool, /*stream=*/0);
-    REQUIRE(batch.size() == 0);
-    REQUIRE(batch.total_bytes() == 0);
-    REQUIRE(batch.pool() == pool);
-    std::vector<std::size_t> sizes = {100, 4096, 1 * MiB, 3 * MiB, 12 * MiB, 256};
-    std::size_t total = 0;
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      REQUIRE(batch.add(sizes[i]) == i);
-      total += sizes[i];
-    }
-    REQUIRE(batch.size() == sizes.size());
-    REQUIRE(batch.total_bytes() == total);
-    std::vector<std::pair<std::uintptr_t, std::size_t>> ranges;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      REQUIRE(batch[i].size() == sizes[i]);
-      REQUIRE(pool->owns(batch[i].data()));
-      ranges.emplace_back(addr(batch[i].data()), round_up(sizes[i]));
-    }
-    REQUIRE(find_overlap(ranges) == "");
-    REQUIRE_THROWS_AS(batch[sizes.size()], std::out_of_range);
-    const BufferBatch& view = batch;
-    REQUIRE(view[0].data() == batch[0].data());
-    REQUIRE(pool->stats().allocated_count == sizes.size());
-    REQUIRE(pool->stats().requested_bytes == total);
-
-    // A failed add leaves the batch as it was.
-    REQUIRE_THROWS_AS(batch.add(0), InvalidInputError);
-    pool->set_limit(pool->stats().reserved_bytes);
-    REQUIRE_THROWS_AS(batch.add(64 * MiB), AllocationError);
-    pool->set_limit(0);
-    REQUIRE(batch.size() == sizes.size());
-    REQUIRE(batch.total_bytes() == total);
-    REQUIRE(pool->stats().allocated_count == sizes.size());
-
-    batch.clear();
-    REQUIRE(batch.size() == 0);
-    REQUIRE(batch.total_bytes() == 0);
-    REQUIRE(pool->stats().allocated_count == 0);
-    // Returned newest first, neighbours merge: the cache is back in one piece per segment.
-    REQUIRE(pool->validate() == "");
-
-    batch.add(512);  // usable after clear
-    REQUIRE(pool->stats().allocated_count == 1);
-  }
-  REQUIRE(pool->stats().allocated_count == 0);  // the destructor returned the last one
-  REQUIRE(pool->validate() == "");
-}
-
-TEST_CASE("BufferBatch moves hand over every buffer", "[buffers]") {
-  auto pool = make_pool(ResourceKind::host);
-  BufferBatch a(pool);
-  a.add(1000);
-  a.add(2000);
-  void* first = a[0].data();
-
-  SECTION("move construction") {
-    BufferBatch b(std::move(a));
-    REQUIRE(b.size() == 2);
-    REQUIRE(b.total_bytes() == 3000);
-    REQUIRE(b[0].data() == first);
-    REQUIRE(a.size() == 0);  // NOLINT(bugprone-use-after-move)
-    REQUIRE(pool->stats().allocated_count == 2);
-  }
-  SECTION("move assignment returns the target's old buffers") {
-    BufferBatch b(pool);
-    b.add(4096);
-    REQUIRE(pool->stats().allocated_count == 3);
-    b = std::move(a);
-    REQUIRE(b.size() == 2);
-    REQUIRE(b[0].data() == first);
-    REQUIRE(pool->stats().allocated_count == 2);
-  }
-  SECTION("many buffers") {
-    BufferBatch big(pool);
-    for (int i = 0; i < 5000; ++i) big.add(256);
-    REQUIRE(big.size() == 5000);
-    REQUIRE(big.total_bytes() == 5000 * 256);
-    REQUIRE(pool->stats().allocated_count == 5002);
-  }
-  a.clear();
-  REQUIRE(pool->stats().allocated_count == 0);
-  REQUIRE(pool->validate() == "");
-}
-
-TEST_CASE("BufferBatch: adding n buffers takes time linear in n", "[buffers]") {
-  // 50,000 adds are ~50 ms of pool work. A batch that regrows its storage by one slot
-  // per add moves every buffer each time: n^2 / 2 moves, seconds for this n.
-  auto pool = make_pool(ResourceKind::host);
-  BufferBatch batch(pool);
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < 50000; ++i) batch.add(256);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  INFO("50000 adds took " << seconds << " s");
-  REQUIRE(batch.size() == 50000);
-  REQUIRE(seconds < 2.0);
-  batch.clear();
-  REQUIRE(pool->stats().allocated_count == 0);
-}
-
-TEST_CASE("BufferBatch needs a pool", "[buffers]") {
-  REQUIRE_THROWS_AS(BufferBatch(nullptr), InvalidInputError);
 }

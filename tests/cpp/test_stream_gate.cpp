@@ -22,6 +22,7 @@
 
 using gpukeeper::GateOutcome;
 using gpukeeper::InvalidInputError;
+using gpukeeper::kCpuDevice;
 using gpukeeper::StreamGate;
 using gpukeeper::Timer;
 
@@ -58,9 +59,9 @@ TEST_CASE("gate: refused without a GPU or kernels; empty gates are harmless", "[
   empty.reset();
 
   REQUIRE_THROWS_AS(StreamGate(0, 0, 0), InvalidInputError);
-  REQUIRE_THROWS_AS(Timer(-1, 0, true, 0), InvalidInputError);
+  REQUIRE_THROWS_AS(Timer(kCpuDevice, 0, true, 0), InvalidInputError);
   // In CPU mode a hidden-latency timer is a plain steady-clock timer.
-  Timer cpu(-1, 0, true);
+  Timer cpu(kCpuDevice, 0, true);
   REQUIRE_FALSE(cpu.is_gpu());
   REQUIRE_FALSE(cpu.hides_launch_latency());
   cpu.start();

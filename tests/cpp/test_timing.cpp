@@ -19,6 +19,7 @@ using gpukeeper::DeviceError;
 using gpukeeper::EventLog;
 using gpukeeper::EventPool;
 using gpukeeper::InvalidInputError;
+using gpukeeper::kCpuDevice;
 using gpukeeper::Timer;
 using gpukeeper::TimedInterval;
 
@@ -37,9 +38,9 @@ bool gpu_usable() {
 }  // namespace
 
 TEST_CASE("timing: a CPU timer reads a 20 ms sleep as 20 +- 5 ms", "[timing]") {
-  Timer t(-1);
+  Timer t(kCpuDevice);
   REQUIRE_FALSE(t.is_gpu());
-  REQUIRE(t.device() == -1);
+  REQUIRE(t.device() == kCpuDevice);
   t.start();
   sleep_ms(20);
   t.stop();
@@ -56,18 +57,18 @@ TEST_CASE("timing: a CPU timer reads a 20 ms sleep as 20 +- 5 ms", "[timing]") {
 
 TEST_CASE("timing: a timer must be started before stop and stopped before elapsed",
           "[timing]") {
-  Timer t(-1);
+  Timer t(kCpuDevice);
   REQUIRE_FALSE(t.ready());
   REQUIRE_THROWS_AS(t.stop(), InvalidInputError);
   REQUIRE_THROWS_AS(t.elapsed_ms(), InvalidInputError);
   t.start();
   REQUIRE_FALSE(t.ready());
   REQUIRE_THROWS_AS(t.elapsed_ms(), InvalidInputError);
-  REQUIRE_THROWS_AS(Timer(-2), InvalidInputError);
+  REQUIRE_THROWS_AS(Timer(kCpuDevice - 1), InvalidInputError);
 }
 
 TEST_CASE("timing: timers move, and a moved-from timer refuses to work", "[timing]") {
-  Timer a(-1, /*stream=*/7);
+  Timer a(kCpuDevice, /*stream=*/7);
   a.start();
   sleep_ms(2);
   a.stop();
@@ -78,12 +79,12 @@ TEST_CASE("timing: timers move, and a moved-from timer refuses to work", "[timin
   REQUIRE(b.elapsed_ms() >= 1.0);
   REQUIRE_THROWS_AS(a.start(), InvalidInputError);
   REQUIRE_THROWS_AS(a.elapsed_ms(), InvalidInputError);
-  Timer c(-1);
+  Timer c(kCpuDevice);
   c = std::move(b);
   REQUIRE(c.elapsed_ms() >= 1.0);
   REQUIRE_FALSE(b.valid());
   std::vector<Timer> many;
-  for (int i = 0; i < 10; ++i) many.emplace_back(-1);  // vector growth moves them
+  for (int i = 0; i < 10; ++i) many.emplace_back(kCpuDevice);  // vector growth moves them
   for (auto& t : many) {
     t.start();
     t.stop();
@@ -106,7 +107,7 @@ TEST_CASE("timing: without a usable device every id times on the CPU", "[timing]
 }
 
 TEST_CASE("timing: a CPU event log resolves laps and nested intervals in order", "[timing]") {
-  EventLog log(-1);
+  EventLog log(kCpuDevice);
   REQUIRE_FALSE(log.is_gpu());
   log.mark("origin");
   sleep_ms(5);
@@ -149,7 +150,7 @@ TEST_CASE("timing: a CPU event log resolves laps and nested intervals in order",
 }
 
 TEST_CASE("timing: an event log refuses unbalanced intervals and keeps them", "[timing]") {
-  EventLog log(-1);
+  EventLog log(kCpuDevice);
   REQUIRE_THROWS_AS(log.end(), InvalidInputError);
   log.begin("open");
   REQUIRE(log.open() == 1);
@@ -162,7 +163,7 @@ TEST_CASE("timing: an event log refuses unbalanced intervals and keeps them", "[
 }
 
 TEST_CASE("timing: event logs move", "[timing]") {
-  EventLog a(-1);
+  EventLog a(kCpuDevice);
   a.mark("x");
   a.mark("y");
   EventLog b(std::move(a));

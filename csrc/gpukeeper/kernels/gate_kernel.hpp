@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "gpukeeper/memory/resource.hpp"
+#include "gpukeeper/core/stream.hpp"
 
 namespace gpukeeper {
 

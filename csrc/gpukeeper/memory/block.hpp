@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "gpukeeper/memory/resource.hpp"
+#include "gpukeeper/core/stream.hpp"
 
 namespace gpukeeper::detail {
 

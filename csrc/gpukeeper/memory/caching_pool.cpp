@@ -1,8 +1,11 @@
+// The caching pool's core: construction, allocation (cached blocks, new segments,
+// carving), deallocation, merging free neighbours, and releasing free segments. Limits and
+// callbacks: caching_pool_limits.cpp; expandable segments: caching_pool_expandable.cpp;
+// stats, history and snapshots: caching_pool_books.cpp; validate() and the out-of-memory
+// message: caching_pool_validation.cpp.
 #include "gpukeeper/memory/caching_pool.hpp"
 
 #include <algorithm>
-#include <cinttypes>
-#include <cstdio>
 
 #include "gpukeeper/core/errors.hpp"
 #include "gpukeeper/core/text.hpp"
@@ -15,44 +18,14 @@ using detail::Segment;
 using detail::hex;
 using detail::human_bytes;
 
-namespace {
-
-constexpr std::size_t round_up(std::size_t value, std::size_t to) noexcept {
-  return (value + to - 1) / to * to;
-}
-
-}  // namespace
-
 CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions options)
     : upstream_(std::move(upstream)),
       options_(options),
       events_(upstream_ ? upstream_->device() : 0, upstream_ && upstream_->stream_ordered()) {
   if (!upstream_) throw InvalidInputError("CachingPool needs an upstream resource");
-  auto pow2 = [](std::size_t v) { return v != 0 && (v & (v - 1)) == 0; };
-  if (options_.small_size == 0 || options_.small_size > options_.small_segment ||
-      options_.small_segment % kAlignment != 0 || options_.large_segment % kAlignment != 0 ||
-      options_.large_cutoff > options_.large_segment || !pow2(options_.segment_granularity) ||
-      options_.segment_granularity < kAlignment) {
-    throw InvalidInputError(
-        "PoolOptions: need 0 < small_size <= small_segment, large_cutoff <= large_segment, "
-        "segment sizes multiples of 256 and a power-of-two segment_granularity >= 256");
-  }
+  check_options(options_);
   limit_.store(options_.max_pool_size, std::memory_order_relaxed);
-  if (options_.expandable) {
-    VirtualMemory* vm = upstream_->virtual_memory();
-    if (vm == nullptr) {
-      throw InvalidInputError(std::string("expandable segments need virtual memory, which ") +
-                              to_string(upstream_->kind()) + " memory does not offer");
-    }
-    std::size_t range = options_.expandable_range;
-    if (range == 0) range = 2 * std::max<std::size_t>(upstream_->memory_info().total, 1u << 30);
-    paged_ = std::make_unique<detail::PagedMemory>(*vm, range, options_.expandable_slack);
-    streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
-    may_create_page_fn_ = [this] {
-      const std::size_t limit = limit_.load(std::memory_order_relaxed);
-      return limit == 0 || paged_->mapped_bytes() + paged_->page_size() <= limit;
-    };
-  }
+  if (options_.expandable) init_expandable();
 }
 
 CachingPool::~CachingPool() {
@@ -557,270 +530,6 @@ std::size_t CachingPool::trim(std::size_t keep_bytes) {
   }
   if (released > 0) notify_watermarks();
   return released;
-}
-
-void CachingPool::set_limit(std::size_t bytes) {
-  {
-    std::lock_guard<SpinMutex> lock(mutex_);
-    std::size_t allocated = allocated_.load(std::memory_order_relaxed);
-    if (bytes != 0 && bytes < allocated) {
-      throw InvalidInputError("limit of " + std::to_string(bytes) + " bytes (" +
-                              human_bytes(bytes) + ") is below the " + std::to_string(allocated) +
-                              " bytes (" + human_bytes(allocated) +
-                              ") now allocated; return buffers first");
-    }
-    limit_.store(bytes, std::memory_order_relaxed);
-    if (bytes != 0) release_free_segments(bytes);
-  }
-  notify_watermarks();
-}
-
-// ---------------------------------------------------------------- statistics
-
-PoolStats CachingPool::stats() const noexcept {
-  if (largest_stale_.load(std::memory_order_relaxed) && mutex_.try_lock()) {
-    // Tidying, not a change of what the pool holds: merged free runs make the largest
-    // free block (and fragmentation) what a request would see.
-    const_cast<CachingPool*>(this)->merge_pending();
-    refresh_largest();
-    mutex_.unlock();
-  }
-  PoolStats s;
-  auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
-  s.allocated_bytes = get(allocated_);
-  s.allocated_count = get(allocated_count_);
-  s.requested_bytes = get(requested_);
-  s.reserved_bytes = get(reserved_);
-  s.segment_count = get(segment_count_);
-  s.cached_bytes = s.reserved_bytes >= s.allocated_bytes ? s.reserved_bytes - s.allocated_bytes : 0;
-  s.peak_allocated_bytes = get(peak_allocated_);
-  s.peak_reserved_bytes = get(peak_reserved_);
-  s.largest_free_block = std::min(get(largest_free_), s.cached_bytes);
-  s.limit_bytes = get(limit_);
-  s.cache_hits = get(cache_hits_);
-  s.cache_misses = get(cache_misses_);
-  s.upstream_allocations = get(upstream_allocations_);
-  s.upstream_frees = get(upstream_frees_);
-  s.oom_events = get(oom_events_);
-  s.callback_errors = get(callback_errors_);
-  s.pages_moved = get(pages_moved_);
-  return s;
-}
-
-void CachingPool::reset_peaks() noexcept {
-  std::lock_guard<SpinMutex> lock(mutex_);
-  peak_allocated_.store(allocated_.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  peak_reserved_.store(reserved_.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  history_.reset_peaks();
-}
-
-
-
-
-double CachingPool::memory_pressure() const {
-  const std::size_t limit = limit_.load(std::memory_order_relaxed);
-  if (limit != 0) {
-    double p = static_cast<double>(reserved_.load(std::memory_order_relaxed)) / limit;
-    return std::min(1.0, p);
-  }
-  MemoryInfo info = upstream_->memory_info();
-  if (info.total == 0) return 0.0;
-  double used = static_cast<double>(info.total - std::min(info.free, info.total));
-  return std::min(1.0, used / static_cast<double>(info.total));
-}
-
-
-// ---------------------------------------------------------------- callbacks
-
-int CachingPool::add_watermark(double level, WatermarkCallback callback) {
-  if (!(level > 0.0 && level <= 1.0)) {
-    throw InvalidInputError("watermark level must be in (0, 1], got " + std::to_string(level));
-  }
-  if (!callback) throw InvalidInputError("watermark callback is empty");
-  std::lock_guard<std::mutex> lock(callbacks_mutex_);
-  int id = next_callback_id_++;
-  watermarks_.push_back({id, level, std::move(callback), true});
-  has_watermarks_.store(true, std::memory_order_relaxed);
-  return id;
-}
-
-bool CachingPool::remove_watermark(int id) {
-  std::lock_guard<std::mutex> lock(callbacks_mutex_);
-  auto it = std::find_if(watermarks_.begin(), watermarks_.end(),
-                         [id](const Watermark& w) { return w.id == id; });
-  if (it == watermarks_.end()) return false;
-  watermarks_.erase(it);
-  has_watermarks_.store(!watermarks_.empty(), std::memory_order_relaxed);
-  return true;
-}
-
-int CachingPool::add_reclaim_callback(ReclaimCallback callback) {
-  if (!callback) throw InvalidInputError("reclaim callback is empty");
-  std::lock_guard<std::mutex> lock(callbacks_mutex_);
-  int id = next_callback_id_++;
-  reclaimers_.push_back({id, std::move(callback)});
-  return id;
-}
-
-bool CachingPool::remove_reclaim_callback(int id) {
-  std::lock_guard<std::mutex> lock(callbacks_mutex_);
-  auto it = std::find_if(reclaimers_.begin(), reclaimers_.end(),
-                         [id](const Reclaimer& r) { return r.id == id; });
-  if (it == reclaimers_.end()) return false;
-  reclaimers_.erase(it);
-  return true;
-}
-
-// Called without mutex_ held, so that the callbacks may use the pool.
-void CachingPool::notify_watermarks() {
-  if (!has_watermarks_.load(std::memory_order_relaxed)) return;
-  double pressure = 0.0;
-  try {
-    pressure = memory_pressure();
-  } catch (const std::exception&) {
-    callback_errors_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  std::vector<WatermarkCallback> due;
-  {
-    std::lock_guard<std::mutex> lock(callbacks_mutex_);
-    for (Watermark& w : watermarks_) {
-      if (w.armed && pressure >= w.level) {
-        w.armed = false;
-        due.push_back(w.callback);
-      } else if (!w.armed && pressure < w.level) {
-        w.armed = true;
-      }
-    }
-  }
-  for (auto& cb : due) {
-    try {
-      cb(pressure);
-    } catch (...) {
-      callback_errors_.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-}
-
-std::size_t CachingPool::run_reclaimers(std::size_t needed) {
-  std::vector<ReclaimCallback> all;
-  {
-    std::lock_guard<std::mutex> lock(callbacks_mutex_);
-    for (auto& r : reclaimers_) all.push_back(r.callback);
-  }
-  std::size_t released = 0;
-  for (auto& cb : all) {
-    try {
-      released += cb(needed);
-    } catch (...) {
-      callback_errors_.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-  return released;
-}
-
-
-}  // namespace gpukeeper
-
-namespace gpukeeper {
-
-// ---------------------------------------------------------------- expandable segments
-
-// More address space for `size`: the tail of the growing range of this size class (its
-// last block, if free on this stream, grows in place), else a new range. The pages are
-// mapped later, by carve(), under the part that is handed out.
-Block* CachingPool::grow_expandable(std::size_t size, bool small, stream_t stream) {
-  Segment*& current = expandable_[small ? 0 : 1];
-  const std::size_t page = paged_->page_size();
-  if (current != nullptr) {
-    Block* last = current->last;
-    const bool extend_last = last->free && last->stream == stream;
-    const std::size_t need = extend_last && last->size < size ? size - last->size : size;
-    const std::size_t grow_by = round_up(need, page);
-    if (current->size + grow_by <= current->table->capacity) {
-      paged_->extend(current->table, current->size + grow_by);
-      current->size += grow_by;
-      if (extend_last) {
-        index_of(last).remove(last);
-        remove_pending(last);
-        last->size += grow_by;
-        return last;
-      }
-      Block* block = blocks_.make();
-      block->addr = last->addr + last->size;
-      block->size = grow_by;
-      block->segment = current;
-      block->prev = last;
-      last->next = block;
-      current->last = block;
-      block->stream = stream;
-      block->free = true;
-      return block;
-    }
-  }
-  const std::size_t first_size = round_up(size, page);
-  if (first_size > paged_->range_bytes()) return nullptr;
-  detail::PageTable* table = paged_->reserve();
-  if (table == nullptr) return nullptr;
-  paged_->extend(table, first_size);
-  current = add_segment(table->base, first_size, stream, small, table);
-  return current->first;
-}
-
-// Maps the pages under the first `size` bytes of `block` (not on any index).
-bool CachingPool::map_pages(Block* block, std::size_t size) {
-  const std::uint64_t mapped_before = paged_->mapped_bytes(), moved_before = paged_->pages_moved();
-  bool ok = paged_->acquire(block->segment->table, block->addr, size, streams_done_fn_,
-                            may_create_page_fn_);
-  if (paged_->mapped_bytes() != mapped_before || paged_->pages_moved() != moved_before) {
-    sync_reserved();
-  }
-  return ok;
-}
-
-bool CachingPool::streams_done(std::uint64_t bits) {
-  for (auto& sf : streams_) {
-    if ((sf->bit & bits) != 0 && !events_.done(sf->stream)) return false;
-  }
-  return true;
-}
-
-void CachingPool::sync_reserved() noexcept {
-  if (!paged_) return;
-  const std::size_t now = paged_->mapped_bytes();
-  reserved_.store(now, std::memory_order_relaxed);
-  if (now > peak_reserved_.load(std::memory_order_relaxed)) {
-    peak_reserved_.store(now, std::memory_order_relaxed);
-  }
-  // Pages move between ranges, so the split by size class is read off the ranges (a
-  // handful: one growing range per class, plus any not yet given back).
-  std::size_t mapped[2] = {0, 0};
-  for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) {
-    if (seg->table != nullptr) mapped[seg->small ? 0 : 1] += seg->table->mapped * paged_->page_size();
-  }
-  for (int cls = 0; cls < 2; ++cls) {
-    if (mapped[cls] > history_mapped_[cls]) {
-      history_.reserved_bytes.increase(cls == 0, mapped[cls] - history_mapped_[cls]);
-    } else {
-      history_.reserved_bytes.decrease(cls == 0, history_mapped_[cls] - mapped[cls]);
-    }
-    history_mapped_[cls] = mapped[cls];
-  }
-  const std::uint64_t created = paged_->pages_created();
-  history_.device_allocs += created - upstream_allocations_.load(std::memory_order_relaxed);
-  upstream_allocations_.store(created, std::memory_order_relaxed);
-  pages_moved_.store(paged_->pages_moved(), std::memory_order_relaxed);
-}
-
-void CachingPool::release_expandable_segment(Segment* seg) {
-  unlink_free_segment(seg);
-  for (Segment*& current : expandable_) {
-    if (current == seg) current = nullptr;
-  }
-  paged_->unreserve(seg->table);
-  count(segment_count_, -1);
-  history_.segments.decrease(seg->small, 1);
-  segment_records_.recycle(seg);
 }
 
 }  // namespace gpukeeper

@@ -14,6 +14,10 @@
 // and merge, while every other placement sees free runs merged. Whole free segments go back to the upstream on
 // emergency_cleanup(), trim(), a limit change, or when the upstream runs out.
 // All members are thread-safe. Prefer ManagedBuffer (managed_buffer.hpp) to raw calls.
+// The code is split by concern, as RMM splits its resources: caching_pool.cpp (allocate,
+// free, merge, release), caching_pool_limits.cpp (limit, pressure, callbacks),
+// caching_pool_expandable.cpp, caching_pool_books.cpp (stats, history, snapshot) and
+// caching_pool_validation.cpp (options, validate(), the out-of-memory message).
 #pragma once
 
 #include <atomic>
@@ -35,6 +39,10 @@
 #include "gpukeeper/memory/stream_events.hpp"
 
 namespace gpukeeper {
+
+namespace detail {
+class Text;
+}  // namespace detail
 
 struct PoolOptions {
   std::size_t small_size = std::size_t{1} << 20;      // requests up to this are small
@@ -149,7 +157,13 @@ class CachingPool {
     int id;
     ReclaimCallback callback;
   };
+  struct Tally;  // what validate() counts while it walks the segments
 
+  static constexpr std::size_t round_up(std::size_t value, std::size_t to) noexcept {
+    return (value + to - 1) / to * to;
+  }
+
+  // caching_pool.cpp: allocation, deallocation, merging, releasing segments.
   void free_block(void* ptr, bool has_stream, stream_t stream, std::size_t expected);
   StreamFree& stream_free(stream_t stream);
   detail::FreeIndex& index_of(const detail::Block* block);
@@ -157,13 +171,8 @@ class CachingPool {
   detail::Block* try_allocate(std::size_t size, std::size_t requested, bool small,
                               stream_t stream, bool& grew);
   detail::Block* grow(std::size_t size, bool small, stream_t stream);
-  detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
   detail::Segment* add_segment(std::uintptr_t base, std::size_t size, stream_t stream,
                                bool small, detail::PageTable* table);
-  bool map_pages(detail::Block* block, std::size_t size);
-  bool streams_done(std::uint64_t bits);
-  void sync_reserved() noexcept;
-  void release_expandable_segment(detail::Segment* segment);
   detail::Block* carve(detail::Block* block, std::size_t size, std::size_t requested,
                        stream_t stream);
   void insert_free(detail::Block* block);
@@ -178,9 +187,26 @@ class CachingPool {
   // the segment list; what backs its memory is the caller's to give back.
   void unlink_free_segment(detail::Segment* segment);
   std::size_t segment_size_for(std::size_t size, bool small) const noexcept;
-  std::string oom_message(std::size_t bytes) const;
+  // caching_pool_expandable.cpp: expandable segments.
+  void init_expandable();
+  detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
+  bool map_pages(detail::Block* block, std::size_t size);
+  bool streams_done(std::uint64_t bits);
+  void sync_reserved() noexcept;
+  void release_expandable_segment(detail::Segment* segment);
+  // caching_pool_limits.cpp: callbacks, run without mutex_ held.
   void notify_watermarks();
   std::size_t run_reclaimers(std::size_t needed);
+  // caching_pool_validation.cpp: checks and the out-of-memory message.
+  static void check_options(const PoolOptions& options);
+  std::string oom_message(std::size_t bytes) const;
+  void validate_segment(const detail::Segment* segment, Tally& tally,
+                        detail::Text& problems) const;
+  void validate_block(const detail::Segment* segment, const detail::Block* block,
+                      const detail::Block* prev, std::uintptr_t expect, Tally& tally,
+                      std::vector<std::uint32_t>& page_refs, detail::Text& problems) const;
+  void validate_counters(const Tally& tally, detail::Text& problems) const;
+
   void count(std::atomic<std::size_t>& counter, std::ptrdiff_t delta) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
   }

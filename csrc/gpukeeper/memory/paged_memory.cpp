@@ -1,3 +1,5 @@
+// Expandable segments' physical pages (paged_memory.hpp): reserving ranges, mapping pages
+// under allocated blocks, moving idle pages to where they are needed, and unmapping them.
 #include "gpukeeper/memory/paged_memory.hpp"
 
 #include <algorithm>
@@ -103,91 +105,131 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
   if (unmapped == 0) return true;  // the cached case: nothing to map
 
   std::vector<Slot> skipped;
-  auto relist_skipped = [&] {
-    for (const Slot& s : skipped) {
-      s.table->pages[s.index].listed = true;
-      movable_.push_back(s);
-    }
-  };
-  auto undo = [&] {
-    relist_skipped();
-    // Pages mapped by this call stay mapped and become movable.
-    for (std::size_t j = first; j <= last; ++j) {
-      if (table->pages[j].handle != 0) unref(table, j, 0);
-    }
-  };
-  // Runs of pages mapped by this call get their access in one call each.
-  std::size_t run_start = 0, run_length = 0;
-  auto flush_run = [&] {
-    if (run_length == 0) return;
-    const std::size_t count = run_length;
-    run_length = 0;
-    try {
-      vm_.set_access(address_of(table, run_start), count * page_);
-    } catch (...) {
-      // Pages nobody may access must not stay mapped: a later block would fault on them.
-      for (std::size_t k = run_start; k < run_start + count; ++k) {
-        PageTable::Page& p = table->pages[k];
-        vm_.unmap(address_of(table, k));
-        vm_.release_page(p.handle);
-        p.handle = 0;
-        p.refs = 0;
-        --live_;
-        --table->mapped;
-        --mapped_pages_;
-      }
-      throw;
-    }
-  };
+  bool mapped = false;
   try {
-    for (std::size_t i = first; i <= last; ++i) {
-      PageTable::Page& page = table->pages[i];
-      if (page.handle != 0) {  // mapped before this call (counted above)
-        flush_run();
-        continue;
-      }
-      VirtualMemory::page_t handle = 0;
-      if (within_slack() && may_create()) handle = vm_.create_page();
-      if (handle != 0) {
-        ++created_;
-      } else {
-        handle = take_movable(done, skipped);
-        if (handle == 0 && may_create()) {
-          handle = vm_.create_page();
-          if (handle != 0) ++created_;
-        }
-      }
-      if (handle == 0) {
-        flush_run();
-        undo();
-        return false;
-      }
-      try {
-        vm_.map(address_of(table, i), handle);
-      } catch (...) {
-        vm_.release_page(handle);
-        throw;
-      }
-      page.handle = handle;
-      page.refs = 0;
-      ref(page);
-      page.streams = 0;
-      ++table->mapped;
-      ++mapped_pages_;
-      if (run_length == 0) run_start = i;
-      ++run_length;
-    }
-    flush_run();
+    mapped = map_unmapped(table, first, last, done, may_create, skipped);
   } catch (...) {
-    try {
-      flush_run();
-    } catch (...) {
-    }
-    undo();
+    undo_acquire(table, first, last, skipped);
     throw;
   }
-  relist_skipped();
+  if (!mapped) {
+    undo_acquire(table, first, last, skipped);
+    return false;
+  }
+  relist(skipped);
   return true;
+}
+
+// Maps a page under each unmapped page of [first, last]; runs of pages mapped here get
+// their access in one call each. False when no page can be had; pages mapped so far stay
+// mapped (and counted) for the caller to undo.
+bool PagedMemory::map_unmapped(PageTable* table, std::size_t first, std::size_t last,
+                               const StreamsDone& done, const std::function<bool()>& may_create,
+                               std::vector<Slot>& skipped) {
+  Run run;
+  try {
+    for (std::size_t i = first; i <= last; ++i) {
+      if (table->pages[i].handle != 0) {  // mapped before this call (counted by acquire)
+        flush_run(table, run);
+        continue;
+      }
+      VirtualMemory::page_t handle = find_page(done, may_create, skipped);
+      if (handle == 0) {
+        flush_run(table, run);
+        return false;
+      }
+      map_page(table, i, handle);
+      if (run.length == 0) run.start = i;
+      ++run.length;
+    }
+    flush_run(table, run);
+  } catch (...) {
+    try {
+      flush_run(table, run);
+    } catch (...) {
+    }
+    throw;
+  }
+  return true;
+}
+
+// A page for a hole: a new one while the pages held stay within the slack, else a
+// movable one whose streams are done, else a new one if may_create allows; 0 if none.
+VirtualMemory::page_t PagedMemory::find_page(const StreamsDone& done,
+                                             const std::function<bool()>& may_create,
+                                             std::vector<Slot>& skipped) {
+  VirtualMemory::page_t handle = 0;
+  if (within_slack() && may_create()) handle = vm_.create_page();
+  if (handle != 0) {
+    ++created_;
+    return handle;
+  }
+  handle = take_movable(done, skipped);
+  if (handle == 0 && may_create()) {
+    handle = vm_.create_page();
+    if (handle != 0) ++created_;
+  }
+  return handle;
+}
+
+// Maps `handle` at page `index` and counts the new block on it; the page is released if
+// the mapping fails.
+void PagedMemory::map_page(PageTable* table, std::size_t index, VirtualMemory::page_t handle) {
+  try {
+    vm_.map(address_of(table, index), handle);
+  } catch (...) {
+    vm_.release_page(handle);
+    throw;
+  }
+  PageTable::Page& page = table->pages[index];
+  page.handle = handle;
+  page.refs = 0;
+  ref(page);
+  page.streams = 0;
+  ++table->mapped;
+  ++mapped_pages_;
+}
+
+// Gives the pages of `run` access (one call) and empties it. When that fails, its pages
+// are unmapped and released: pages nobody may access must not stay mapped, or a later
+// block would fault on them.
+void PagedMemory::flush_run(PageTable* table, Run& run) {
+  if (run.length == 0) return;
+  const std::size_t start = run.start, count = run.length;
+  run.length = 0;
+  try {
+    vm_.set_access(address_of(table, start), count * page_);
+  } catch (...) {
+    for (std::size_t k = start; k < start + count; ++k) {
+      PageTable::Page& p = table->pages[k];
+      vm_.unmap(address_of(table, k));
+      vm_.release_page(p.handle);
+      p.handle = 0;
+      p.refs = 0;
+      --live_;
+      --table->mapped;
+      --mapped_pages_;
+    }
+    throw;
+  }
+}
+
+// Puts back the movable pages take_movable skipped (their streams were busy).
+void PagedMemory::relist(const std::vector<Slot>& skipped) {
+  for (const Slot& s : skipped) {
+    s.table->pages[s.index].listed = true;
+    movable_.push_back(s);
+  }
+}
+
+// A failed acquire: the block is uncounted from the pages of [first, last]; pages mapped
+// by the call stay mapped and become movable.
+void PagedMemory::undo_acquire(PageTable* table, std::size_t first, std::size_t last,
+                               const std::vector<Slot>& skipped) {
+  relist(skipped);
+  for (std::size_t j = first; j <= last; ++j) {
+    if (table->pages[j].handle != 0) unref(table, j, 0);
+  }
 }
 
 void PagedMemory::unref(PageTable* table, std::size_t index, std::uint64_t stream_bits) {

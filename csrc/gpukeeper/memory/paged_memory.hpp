@@ -91,6 +91,21 @@ class PagedMemory {
   void ref(PageTable::Page& page) noexcept;
   bool within_slack() const noexcept;
   VirtualMemory::page_t take_movable(const StreamsDone& done, std::vector<Slot>& skipped);
+  // acquire()'s steps (paged_memory.cpp).
+  struct Run {  // pages mapped by one acquire() call, awaiting their access
+    std::size_t start = 0;
+    std::size_t length = 0;
+  };
+  bool map_unmapped(PageTable* table, std::size_t first, std::size_t last,
+                    const StreamsDone& done, const std::function<bool()>& may_create,
+                    std::vector<Slot>& skipped);
+  VirtualMemory::page_t find_page(const StreamsDone& done, const std::function<bool()>& may_create,
+                                  std::vector<Slot>& skipped);
+  void map_page(PageTable* table, std::size_t index, VirtualMemory::page_t handle);
+  void flush_run(PageTable* table, Run& run);
+  void relist(const std::vector<Slot>& skipped);
+  void undo_acquire(PageTable* table, std::size_t first, std::size_t last,
+                    const std::vector<Slot>& skipped);
 
   VirtualMemory& vm_;
   std::size_t page_;

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "gpukeeper/memory/resource.hpp"
+#include "gpukeeper/core/stream.hpp"
 
 namespace gpukeeper {
 

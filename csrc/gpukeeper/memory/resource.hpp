@@ -7,14 +7,11 @@
 #include <memory>
 #include <string>
 
+#include "gpukeeper/core/stream.hpp"
 #include "gpukeeper/device/runtime.hpp"
 #include "gpukeeper/memory/virtual_memory.hpp"
 
 namespace gpukeeper {
-
-// A CUDA stream as an integer (cudaStream_t cast to uintptr_t), so that headers without
-// CUDA can name it. 0 is the legacy default stream.
-using stream_t = std::uintptr_t;
 
 enum class ResourceKind {
   host,    // plain host memory (CPU mode, tests)

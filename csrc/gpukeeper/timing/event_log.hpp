@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "gpukeeper/memory/resource.hpp"
+#include "gpukeeper/core/stream.hpp"
 #include "gpukeeper/timing/event_pool.hpp"
 
 namespace gpukeeper {
@@ -74,7 +74,7 @@ class EventLog {
   std::size_t record();  // a new point; returns its index
 
   bool gpu_ = false;
-  int device_ = -1;
+  int device_ = kCpuDevice;
   stream_t stream_ = 0;
   EventPool* pool_ = nullptr;
   std::vector<Point> points_;

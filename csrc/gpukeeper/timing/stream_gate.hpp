@@ -25,8 +25,8 @@
 
 #include <cstdint>
 
+#include "gpukeeper/core/stream.hpp"
 #include "gpukeeper/kernels/gate_kernel.hpp"
-#include "gpukeeper/memory/resource.hpp"
 
 namespace gpukeeper {
 
@@ -72,7 +72,7 @@ class StreamGate {
 
  private:
   Slot* slot_ = nullptr;
-  int device_ = -1;
+  int device_ = kCpuDevice;
   stream_t stream_ = 0;
   std::uint64_t timeout_ns_ = 0;
   bool opened_ = false;

@@ -67,11 +67,11 @@ void synchronize_device(int device) {
 }
 
 bool timing_uses_cuda(int device) {
-  if (device < -1) {
-    throw InvalidInputError("device must be -1 (CPU) or a CUDA device id, got " +
-                            std::to_string(device));
+  if (device < kCpuDevice) {
+    throw InvalidInputError("device must be " + std::to_string(kCpuDevice) +
+                            " (CPU) or a CUDA device id, got " + std::to_string(device));
   }
-  if (device == -1) return false;
+  if (device == kCpuDevice) return false;
   int count = cuda_device_count();
   if (count == 0) return false;
   if (device >= count) {

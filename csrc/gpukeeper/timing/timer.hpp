@@ -8,7 +8,7 @@
 // never synchronize; elapsed_ms() waits for the stop event, then reads
 // cudaEventElapsedTime. The interval is the device's: it includes any gap on the stream
 // between the two records (the launch latency of the first kernel when the stream was
-// idle). In CPU mode (device -1, a build without CUDA, or a machine without a usable
+// idle). In CPU mode (device kCpuDevice, a build without CUDA, or a machine without a usable
 // device) start/stop read std::chrono::steady_clock and the stream is ignored.
 //
 // With hide_launch_latency, start() first closes a StreamGate on the stream and stop()
@@ -22,15 +22,15 @@
 
 #include <chrono>
 
-#include "gpukeeper/memory/resource.hpp"
+#include "gpukeeper/core/stream.hpp"
 #include "gpukeeper/timing/event_pool.hpp"
 #include "gpukeeper/timing/stream_gate.hpp"
 
 namespace gpukeeper {
 
 // Whether a timer/log for `device` runs on CUDA events (true) or the steady clock (false).
-// -1 means CPU; with no usable CUDA device every id means CPU. Throws InvalidInputError
-// for ids below -1 and for ids the machine does not have when it has devices.
+// kCpuDevice (-1) means CPU; with no usable CUDA device every id means CPU. Throws
+// InvalidInputError for ids below kCpuDevice and for ids the machine does not have when it has devices.
 bool timing_uses_cuda(int device);
 
 class Timer {
@@ -62,7 +62,7 @@ class Timer {
 
   bool hides_launch_latency() const noexcept { return hide_; }
   bool is_gpu() const noexcept { return gpu_; }
-  int device() const noexcept { return device_; }  // -1 in CPU mode
+  int device() const noexcept { return device_; }  // kCpuDevice in CPU mode
   stream_t stream() const noexcept { return stream_; }
   bool valid() const noexcept { return state_ != State::moved; }
 
@@ -73,7 +73,7 @@ class Timer {
   bool gpu_ = false;
   bool hide_ = false;
   std::uint64_t gate_timeout_ns_ = StreamGate::kDefaultTimeoutNs;
-  int device_ = -1;
+  int device_ = kCpuDevice;
   stream_t stream_ = 0;
   State state_ = State::idle;
   PooledEvent start_event_;

@@ -1,0 +1,129 @@
+// A CachingPool's expandable segments: growing a reserved address range instead of
+// making new segments, mapping pages under the blocks handed out, keeping reserved bytes
+// equal to the mapped pages, and giving back ranges with no page left.
+#include <algorithm>
+
+#include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/memory/caching_pool.hpp"
+
+namespace gpukeeper {
+
+using detail::Block;
+using detail::Segment;
+
+// Expandable mode (PoolOptions::expandable): pages of the upstream's virtual memory in
+// one reserved range per size class. Called by the constructor.
+void CachingPool::init_expandable() {
+  VirtualMemory* vm = upstream_->virtual_memory();
+  if (vm == nullptr) {
+    throw InvalidInputError(std::string("expandable segments need virtual memory, which ") +
+                            to_string(upstream_->kind()) + " memory does not offer");
+  }
+  std::size_t range = options_.expandable_range;
+  if (range == 0) range = 2 * std::max<std::size_t>(upstream_->memory_info().total, 1u << 30);
+  paged_ = std::make_unique<detail::PagedMemory>(*vm, range, options_.expandable_slack);
+  streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
+  may_create_page_fn_ = [this] {
+    const std::size_t limit = limit_.load(std::memory_order_relaxed);
+    return limit == 0 || paged_->mapped_bytes() + paged_->page_size() <= limit;
+  };
+}
+
+// More address space for `size`: the tail of the growing range of this size class (its
+// last block, if free on this stream, grows in place), else a new range. The pages are
+// mapped later, by carve(), under the part that is handed out.
+Block* CachingPool::grow_expandable(std::size_t size, bool small, stream_t stream) {
+  Segment*& current = expandable_[small ? 0 : 1];
+  const std::size_t page = paged_->page_size();
+  if (current != nullptr) {
+    Block* last = current->last;
+    const bool extend_last = last->free && last->stream == stream;
+    const std::size_t need = extend_last && last->size < size ? size - last->size : size;
+    const std::size_t grow_by = round_up(need, page);
+    if (current->size + grow_by <= current->table->capacity) {
+      paged_->extend(current->table, current->size + grow_by);
+      current->size += grow_by;
+      if (extend_last) {
+        index_of(last).remove(last);
+        remove_pending(last);
+        last->size += grow_by;
+        return last;
+      }
+      Block* block = blocks_.make();
+      block->addr = last->addr + last->size;
+      block->size = grow_by;
+      block->segment = current;
+      block->prev = last;
+      last->next = block;
+      current->last = block;
+      block->stream = stream;
+      block->free = true;
+      return block;
+    }
+  }
+  const std::size_t first_size = round_up(size, page);
+  if (first_size > paged_->range_bytes()) return nullptr;
+  detail::PageTable* table = paged_->reserve();
+  if (table == nullptr) return nullptr;
+  paged_->extend(table, first_size);
+  current = add_segment(table->base, first_size, stream, small, table);
+  return current->first;
+}
+
+// Maps the pages under the first `size` bytes of `block` (not on any index).
+bool CachingPool::map_pages(Block* block, std::size_t size) {
+  const std::uint64_t mapped_before = paged_->mapped_bytes(), moved_before = paged_->pages_moved();
+  bool ok = paged_->acquire(block->segment->table, block->addr, size, streams_done_fn_,
+                            may_create_page_fn_);
+  if (paged_->mapped_bytes() != mapped_before || paged_->pages_moved() != moved_before) {
+    sync_reserved();
+  }
+  return ok;
+}
+
+bool CachingPool::streams_done(std::uint64_t bits) {
+  for (auto& sf : streams_) {
+    if ((sf->bit & bits) != 0 && !events_.done(sf->stream)) return false;
+  }
+  return true;
+}
+
+void CachingPool::sync_reserved() noexcept {
+  if (!paged_) return;
+  const std::size_t now = paged_->mapped_bytes();
+  reserved_.store(now, std::memory_order_relaxed);
+  if (now > peak_reserved_.load(std::memory_order_relaxed)) {
+    peak_reserved_.store(now, std::memory_order_relaxed);
+  }
+  // Pages move between ranges, so the split by size class is read off the ranges (a
+  // handful: one growing range per class, plus any not yet given back).
+  std::size_t mapped[2] = {0, 0};
+  for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) {
+    if (seg->table != nullptr) mapped[seg->small ? 0 : 1] += seg->table->mapped * paged_->page_size();
+  }
+  for (int cls = 0; cls < 2; ++cls) {
+    if (mapped[cls] > history_mapped_[cls]) {
+      history_.reserved_bytes.increase(cls == 0, mapped[cls] - history_mapped_[cls]);
+    } else {
+      history_.reserved_bytes.decrease(cls == 0, history_mapped_[cls] - mapped[cls]);
+    }
+    history_mapped_[cls] = mapped[cls];
+  }
+  const std::uint64_t created = paged_->pages_created();
+  history_.device_allocs += created - upstream_allocations_.load(std::memory_order_relaxed);
+  upstream_allocations_.store(created, std::memory_order_relaxed);
+  pages_moved_.store(paged_->pages_moved(), std::memory_order_relaxed);
+}
+
+void CachingPool::release_expandable_segment(Segment* seg) {
+  unlink_free_segment(seg);
+  for (Segment*& current : expandable_) {
+    if (current == seg) current = nullptr;
+  }
+  paged_->unreserve(seg->table);
+  count(segment_count_, -1);
+  history_.segments.decrease(seg->small, 1);
+  segment_records_.recycle(seg);
+}
+
+}  // namespace gpukeeper
