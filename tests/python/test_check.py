@@ -152,6 +152,7 @@ def _simulate(monkeypatch: pytest.MonkeyPatch, bracket_ns: int, floor_ns: int) -
     return sim
 
 
+@pytest.mark.skipif(CUDA, reason="simulates a GPU where there is none: the check's buffer would be real device memory here")
 def test_simulated_gpu_timing_check_passes_with_the_right_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     sim = _simulate(monkeypatch, bracket_ns=2_500, floor_ns=2_500)
     detail, data = check_module._check_timing(require_gpu=True)
@@ -166,6 +167,7 @@ def test_simulated_gpu_timing_check_passes_with_the_right_floor(monkeypatch: pyt
     assert measured == [10_000] * 14 + [100_000] * 14 + [1_000_000] * 14  # 7 hidden + 7 plain each
 
 
+@pytest.mark.skipif(CUDA, reason="simulates a GPU where there is none: the check's buffer would be real device memory here")
 def test_simulated_gpu_timing_check_catches_a_wrong_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     # The timer subtracts 1 us where the bracket costs 2.5: every hidden reading is 1.5 us
     # long, past the 10 us kernel's limit of 1 us + 0.1 %.
@@ -174,6 +176,7 @@ def test_simulated_gpu_timing_check_catches_a_wrong_floor(monkeypatch: pytest.Mo
         check_module._check_timing(require_gpu=True)
 
 
+@pytest.mark.skipif(CUDA, reason="simulates a GPU where there is none: the check's buffer would be real device memory here")
 def test_simulated_gpu_timing_check_fails_when_the_gate_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
     sim = _simulate(monkeypatch, bracket_ns=2_500, floor_ns=2_500)
     sim.time_out = True
@@ -181,6 +184,7 @@ def test_simulated_gpu_timing_check_fails_when_the_gate_times_out(monkeypatch: p
         check_module._check_timing(require_gpu=True)
 
 
+@pytest.mark.skipif(CUDA, reason="simulates a GPU where there is none: the check's buffer would be real device memory here")
 def test_simulated_gpu_timing_check_rejects_an_implausible_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     _simulate(monkeypatch, bracket_ns=25_000, floor_ns=25_000)
     with pytest.raises(check_module._Failed, match="implausible launch floor 25.000 us"):
