@@ -1,4 +1,4 @@
-"""CUDA lap marks for the MD loop: ``EventMarks`` (a ring of events, one after every k-th step) and the choice of k.
+"""GPU lap marks for the MD loop: ``EventMarks`` (one event every k-th step) and the choice of k.
 
 A mark is an event recorded on the current stream after a step; the GPU time of an
 *interval* is the time from the previous mark (or a fresh origin) to its own. One record

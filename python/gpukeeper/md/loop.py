@@ -62,10 +62,10 @@ class Progress:
 class LoopOptions:
     """What the measured loop does besides calling the model.
 
-    ``sync``: waits for the device (inside every ``sync_every``-th step's window, and
-    after the loop; None: there is nothing to wait for); ``marks``/``event_every``: GPU event marks after every k-th step
-    (None: no events); ``sampler``: memory samples every ``sampler.every`` steps;
-    ``bar``: the progress bar.
+    ``sync``: waits for the device, inside every ``sync_every``-th step's window and
+    after the loop (None: there is nothing to wait for); ``marks``/``event_every``: GPU
+    event marks after every k-th step (None: no events); ``sampler``: memory samples
+    every ``sampler.every`` steps; ``bar``: the progress bar.
     """
 
     sync: Optional[Callable[[], None]]
@@ -81,7 +81,8 @@ def _next_on_grid(i: int, every: int) -> int:
     return ((i + 1) // every + 1) * every - 1
 
 
-def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int, int], int], Callable[[], int]]:
+def step_hook(n: int, host_ns: Any, o: LoopOptions,
+              ) -> Tuple[int, Callable[[int, int], int], Callable[[], int]]:
     """(the first step where something is due, ``at(i, t0)``, ``finish()``) for ``n``
     steps. ``at`` stores step i's host time and does what is due after it (only a mark:
     a short branch); ``between``: the host work between two steps; ``finish`` ends the

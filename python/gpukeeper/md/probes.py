@@ -1,4 +1,4 @@
-"""Memory probes of an MD run: the series read between steps, their sampler and period, and the NVML cross-check.
+"""Memory probes of an MD run: the series read between steps, their sampler, the NVML cross-check.
 
 - In CPU mode: the process's resident set size (what the process holds) first, then the
   in-use counts that exist here (``tracemalloc`` when it is tracing, glibc's
