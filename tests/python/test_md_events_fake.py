@@ -245,16 +245,19 @@ def test_sync_every_with_marks_every_k(fake_gpu):
 
 def test_host_work_between_steps_is_in_no_interval(fake_gpu):
     # A launch-bound loop (the host takes 150 us a step, the device 100 us, so the device
-    # idles between launches) with a memory reader that takes 3 ms: every 8th step.
-    gpu = fake_gpu(ahead=False, read_delay_s=0.003)
+    # idles between launches) with a memory reader that takes 5 ms: every 8th step.
+    gpu = fake_gpu(ahead=False, read_delay_s=0.005)
     n = 96
     work = [100 * US] * n
     r = benchmark_md_trajectory(_stepper(gpu, work, host_ns=150 * US), list(range(n)),
                                 warmup_steps=0, device=0, event_every=4, memory_sample_every=8)
     assert r.event_every == 4 and r.timing_source == "gpu"
-    # Each step's time is the host's 150 us (launch-bound), never 150 us + 3 ms / 4.
-    assert max(r.gpu_times_ms) < 0.6, max(r.gpu_times_ms)
-    assert min(r.gpu_times_ms) >= 0.1
+    # Each step's time is the host's 150 us (launch-bound), not 150 us + 5 ms / 4 in the
+    # half of the intervals that follow a sample (a few may be, when the busy host is
+    # preempted).
+    slow = [t for t in r.gpu_times_ms if t > 0.9]
+    assert len(slow) <= n // 8, r.gpu_times_ms
+    assert 0.14 <= r.gpu.median_ms < 0.3 and min(r.gpu_times_ms) >= 0.1
 
 
 def test_auto_event_every_from_the_warm_up(fake_gpu):

@@ -36,7 +36,8 @@ How it measures (and why):
   mark is recorded only after every k-th step, k chosen from the warm-up's step time
   (its second half timed between two device waits) so that the marks cost the device at
   most 0.5% of a step and the host at most 0.4 us a step (at most ``n_steps // 32``, so
-  there are at least ~32 intervals). A step's GPU time (``gpu_times_ms[i]``) is then its
+  there are at least ~32 intervals; with no warm-up steps, the host's budget alone
+  decides). A step's GPU time (``gpu_times_ms[i]``) is then its
   interval's GPU time divided over the interval's steps: the mean and the throughput are
   exact, while the median, percentiles, std, jitter and outliers of ``gpu`` describe
   interval means. ``event_every=1`` records a mark after every step and gives each step

@@ -1,4 +1,4 @@
-"""CUDA lap marks for the MD loop: ``EventMarks`` (a ring of events, one after every k-th step) and the choice of k.
+"""GPU lap marks for the MD loop: ``EventMarks`` (one event every k-th step) and the choice of k.
 
 A mark is an event recorded on the current stream after a step; the GPU time of an
 *interval* is the time from the previous mark (or a fresh origin) to its own. One record
@@ -161,15 +161,19 @@ class EventMarks:
         done = count - keep
         if done <= 0:
             return
-        marks, last, elapsed = self.marks, self.last, self.backend.elapsed_ms
+        marks, last, elapsed, restarts = self.marks, self.last, self.backend.elapsed_ms, self._restarts
+        add_ms, add_steps = self.interval_ms.append, self.interval_steps.append
         prev, prev_last = self.origin, self.prev_last
         for j in range(done):
-            start = self._restarts.pop(j, None)
-            self.interval_ms.append(float(elapsed(start if start is not None else prev, marks[j])))
-            self.interval_steps.append(last[j] - prev_last)
-            if start is not None:
+            mark, end = marks[j], last[j]
+            start = restarts.pop(j, None) if restarts else None
+            if start is None:
+                add_ms(elapsed(prev, mark))
+            else:
+                add_ms(elapsed(start, mark))
                 self._spares.append(start)
-            prev, prev_last = marks[j], last[j]
+            add_steps(end - prev_last)
+            prev, prev_last = mark, end
         self.prev_last = prev_last
         self._rotate(done)
 

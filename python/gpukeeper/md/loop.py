@@ -62,10 +62,10 @@ class Progress:
 class LoopOptions:
     """What the measured loop does besides calling the model.
 
-    ``sync``: waits for the device (inside every ``sync_every``-th step's window, and
-    after the loop; None: there is nothing to wait for); ``marks``/``event_every``: GPU event marks after every k-th step
-    (None: no events); ``sampler``: memory samples every ``sampler.every`` steps;
-    ``bar``: the progress bar.
+    ``sync``: waits for the device, inside every ``sync_every``-th step's window and
+    after the loop (None: there is nothing to wait for); ``marks``/``event_every``: GPU
+    event marks after every k-th step (None: no events); ``sampler``: memory samples
+    every ``sampler.every`` steps; ``bar``: the progress bar.
     """
 
     sync: Optional[Callable[[], None]]
@@ -81,62 +81,57 @@ def _next_on_grid(i: int, every: int) -> int:
     return ((i + 1) // every + 1) * every - 1
 
 
-class _HostWork:
-    """The host work between two steps, where due: a memory sample, the progress bar; with
-    marks, the probe of the mark just recorded, a full ring resolved (except after the
-    last step: the loop's end does that) and a fresh origin for the next interval."""
+def step_hook(n: int, host_ns: Any, o: LoopOptions,
+              ) -> Tuple[int, Callable[[int, int], int], Callable[[], int]]:
+    """(the first step where something is due, ``at(i, t0)``, ``finish()``) for ``n``
+    steps. ``at`` stores step i's host time and does what is due after it (only a mark:
+    a short branch); ``between``: the host work between two steps; ``finish`` ends the
+    last interval and returns the marks to resolve (the loop's end resolves them)."""
+    pc, sync, marks, bar = time.perf_counter_ns, o.sync, o.marks, o.bar
+    sample = o.sampler.sample if o.sampler else None
+    k, s_every = (o.event_every if marks else n + 1), (o.sync_every or n + 1)
+    m_every, b_every = (o.sampler.every if o.sampler else n + 1), (bar.every if bar else n + 1)
+    rec, last, ring, final = (marks.rec, marks.last, marks.size, n - 1) if marks else (None, None, -1, n)
+    keep = min(RING_KEEP, ring // 2)
+    # The steps where something is due next (past n: never); "slow": host work between
+    # steps (memory, progress); "other": all but the marks.
+    next_mark, next_sync, next_mem, next_bar = k - 1, s_every - 1, m_every - 1, b_every - 1
+    next_slow = min(next_mem, next_bar)
+    next_other = min(next_sync, next_slow)
+    slot, marked = 0, -1  # the ring slot of the next mark; the last step that ended an interval
 
-    def __init__(self, n: int, o: LoopOptions) -> None:
-        self.sampler, self.bar, self.marks = o.sampler, o.bar, o.marks
-        self.mem_every = o.sampler.every if o.sampler else n + 1
-        self.bar_every = o.bar.every if o.bar else n + 1
-        self.next_mem, self.next_bar = self.mem_every - 1, self.bar_every - 1
-        self.next = min(self.next_mem, self.next_bar)  # the next step with work (past n: never)
-        self.ring = o.marks.size if o.marks else 0
-        self.keep = min(RING_KEEP, self.ring // 2)
-        self.final = n - 1
-
-    def __call__(self, i: int, mark: bool, slot: int) -> int:
-        """Does the work due after step ``i`` (``mark``: a mark was just recorded in
-        ``slot - 1``); returns the ring slot of the next mark."""
-        marks = self.marks
+    def between(i: int, mark: bool) -> None:
+        # The mark of step i (when one was recorded) is probed first, and a fresh origin
+        # for the next interval recorded last: the work here is in no interval.
+        nonlocal next_mem, next_bar, next_slow, slot
         if mark:
             marks.probe(slot - 1)  # type: ignore[union-attr]
-        if i == self.next_mem:
-            self.sampler.sample(i)  # type: ignore[union-attr]
-            self.next_mem += self.mem_every
-        if i == self.next_bar:
-            self.bar.update(i + 1)  # type: ignore[union-attr]
-            self.next_bar += self.bar_every
-        self.next = min(self.next_mem, self.next_bar)
-        if mark and slot == self.ring and i != self.final:
-            marks.resolve(slot, self.keep)  # type: ignore[union-attr]
-            slot = self.keep
+        if i == next_mem:
+            sample(i)  # type: ignore[misc]
+            next_mem += m_every
+        if i == next_bar:
+            bar.update(i + 1)  # type: ignore[union-attr]
+            next_bar += b_every
+        next_slow = next_mem if next_mem < next_bar else next_bar
         if mark:
+            if slot == ring and i != final:
+                marks.resolve(slot, keep)  # type: ignore[union-attr]
+                slot = keep
             marks.restart(slot)  # type: ignore[union-attr]
-        return slot
 
-
-def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int, int], int], Callable[[], int]]:
-    """(the first step where something is due, ``at(i, t0)``, ``finish()``) for a run of
-    ``n`` steps. ``at`` stores step i's host time and does what is due after it;
-    ``finish`` (after the loop) ends the last interval and returns the marks to resolve.
-
-    The two common cases take a short branch: only a mark due (events every k steps),
-    only a synchronization due (``sync_every``); everything else goes to ``due``."""
-    pc, sync, marks, work = time.perf_counter_ns, o.sync, o.marks, _HostWork(n, o)
-    k, s_every = (o.event_every if marks else n + 1), (o.sync_every or n + 1)
-    rec, last, ring, final = (marks.rec, marks.last, marks.size, n - 1) if marks else (None, None, -1, n)
-    # The steps where something is due next (past n: never); "other": all but marks.
-    next_mark, next_sync = k - 1, s_every - 1
-    next_other = min(next_sync, work.next)
-    slot = 0
-    marked = -1  # the last step that ended an interval
-
-    def due(i: int, t0: int) -> None:
-        nonlocal next_mark, next_sync, slot, marked
-        busy = i == work.next
-        mark = marks is not None and (i == next_mark or busy)
+    def at(i: int, t0: int) -> int:
+        nonlocal next_mark, next_sync, next_other, slot, marked
+        if i < next_other:  # only a mark is due (events every k steps)
+            host_ns[i] = pc() - t0
+            rec[slot]()  # type: ignore[index]
+            last[slot] = marked = i  # type: ignore[index]
+            slot += 1
+            next_mark = i + k
+            if slot == ring and i != final:
+                between(i, True)
+            return next_mark if next_mark < next_other else next_other
+        busy = i == next_slow
+        mark = (i == next_mark or busy) and rec is not None
         if i == next_sync:
             if mark:
                 rec[slot]()  # type: ignore[index]
@@ -153,27 +148,8 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions) -> Tuple[int, Callable[[int,
             slot += 1
             next_mark = _next_on_grid(i, k)
         if busy or (slot == ring and i != final):
-            slot = work(i, mark, slot)
-
-    def at(i: int, t0: int) -> int:
-        nonlocal next_mark, next_sync, next_other, slot, marked
-        if i < next_other:  # only a mark is due (events every k steps)
-            host_ns[i] = pc() - t0
-            rec[slot]()  # type: ignore[index]
-            last[slot] = marked = i  # type: ignore[index]
-            slot += 1
-            next_mark = i + k
-            if slot == ring and i != final:
-                slot = work(i, True, slot)
-            return next_mark if next_mark < next_other else next_other
-        if i < next_mark and i < work.next:  # only a synchronization is due
-            if sync is not None:
-                sync()
-            host_ns[i] = pc() - t0
-            next_sync += s_every
-        else:
-            due(i, t0)
-        next_other = next_sync if next_sync < work.next else work.next
+            between(i, mark)
+        next_other = next_sync if next_sync < next_slow else next_slow
         return next_mark if next_mark < next_other else next_other
 
     def finish() -> int:

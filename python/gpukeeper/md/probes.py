@@ -1,4 +1,4 @@
-"""Memory probes of an MD run: the series read between steps, their sampler and period, and the NVML cross-check.
+"""Memory probes of an MD run: the series read between steps, their sampler, the NVML cross-check.
 
 - In CPU mode: the process's resident set size (what the process holds) first, then the
   in-use counts that exist here (``tracemalloc`` when it is tracing, glibc's
@@ -215,6 +215,7 @@ class MemorySampler:
         self.steps = array("q", bytes(8 * size))
         self.values = [array("q", bytes(8 * size)) for _ in series]
         self.count = 0
+        self._pairs = list(zip(self.values, self.readers))
 
     def start(self) -> List[int]:
         """Takes the reading before the first step (recorded as step -1); returns it."""
@@ -229,8 +230,8 @@ class MemorySampler:
         """Takes the reading after step ``i``."""
         c = self.count
         self.steps[c] = i
-        for k, read in enumerate(self.readers):
-            self.values[k][c] = read()
+        for values, read in self._pairs:
+            values[c] = read()
         self.count = c + 1
 
     def finish(self) -> List[int]:

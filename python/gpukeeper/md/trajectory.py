@@ -1,4 +1,4 @@
-"""``benchmark_md_trajectory``: argument checks, warm-up, plan, the measured loop and the result it assembles."""
+"""``benchmark_md_trajectory``: argument checks, warm-up, plan, measured loop, and its result."""
 
 from __future__ import annotations
 
@@ -136,7 +136,8 @@ def warm_up(model: Callable[[Any], Any], cyc: Iterable[Any], steps: int,
 
 
 def _event_marks(plan: Plan, n: int, event_ring: int, event_every: Union[int, str], step_ns: float,
-                 synchronize: Optional[Callable[[], Any]]) -> Tuple[Plan, Optional[events.EventMarks], Optional[int]]:
+                 synchronize: Optional[Callable[[], Any]],
+                 ) -> Tuple[Plan, Optional[events.EventMarks], Optional[int]]:
     """The ring of GPU marks and the steps per interval, for an "events" plan (the plan
     with its timing method in words); no events for any other plan, or where no backend
     gives device events (the plan then times the framework's work on the host clock)."""
@@ -154,9 +155,10 @@ def _event_marks(plan: Plan, n: int, event_ring: int, event_every: Union[int, st
     return Plan("events", plan.index, events_how(k, synchronize)), marks, k
 
 
-def _memory_probes(plan: Plan, synchronize: Optional[Callable[[], Any]], memory_sample_every: Union[int, str],
-                   n: int, warm_ns: List[int], event_every: Optional[int],
-                   warnings: List[str]) -> Tuple[Optional[probes.MemorySampler], Optional[probes.MemorySeries]]:
+def _memory_probes(plan: Plan, synchronize: Optional[Callable[[], Any]],
+                   memory_sample_every: Union[int, str], n: int, warm_ns: List[int],
+                   event_every: Optional[int], warnings: List[str],
+                   ) -> Tuple[Optional[probes.MemorySampler], Optional[probes.MemorySeries]]:
     """The memory sampler of the run and the NVML cross-check series (either may be None)."""
     cross = None
     if plan.kind == "cpu":
@@ -347,7 +349,8 @@ def _result(run: _Run, host_ns: "array[int]", total_time: float, initial: Option
         gpu=gpu_stats, total_time_s=total_time, warmup_time_s=run.warmup_time,
         steps_per_s=steps_per_s,
         ns_per_day=steps_per_s * run.timestep * 1e-6 * 86400.0 if run.timestep is not None else None,
-        us_per_atom_step=(1e6 / steps_per_s / run.n_atoms) if run.n_atoms is not None and steps_per_s > 0 else None,
+        us_per_atom_step=(1e6 / steps_per_s / run.n_atoms
+                          if run.n_atoms is not None and steps_per_s > 0 else None),
         timestep_fs=run.timestep, n_atoms=run.n_atoms, sync_every=run.sync_every,
         memory_source=series[0].name if series else None,
         memory_sample_every=run.sampler.every if run.sampler is not None else None,
@@ -443,8 +446,9 @@ def benchmark_md_trajectory(
         event_every: with GPU events, a mark after every k-th step: "auto" chooses k
             from the warm-up's step time so that the marks cost the device at most 0.5%
             of a step and the host at most 0.4 us a step (module doc; the second half
-            of the warm-up is then timed between two device waits); 1 gives every step
-            its own GPU time. The k used is ``result.event_every``.
+            of the warm-up is then timed between two device waits; without warm-up
+            steps the host's budget alone decides); 1 gives every step its own GPU
+            time. The k used is ``result.event_every``.
         synchronize: waits for the steps' work where gpukeeper cannot: an engine's own
             CUDA context (e.g. ``lambda: simulation.context.getState()`` for OpenMM).
             Called after the warm-up, inside every ``sync_every``-th step and before the
