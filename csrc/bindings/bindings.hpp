@@ -26,6 +26,7 @@ void init_memory(py::module_& m);
 void init_buffer(py::module_& m);
 void init_torch_allocator(py::module_& m);
 void init_timing(py::module_& m);
+void init_device(py::module_& m);
 
 // Python's view of one ManagedBuffer. Consumers that borrow its memory through the
 // buffer protocol or DLPack count as exports: release() while they are alive only marks

@@ -128,18 +128,11 @@ PyMethodDef g_release = {
     "Returns the block to the pool (once no DLPack or buffer-protocol view remains). Using "
     "the buffer afterwards raises InvalidInputError."};
 
-}  // namespace
+using BufferClass = py::class_<PyBuffer, std::unique_ptr<PyBuffer>>;
 
-void init_buffer(py::module_& m) {
-  auto buffer_class = py::class_<PyBuffer, std::unique_ptr<PyBuffer>>(
-      m, "ManagedBuffer", py::custom_type_setup([](PyHeapTypeObject* heap_type) {
-        heap_type->ht_type.tp_as_buffer = &heap_type->as_buffer;
-        heap_type->as_buffer.bf_getbuffer = get_buffer;
-        heap_type->as_buffer.bf_releasebuffer = release_buffer;
-      }),
-      "One pool block, returned to its pool by release(), at the end of a `with` block, or "
-      "when the buffer is garbage. Views taken through the buffer protocol or DLPack keep "
-      "the memory alive until they are gone.")
+// The context manager and what a buffer is: address, size, element type, device, stream.
+void def_buffer_properties(BufferClass& buffer_class) {
+  buffer_class
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__",
            [](PyBuffer& b, const py::object&, const py::object&, const py::object&) {
@@ -162,7 +155,12 @@ void init_buffer(py::module_& m) {
       .def_property_readonly("kind", [](const PyBuffer& b) { return std::string(to_string(b.kind)); })
       .def_property_readonly("stream", [](const PyBuffer& b) { return b.buffer.stream(); })
       .def_property_readonly("exports", [](const PyBuffer& b) { return b.exports; },
-                             "Live views (buffer protocol, DLPack) of this buffer.")
+                             "Live views (buffer protocol, DLPack) of this buffer.");
+}
+
+// Views for other libraries: CUDA array interface, DLPack, numpy.
+void def_buffer_views(BufferClass& buffer_class) {
+  buffer_class
       .def_property_readonly(
           "__cuda_array_interface__",
           [](const PyBuffer& b) {
@@ -208,7 +206,12 @@ void init_buffer(py::module_& m) {
             return array;
           },
           py::arg("dtype") = py::none(), py::kw_only(), py::arg("copy") = py::none(),
-          "A numpy view of host-visible memory (no copy); it keeps the memory alive.")
+          "A numpy view of host-visible memory (no copy); it keeps the memory alive.");
+}
+
+// Copies in and out, and the repr.
+void def_buffer_copies(BufferClass& buffer_class) {
+  buffer_class
       .def(
           "copy_from_host",
           [](PyBuffer& b, py::buffer data) {
@@ -253,6 +256,23 @@ void init_buffer(py::module_& m) {
                to_string(b.precision) + " (" + std::to_string(b.nbytes()) + " bytes) at " +
                hex(reinterpret_cast<std::uintptr_t>(b.buffer.data())) + ">";
       });
+}
+
+}  // namespace
+
+void init_buffer(py::module_& m) {
+  BufferClass buffer_class(
+      m, "ManagedBuffer", py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+        heap_type->ht_type.tp_as_buffer = &heap_type->as_buffer;
+        heap_type->as_buffer.bf_getbuffer = get_buffer;
+        heap_type->as_buffer.bf_releasebuffer = release_buffer;
+      }),
+      "One pool block, returned to its pool by release(), at the end of a `with` block, or "
+      "when the buffer is garbage. Views taken through the buffer protocol or DLPack keep "
+      "the memory alive until they are gone.");
+  def_buffer_properties(buffer_class);
+  def_buffer_views(buffer_class);
+  def_buffer_copies(buffer_class);
   add_fast_method(buffer_class, &g_release);
 }
 

@@ -189,7 +189,11 @@ int to_device_id(const py::handle& obj) {
   return static_cast<int>(id);
 }
 
-void init_memory(py::module_& m) {
+namespace {
+
+using PoolClass = py::class_<PoolRegistry>;
+
+void init_precision(py::module_& m) {
   py::enum_<Precision>(m, "Precision", "Element type of a buffer; sizes count these elements.")
       .value("Fp64", Precision::fp64)
       .value("Fp32", Precision::fp32)
@@ -207,7 +211,9 @@ void init_memory(py::module_& m) {
                              "Short name: 'fp32', 'bf16', ...")
       .def_static("parse", [](const py::object& o) { return to_precision(o); }, py::arg("value"),
                   "A Precision from a name ('fp32', 'float32', 'half') or a numpy/torch dtype.");
+}
 
+void init_pool_stats(py::module_& m) {
   py::class_<PoolStats>(m, "PoolStats", "A snapshot of one pool's books (bytes and counts).")
       .def_readonly("allocated_bytes", &PoolStats::allocated_bytes)
       .def_readonly("allocated_count", &PoolStats::allocated_count)
@@ -267,8 +273,11 @@ void init_memory(py::module_& m) {
                ", hits=" + std::to_string(s.cache_hits) +
                ", misses=" + std::to_string(s.cache_misses) + ")";
       });
+}
 
-  auto pool_class = py::class_<PoolRegistry>(m, "_MemoryPoolBase", py::dynamic_attr())
+// MemoryPool's construction and its legacy get_buffer/return_buffer.
+void def_pool_buffers(PoolClass& pool_class) {
+  pool_class
       .def(py::init([](const std::string& kind, bool expandable) {
              PoolOptions options;
              options.expandable = expandable;
@@ -312,7 +321,12 @@ void init_memory(py::module_& m) {
             pool->deallocate_checked(reinterpret_cast<void*>(address), bytes_for(count, prec));
           },
           py::arg("device_id"), py::arg("buffer"), py::arg("size"),
-          py::arg("precision") = py::none())
+          py::arg("precision") = py::none());
+}
+
+// Pressure and releasing memory: cleanup, trim, the limit.
+void def_pool_release(PoolClass& pool_class) {
+  pool_class
       .def(
           "memory_pressure",
           [](PoolRegistry& reg, const py::handle& device) -> py::object {
@@ -365,7 +379,12 @@ void init_memory(py::module_& m) {
             auto pool = reg.find(to_device_id(device));
             return pool ? pool->limit() : 0;
           },
-          py::arg("device_id"))
+          py::arg("device_id"));
+}
+
+// Reading a pool: usage, stats and peaks.
+void def_pool_usage(PoolClass& pool_class) {
+  pool_class
       .def(
           "memory_usage",
           [](PoolRegistry& reg, const py::handle& device) -> py::object {
@@ -399,7 +418,12 @@ void init_memory(py::module_& m) {
           [](PoolRegistry& reg, const py::handle& device) {
             if (auto pool = reg.find(to_device_id(device))) pool->reset_peaks();
           },
-          py::arg("device_id"))
+          py::arg("device_id"));
+}
+
+// Reading a pool: history, snapshot, validation.
+void def_pool_history(PoolClass& pool_class) {
+  pool_class
       .def(
           "history",
           [](PoolRegistry& reg, const py::handle& device) -> py::object {
@@ -440,7 +464,12 @@ void init_memory(py::module_& m) {
             auto pool = reg.find(to_device_id(device));
             return pool && pool->owns(reinterpret_cast<void*>(to_count(ptr, "pointer")));
           },
-          py::arg("device_id"), py::arg("ptr"))
+          py::arg("device_id"), py::arg("ptr"));
+}
+
+// Watermark and reclaim callbacks, and the devices with pools.
+void def_pool_callbacks(PoolClass& pool_class) {
+  pool_class
       .def(
           "add_watermark",
           [](PoolRegistry& reg, const py::handle& device, double level, py::object callback) {
@@ -493,6 +522,19 @@ void init_memory(py::module_& m) {
         for (const auto& p : reg.pools()) ids.push_back(p->device());
         return ids;
       }, "Device ids whose pools exist.");
+}
+
+}  // namespace
+
+void init_memory(py::module_& m) {
+  init_precision(m);
+  init_pool_stats(m);
+  PoolClass pool_class(m, "_MemoryPoolBase", py::dynamic_attr());
+  def_pool_buffers(pool_class);
+  def_pool_release(pool_class);
+  def_pool_usage(pool_class);
+  def_pool_history(pool_class);
+  def_pool_callbacks(pool_class);
   add_fast_method(pool_class, &g_get_managed_buffer);
 }
 

@@ -68,4 +68,5 @@ PYBIND11_MODULE(_core, m) {
   init_buffer(m);
   init_torch_allocator(m);
   init_timing(m);
+  init_device(m);
 }

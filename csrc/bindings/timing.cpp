@@ -109,9 +109,7 @@ class PyEvent {
   bool recorded_ = false;
 };
 
-}  // namespace
-
-void init_timing(py::module_& m) {
+void init_timer(py::module_& m) {
   py::class_<Timer>(m, "Timer",
                     "An interval timer on a CUDA stream (pooled events), or on the steady clock "
                     "for device -1 / without a usable GPU. start() and stop() never wait; "
@@ -145,6 +143,9 @@ void init_timing(py::module_& m) {
                ">";
       });
 
+}
+
+void init_event_log(py::module_& m) {
   py::class_<EventLog>(m, "EventLog",
                        "Many intervals on one stream, recorded without host synchronization and "
                        "resolved later. mark(label) ends the lap since the previous mark (the "
@@ -194,6 +195,9 @@ void init_timing(py::module_& m) {
       py::arg("device") = 0,
       "{'created', 'idle'} events of a device's event pool (GpuError without CUDA).");
 
+}
+
+void init_stream_gate(py::module_& m) {
   py::class_<StreamGate>(m, "StreamGate",
                          "Holds a CUDA stream: the gate kernel is queued at construction, and "
                          "work queued after it waits on the device until open() (or the timeout). "
@@ -263,6 +267,10 @@ void init_timing(py::module_& m) {
       py::arg("device") = 0,
       "{'created', 'idle', 'retiring'} gate slots of a device (DeviceError without gates).");
 
+}
+
+// Single events, and the calibration kernels.
+void init_events(py::module_& m) {
   py::class_<PyEvent>(m, "Event",
                       "A timing event from gpukeeper's per-device event pool (given back when "
                       "the object goes). record(stream) never waits; elapsed_ms(end) waits for "
@@ -327,6 +335,15 @@ void init_timing(py::module_& m) {
       "Times one spin kernel with a Timer: {'requested_ns', 'kernel_ns' (from %globaltimer), "
       "'event_ms', 'launch_hidden'}. Waits (GIL released). DeviceError without kernels or a "
       "GPU.");
+}
+
+}  // namespace
+
+void init_timing(py::module_& m) {
+  init_timer(m);
+  init_event_log(m);
+  init_stream_gate(m);
+  init_events(m);
 }
 
 }  // namespace gpukeeper::py_bindings

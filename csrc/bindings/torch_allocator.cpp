@@ -179,9 +179,8 @@ std::shared_ptr<CachingPool> existing_torch_pool(int device) {
   return device < 0 ? nullptr : torch_pools().find(device);
 }
 
-}  // namespace
-
-void init_torch_allocator(py::module_& m) {
+// Linking PyTorch's OutOfMemoryError, and reading the books of the pools behind PyTorch.
+void init_torch_books(py::module_& m) {
   m.def(
       "_link_torch_oom",
       [](const std::vector<std::string>& paths) { return link_torch_oom(paths); },
@@ -229,6 +228,10 @@ void init_torch_allocator(py::module_& m) {
       },
       py::arg("device"), py::arg("peaks"), py::arg("accumulated"),
       "Resets the peaks and/or the totals of the pool behind PyTorch on a device.");
+}
+
+// The memory fraction (PyTorch's set_per_process_memory_fraction) and the OOM error.
+void init_torch_limits(py::module_& m) {
   m.def(
       "_torch_pool_set_fraction",
       [](int device, double fraction) {
@@ -266,6 +269,10 @@ void init_torch_allocator(py::module_& m) {
   m.def("_torch_malloc_symbols",
         []() { return py::make_tuple("gpukeeper_torch_malloc", "gpukeeper_torch_free"); },
         "Names of the allocation functions this module exports for PyTorch.");
+}
+
+// Stats, cleanup and validation of the torch pools, and the reclaim callback.
+void init_torch_pools(py::module_& m) {
   m.def(
       "_torch_pool_stats",
       [](int device) -> py::object {
@@ -313,6 +320,14 @@ void init_torch_allocator(py::module_& m) {
       },
       py::arg("callback"),
       "Sets the Python callable run (with the bytes needed) when a torch pool is out of memory.");
+}
+
+}  // namespace
+
+void init_torch_allocator(py::module_& m) {
+  init_torch_books(m);
+  init_torch_limits(m);
+  init_torch_pools(m);
 }
 
 }  // namespace gpukeeper::py_bindings

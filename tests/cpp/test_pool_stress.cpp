@@ -147,6 +147,7 @@ class Stress {
 
   void run_round(bool free_everything) {
     std::atomic<bool> stop{false};
+    std::atomic<bool> checking{false};  // the workers start once the checker runs
     std::string checker_error;
     std::size_t checks = 0;
     std::thread checker([&] {
@@ -155,6 +156,7 @@ class Stress {
         std::string problems = pool_->validate();
         PoolStats s = pool_->stats();
         ++checks;
+        checking = true;
         if (!problems.empty()) {
           checker_error = "validate() during the run: " + problems;
           return;
@@ -169,7 +171,8 @@ class Stress {
     });
     std::vector<std::thread> threads;
     for (int t = 0; t < cfg_.threads; ++t) {
-      threads.emplace_back([this, t, free_everything] {
+      threads.emplace_back([this, t, free_everything, &checking] {
+        while (!checking.load()) std::this_thread::yield();
         Worker& w = workers_[t];
         if (free_everything) {
           while (!w.live.empty() && w.error.empty()) free_one(w);
@@ -319,17 +322,17 @@ class StressStreams {
 };
 
 // The pool under stress: plain segments, or expandable ones (address ranges with pages
-// mapped under allocated blocks) where the kind offers virtual memory. Null, with a
-// warning, when it does not.
-std::shared_ptr<CachingPool> stress_pool(ResourceKind kind, bool expandable) {
+// mapped under allocated blocks) where the kind offers virtual memory. Null, with *why
+// saying why, when it does not.
+std::shared_ptr<CachingPool> stress_pool(ResourceKind kind, bool expandable, std::string* why) {
   PoolOptions options;
   options.expandable = expandable;
   try {
     return std::make_shared<CachingPool>(gpukeeper::make_resource(kind, 0), options);
   } catch (const GpuError& e) {
     if (!expandable) throw;
-    WARN("skipping expandable segments on " << gpukeeper::to_string(kind)
-                                            << " memory: " << e.what());
+    *why = std::string("expandable segments on ") + gpukeeper::to_string(kind) +
+           " memory: " + e.what();
     return nullptr;
   }
 }
@@ -344,11 +347,9 @@ TEST_CASE("stress: random sizes 256 B - 64 MiB, 4 threads, 4 streams", "[stress]
   const bool expandable = GENERATE(false, true);
   INFO("expandable segments: " << expandable);
   StressStreams streams(kind);  // outlives the pool, which may use them to its end
-  auto pool = stress_pool(kind, expandable);
-  if (!pool) {
-    SUCCEED("skipped");
-    return;
-  }
+  std::string why;
+  auto pool = stress_pool(kind, expandable, &why);
+  if (!pool) GK_SKIP(why);
   StressConfig cfg;
   if (kind != ResourceKind::host) cfg.rounds = 4;  // each op also queues device work
   Stress(pool, cfg, streams.ids()).run();
@@ -363,11 +364,9 @@ TEST_CASE("stress: small blocks, 8 threads, high churn", "[stress]") {
   const bool expandable = GENERATE(false, true);
   INFO("expandable segments: " << expandable);
   StressStreams streams(kind);
-  auto pool = stress_pool(kind, expandable);
-  if (!pool) {
-    SUCCEED("skipped");
-    return;
-  }
+  std::string why;
+  auto pool = stress_pool(kind, expandable, &why);
+  if (!pool) GK_SKIP(why);
   StressConfig cfg;
   cfg.threads = 8;
   cfg.rounds = 4;
@@ -384,11 +383,9 @@ TEST_CASE("stress: a tight limit, with reclaim callbacks racing the threads", "[
   // other threads' frees. Allocation errors are allowed here, broken books are not.
   const bool expandable = GENERATE(false, true);
   INFO("expandable segments: " << expandable);
-  auto pool = stress_pool(ResourceKind::host, expandable);
-  if (!pool) {
-    SUCCEED("skipped");
-    return;
-  }
+  std::string why;
+  auto pool = stress_pool(ResourceKind::host, expandable, &why);
+  if (!pool) GK_SKIP(why);
   pool->set_limit(192 * MiB);
   std::atomic<int> reclaims{0};
   pool->add_reclaim_callback([&](std::size_t) {

@@ -29,13 +29,11 @@ using gpukeeper::Timer;
 namespace {
 
 #ifdef GPUKEEPER_WITH_CUDA
-bool gates_usable() {
-  if (gpukeeper::stream_gates_available()) return true;
-  WARN("no stream gates here (" << (gpukeeper::cuda_device_count() == 0
-                                        ? gpukeeper::cuda_status().reason
-                                        : std::string("built without nvcc"))
-                                << "): GPU gate checks skipped");
-  return false;
+// Why gates cannot be closed here ("" when they can).
+std::string why_no_gates() {
+  if (gpukeeper::stream_gates_available()) return "";
+  if (gpukeeper::cuda_device_count() == 0) return gpukeeper::cuda_status().reason;
+  return "gpukeeper was built without nvcc (no gate kernel)";
 }
 
 void sync_stream(gpukeeper::stream_t s) {
@@ -79,11 +77,15 @@ TEST_CASE("gate: refused without a GPU or kernels; empty gates are harmless", "[
 
 #ifdef GPUKEEPER_WITH_CUDA
 
-TEST_CASE("gate: a closed gate holds the stream until it is opened", "[gate]") {
-  if (!gates_usable()) {
-    SUCCEED("skipped: no stream gates");
-    return;
-  }
+// In a test case: skips it unless stream gates can be closed here.
+#define GK_SKIP_UNLESS_GATES()                                        \
+  do {                                                                \
+    const std::string gk_why_ = why_no_gates();                       \
+    if (!gk_why_.empty()) GK_SKIP("no stream gates: " << gk_why_);    \
+  } while (0)
+
+TEST_CASE("gate: a closed gate holds the stream until it is opened", "[gate][gpu]") {
+  GK_SKIP_UNLESS_GATES();
   gpukeeper::launch_spin_kernel(0, 0);  // module loaded before anything is timed
   sync_stream(0);
   StreamGate gate(0, 0);
@@ -100,11 +102,8 @@ TEST_CASE("gate: a closed gate holds the stream until it is opened", "[gate]") {
   CHECK(stream_idle(0));
 }
 
-TEST_CASE("gate: an unopened gate times out and lets the work through", "[gate]") {
-  if (!gates_usable()) {
-    SUCCEED("skipped: no stream gates");
-    return;
-  }
+TEST_CASE("gate: an unopened gate times out and lets the work through", "[gate][gpu]") {
+  GK_SKIP_UNLESS_GATES();
   StreamGate gate(0, 0, 5'000'000);  // 5 ms
   gpukeeper::launch_spin_kernel(1'000, 0);
   auto t0 = std::chrono::steady_clock::now();
@@ -117,11 +116,8 @@ TEST_CASE("gate: an unopened gate times out and lets the work through", "[gate]"
   REQUIRE_FALSE(gate.holds_slot());
 }
 
-TEST_CASE("gate: nested gates open in any order; slots are reused", "[gate]") {
-  if (!gates_usable()) {
-    SUCCEED("skipped: no stream gates");
-    return;
-  }
+TEST_CASE("gate: nested gates open in any order; slots are reused", "[gate][gpu]") {
+  GK_SKIP_UNLESS_GATES();
   {
     StreamGate outer(0, 0);
     StreamGate inner(0, 0);
@@ -150,11 +146,8 @@ TEST_CASE("gate: nested gates open in any order; slots are reused", "[gate]") {
   CHECK(stats.idle == stats.created);
 }
 
-TEST_CASE("gate: a stream capturing a CUDA graph is refused", "[gate]") {
-  if (!gates_usable()) {
-    SUCCEED("skipped: no stream gates");
-    return;
-  }
+TEST_CASE("gate: a stream capturing a CUDA graph is refused", "[gate][gpu]") {
+  GK_SKIP_UNLESS_GATES();
   cudaStream_t s = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
   REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
@@ -170,11 +163,8 @@ TEST_CASE("gate: a stream capturing a CUDA graph is refused", "[gate]") {
 
 TEST_CASE("gate: a hidden-latency timer less the launch floor reads 10 us, 100 us and 1 ms "
           "within 0.5 us",
-          "[gate]") {
-  if (!gates_usable()) {
-    SUCCEED("skipped: no stream gates");
-    return;
-  }
+          "[gate][gpu]") {
+  GK_SKIP_UNLESS_GATES();
   const double floor_ns = gpukeeper::launch_floor_ms(0) * 1e6;
   INFO("launch floor " << floor_ns << " ns");
   // The floor is the device's cost of the bracket: positive, and far below a launch.
@@ -206,11 +196,8 @@ TEST_CASE("gate: a hidden-latency timer less the launch floor reads 10 us, 100 u
   }
 }
 
-TEST_CASE("gate: a hidden-latency timer reports a timed-out gate", "[gate]") {
-  if (!gates_usable()) {
-    SUCCEED("skipped: no stream gates");
-    return;
-  }
+TEST_CASE("gate: a hidden-latency timer reports a timed-out gate", "[gate][gpu]") {
+  GK_SKIP_UNLESS_GATES();
   Timer t(0, 0, true, 2'000'000);  // 2 ms
   REQUIRE(t.hides_launch_latency());
   t.start();
@@ -226,6 +213,12 @@ TEST_CASE("gate: a hidden-latency timer reports a timed-out gate", "[gate]") {
   t.stop();
   CHECK(t.launch_hidden());
   CHECK(t.elapsed_ms() < 1.0);
+}
+
+#else
+
+TEST_CASE("gate: stream gates need a CUDA build", "[gate][gpu]") {
+  GK_SKIP("gpukeeper was built without CUDA");
 }
 
 #endif  // GPUKEEPER_WITH_CUDA

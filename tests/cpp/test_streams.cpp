@@ -127,7 +127,7 @@ struct TwoStreams {
   GK_SKIP_UNLESS_USABLE(kind)
 
 TEST_CASE("streams: a block freed on A is reused on A at once, on B only after A's work",
-          "[streams]") {
+          "[streams][gpu]") {
   GK_FOR_EACH_STREAM_ORDERED_KIND();
   TwoStreams s;
   {
@@ -166,7 +166,7 @@ TEST_CASE("streams: a block freed on A is reused on A at once, on B only after A
   REQUIRE(cudaGetLastError() == cudaSuccess);
 }
 
-TEST_CASE("streams: deallocate(ptr, stream) hands the block to that stream", "[streams]") {
+TEST_CASE("streams: deallocate(ptr, stream) hands the block to that stream", "[streams][gpu]") {
   GK_FOR_EACH_STREAM_ORDERED_KIND();
   TwoStreams s;
   auto pool = make_pool(kind);
@@ -187,7 +187,7 @@ TEST_CASE("streams: deallocate(ptr, stream) hands the block to that stream", "[s
 }
 
 TEST_CASE("streams: emergency_cleanup waits for the streams that used the memory",
-          "[streams]") {
+          "[streams][gpu]") {
   GK_FOR_EACH_STREAM_ORDERED_KIND();
   TwoStreams s;
   auto pool = make_pool(kind);
@@ -210,11 +210,15 @@ TEST_CASE("streams: emergency_cleanup waits for the streams that used the memory
 }
 
 TEST_CASE("streams: cleanup and destruction never touch a stream its owner destroyed",
-          "[streams]") {
+          "[streams][gpu]") {
   // A CuPy stream collected before its pool was emptied crashed the process: the pool
   // recorded an event on the dead handle. Release paths wait for the device instead.
   GK_FOR_EACH_STREAM_ORDERED_KIND();
-  auto pool = make_pool(kind);
+  // Through a counting upstream, to see that the destructor gave everything back.
+  auto upstream = std::make_unique<TestUpstream>(0, gpukeeper::make_resource(kind, 0));
+  std::shared_ptr<UpstreamLog> log = upstream->log();
+  auto pool = std::make_shared<CachingPool>(std::move(upstream));
+  (void)cudaGetLastError();  // checked at the end: only this test's calls count
   for (int round = 0; round < 20; ++round) {
     cudaStream_t s = nullptr;
     REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
@@ -237,10 +241,16 @@ TEST_CASE("streams: cleanup and destruction never touch a stream its owner destr
     REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
   }
   pool.reset();  // the destructor waits for the device, not for the dead stream
-  SUCCEED("no event was recorded on a destroyed stream");
+  // No call failed on the dead stream (it would be the runtime's last error now), the
+  // device is healthy, and every segment went back.
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  REQUIRE(log->used_now() == 0);
+  REQUIRE(log->deallocations == log->allocations);
+  REQUIRE(log->allocations == 21);  // a 12 MiB segment per round, and a small one
 }
 
-TEST_CASE("streams: a small block's segment tail stays with its stream", "[streams]") {
+TEST_CASE("streams: a small block's segment tail stays with its stream", "[streams][gpu]") {
   GK_FOR_EACH_STREAM_ORDERED_KIND();
   TwoStreams s;
   auto pool = make_pool(kind);
@@ -260,9 +270,8 @@ TEST_CASE("streams: a small block's segment tail stays with its stream", "[strea
 
 #else
 
-TEST_CASE("streams: CUDA stream tests need a CUDA build", "[streams]") {
-  WARN("skipping the CUDA stream tests: gpukeeper was built without CUDA");
-  SUCCEED();
+TEST_CASE("streams: CUDA stream tests need a CUDA build", "[streams][gpu]") {
+  GK_SKIP("gpukeeper was built without CUDA");
 }
 
 #endif

@@ -10,7 +10,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,38 +50,25 @@ inline const std::vector<ResourceKind>& all_kinds() {
   return kinds;
 }
 
-// Whether `kind` works on device 0 here; when it does not, *why says why. The first time
-// per process and kind, the test that asked is given a warning with the reason.
+// Whether `kind` works on device 0 here; when it does not, *why says why.
 inline bool kind_usable(ResourceKind kind, std::string* why) {
-  static std::mutex mutex;
-  static std::set<ResourceKind> warned;
-  if (gpukeeper::resource_available(kind, 0, why)) return true;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (warned.insert(kind).second) {
-    WARN("skipping " << gpukeeper::to_string(kind) << " memory: " << *why);
-  }
-  return false;
+  return gpukeeper::resource_available(kind, 0, why);
 }
 
-// In a test case: passes (and returns) when `kind` is not usable on this machine.
-#define GK_SKIP_UNLESS_USABLE(kind)                                                   \
-  do {                                                                                \
-    std::string gk_why_;                                                              \
-    if (!::gktest::kind_usable((kind), &gk_why_)) {                                   \
-      SUCCEED("skipped: " << ::gpukeeper::to_string(kind) << " memory: " << gk_why_); \
-      return;                                                                         \
-    }                                                                                 \
+// In a test case: skips it (GK_SKIP, catch.hpp) when `kind` is not usable on this machine.
+#define GK_SKIP_UNLESS_USABLE(kind)                                                    \
+  do {                                                                                 \
+    std::string gk_why_;                                                               \
+    if (!::gktest::kind_usable((kind), &gk_why_)) {                                    \
+      GK_SKIP(::gpukeeper::to_string(kind) << " memory: " << gk_why_);                 \
+    }                                                                                  \
   } while (0)
 
-// Whether CUDA is usable; when it is not, passes and returns from the test case.
-#define GK_SKIP_UNLESS_CUDA()                                                      \
-  do {                                                                             \
-    auto gk_status_ = ::gpukeeper::cuda_status();                                  \
-    if (!gk_status_.available) {                                                   \
-      WARN("skipping: CUDA unavailable: " << gk_status_.reason);                   \
-      SUCCEED("skipped: no CUDA");                                                 \
-      return;                                                                      \
-    }                                                                              \
+// In a test case: skips it unless CUDA is usable (a CUDA build, a driver, a device).
+#define GK_SKIP_UNLESS_CUDA()                                                          \
+  do {                                                                                 \
+    auto gk_status_ = ::gpukeeper::cuda_status();                                      \
+    if (!gk_status_.available) GK_SKIP("CUDA unavailable: " << gk_status_.reason);     \
   } while (0)
 
 inline std::shared_ptr<CachingPool> make_pool(ResourceKind kind, PoolOptions options = {}) {

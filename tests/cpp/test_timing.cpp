@@ -27,15 +27,27 @@ namespace {
 
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
-// Whether CUDA timing can run here; when not, the test that asks is told why.
-bool gpu_usable() {
-  if (gpukeeper::cuda_device_count() > 0) return true;
-  WARN("no usable CUDA device (" << gpukeeper::cuda_status().reason
-                                 << "): GPU timing checks skipped");
-  return false;
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace
+
+// In a test case: skips it unless CUDA timing can run here (a usable device).
+#define GK_SKIP_UNLESS_GPU()                                                          \
+  do {                                                                                \
+    if (gpukeeper::cuda_device_count() == 0) {                                        \
+      GK_SKIP("no usable CUDA device: " << gpukeeper::cuda_status().reason);          \
+    }                                                                                 \
+  } while (0)
+
+// In a test case: skips it unless this build has the calibration kernels (nvcc).
+#define GK_SKIP_UNLESS_KERNELS()                                                      \
+  do {                                                                                \
+    if (!gpukeeper::calibration_kernels_available()) {                                \
+      GK_SKIP("gpukeeper was built without the calibration kernels (no nvcc)");       \
+    }                                                                                 \
+  } while (0)
 
 TEST_CASE("timing: a CPU timer reads a 20 ms sleep as 20 +- 5 ms", "[timing]") {
   Timer t(kCpuDevice);
@@ -69,26 +81,33 @@ TEST_CASE("timing: a timer must be started before stop and stopped before elapse
 
 TEST_CASE("timing: timers move, and a moved-from timer refuses to work", "[timing]") {
   Timer a(kCpuDevice, /*stream=*/7);
+  const auto host0 = std::chrono::steady_clock::now();
   a.start();
   sleep_ms(2);
   a.stop();
+  const double host_ms = ms_since(host0);  // encloses the timer's interval
   Timer b(std::move(a));
   REQUIRE(b.valid());
   REQUIRE_FALSE(a.valid());  // NOLINT(bugprone-use-after-move): checked on purpose
   REQUIRE(b.stream() == 7);
-  REQUIRE(b.elapsed_ms() >= 1.0);
+  const double ms = b.elapsed_ms();
+  REQUIRE(ms >= 2.0);
+  REQUIRE(ms <= host_ms);
   REQUIRE_THROWS_AS(a.start(), InvalidInputError);
   REQUIRE_THROWS_AS(a.elapsed_ms(), InvalidInputError);
   Timer c(kCpuDevice);
   c = std::move(b);
-  REQUIRE(c.elapsed_ms() >= 1.0);
+  REQUIRE(c.elapsed_ms() == ms);  // the moved measurement, not a new one
   REQUIRE_FALSE(b.valid());
   std::vector<Timer> many;
   for (int i = 0; i < 10; ++i) many.emplace_back(kCpuDevice);  // vector growth moves them
   for (auto& t : many) {
+    const auto t0 = std::chrono::steady_clock::now();
     t.start();
     t.stop();
+    const double enclosing = ms_since(t0);
     REQUIRE(t.elapsed_ms() >= 0.0);
+    REQUIRE(t.elapsed_ms() <= enclosing);
   }
 }
 
@@ -109,6 +128,7 @@ TEST_CASE("timing: without a usable device every id times on the CPU", "[timing]
 TEST_CASE("timing: a CPU event log resolves laps and nested intervals in order", "[timing]") {
   EventLog log(kCpuDevice);
   REQUIRE_FALSE(log.is_gpu());
+  const auto host0 = std::chrono::steady_clock::now();
   log.mark("origin");
   sleep_ms(5);
   log.mark("a");
@@ -119,6 +139,8 @@ TEST_CASE("timing: a CPU event log resolves laps and nested intervals in order",
   sleep_ms(2);
   log.end();  // outer
   log.mark("b");
+  // Each interval lies within this host reading, which also holds the sleeps outside it.
+  const double host_ms = ms_since(host0);
   REQUIRE(log.pending() == 4);
   REQUIRE(log.open() == 0);
   REQUIRE(log.ready());
@@ -128,19 +150,26 @@ TEST_CASE("timing: a CPU event log resolves laps and nested intervals in order",
   CHECK(got[1].label == "inner");
   CHECK(got[2].label == "outer");
   CHECK(got[3].label == "b");
-  CHECK(got[0].gpu_ms >= 4.0);
-  CHECK(got[1].gpu_ms >= 9.0);
-  CHECK(got[2].gpu_ms >= got[1].gpu_ms + 1.0);  // outer encloses inner plus 2 ms
+  INFO("host time around it all: " << host_ms << " ms");
+  CHECK(got[0].gpu_ms >= 5.0);
+  CHECK(got[0].gpu_ms <= host_ms - 12.0);       // the 10 + 2 ms after "a" are not in it
+  CHECK(got[1].gpu_ms >= 10.0);
+  CHECK(got[1].gpu_ms <= host_ms - 7.0);        // nor the 5 + 2 ms around inner
+  CHECK(got[2].gpu_ms >= got[1].gpu_ms + 2.0);  // outer encloses inner plus 2 ms
+  CHECK(got[2].gpu_ms <= host_ms - 5.0);
   CHECK(got[3].gpu_ms >= got[2].gpu_ms);        // the lap since "a" encloses outer
+  CHECK(got[3].gpu_ms <= host_ms - 5.0);
   REQUIRE(log.pending() == 0);
 
   // The last mark stays the origin: the next lap needs only one mark.
   sleep_ms(3);
   log.mark("c");
+  const double since_start = ms_since(host0);  // "b" came 17 ms of sleeps after host0
   got = log.resolve();
   REQUIRE(got.size() == 1);
   CHECK(got[0].label == "c");
-  CHECK(got[0].gpu_ms >= 2.0);
+  CHECK(got[0].gpu_ms >= 3.0);
+  CHECK(got[0].gpu_ms <= since_start - 17.0);
 
   // clear() drops the origin too.
   log.clear();
@@ -186,12 +215,10 @@ TEST_CASE("timing: calibration kernels exist exactly in builds with nvcc", "[tim
 
 // ---- on a GPU -------------------------------------------------------------------------
 
-TEST_CASE("timing: a GPU timer measures spin kernels of 10 us, 100 us and 1 ms", "[timing]") {
-  if (!gpu_usable() || !gpukeeper::calibration_kernels_available()) {
-    if (!gpukeeper::calibration_kernels_available()) WARN("built without calibration kernels");
-    REQUIRE(true);
-    return;
-  }
+TEST_CASE("timing: a GPU timer measures spin kernels of 10 us, 100 us and 1 ms",
+          "[timing][gpu]") {
+  GK_SKIP_UNLESS_GPU();
+  GK_SKIP_UNLESS_KERNELS();
   for (std::uint64_t ns : {10'000ull, 100'000ull, 1'000'000ull}) {
     // Best of a few: a single reading may catch a preemption or a clock change.
     double best_err = 1e30;
@@ -217,20 +244,21 @@ TEST_CASE("timing: a GPU timer measures spin kernels of 10 us, 100 us and 1 ms",
   }
 }
 
-TEST_CASE("timing: GPU timers and logs reuse pooled events once warm", "[timing]") {
-  if (!gpu_usable()) {
-    REQUIRE(true);
-    return;
-  }
+TEST_CASE("timing: GPU timers and logs reuse pooled events once warm", "[timing][gpu]") {
+  GK_SKIP_UNLESS_GPU();
   EventPool& pool = EventPool::for_device(0);
   REQUIRE(&pool == &EventPool::for_device(0));
   auto round = [] {
     for (int i = 0; i < 20; ++i) {
       Timer t(0);
       REQUIRE(t.is_gpu());
+      const auto host0 = std::chrono::steady_clock::now();
       t.start();
       t.stop();
-      REQUIRE(t.elapsed_ms() >= 0.0);
+      const double ms = t.elapsed_ms();  // waits for the stop event
+      // The device passed both events within this host interval.
+      REQUIRE(ms >= 0.0);
+      REQUIRE(ms <= ms_since(host0));
     }
     EventLog log(0);
     log.mark("origin");
@@ -252,11 +280,9 @@ TEST_CASE("timing: GPU timers and logs reuse pooled events once warm", "[timing]
   REQUIRE(pool.created() == created + 10);
 }
 
-TEST_CASE("timing: a GPU event log resolves spin kernels in order", "[timing]") {
-  if (!gpu_usable() || !gpukeeper::calibration_kernels_available()) {
-    REQUIRE(true);
-    return;
-  }
+TEST_CASE("timing: a GPU event log resolves spin kernels in order", "[timing][gpu]") {
+  GK_SKIP_UNLESS_GPU();
+  GK_SKIP_UNLESS_KERNELS();
   EventLog log(0);
   gpukeeper::launch_spin_kernel(0, 0);  // warm-up
   log.mark("origin");
@@ -277,23 +303,24 @@ TEST_CASE("timing: a GPU event log resolves spin kernels in order", "[timing]") 
   CHECK(got[1].gpu_ms <= 0.1);
   CHECK(got[2].label == "lap");
   CHECK(got[2].gpu_ms >= 0.549);
+  CHECK(got[2].gpu_ms >= got[1].gpu_ms + 0.499);  // the lap holds "50us" and the 500 us
+  CHECK(got[2].gpu_ms <= 0.8);
 }
 
-TEST_CASE("timing: a GPU timer's start/stop do not wait for the stream", "[timing]") {
-  if (!gpu_usable() || !gpukeeper::calibration_kernels_available()) {
-    REQUIRE(true);
-    return;
-  }
+TEST_CASE("timing: a GPU timer's start/stop do not wait for the stream", "[timing][gpu]") {
+  GK_SKIP_UNLESS_GPU();
+  GK_SKIP_UNLESS_KERNELS();
   gpukeeper::launch_spin_kernel(0, 0);
   Timer t(0);
   auto host0 = std::chrono::steady_clock::now();
   t.start();
   gpukeeper::launch_spin_kernel(50'000'000, 0);  // 50 ms
   t.stop();
-  double host_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host0).count();
+  const double host_ms = ms_since(host0);
   CHECK(host_ms < 25.0);
   CHECK_FALSE(t.ready());
-  CHECK(t.elapsed_ms() >= 49.0);
+  const double ms = t.elapsed_ms();
+  CHECK(ms >= 49.0);
+  CHECK(ms <= 56.0);  // 50 ms of spinning plus launch gaps of microseconds
   CHECK(t.ready());
 }
