@@ -23,7 +23,6 @@ because importing it costs seconds and may create a CUDA context.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import sys
@@ -105,51 +104,6 @@ def get_device(device: Any = None) -> Any:
 
 # --------------------------------------------------------------------- get_gpu_info
 
-# CUdevice_attribute values (cuda.h); stable across CUDA versions.
-_CU_ATTR = {
-    "multiprocessors": 16,
-    "sm_clock_max_mhz": 13,  # kHz
-    "memory_clock_max_mhz": 36,  # kHz
-    "memory_bus_width_bits": 37,
-    "l2_cache_bytes": 38,
-    "cc_major": 75,
-    "cc_minor": 76,
-}
-
-
-def _driver_api_info(index: int) -> Optional[Dict[str, Any]]:
-    """Device attributes through the driver API (the one driver handle of
-    ``frameworks.driver``): needs neither PyTorch nor a CUDA context (cuInit creates
-    none), so describing a device costs no device memory."""
-    driver = cuda_driver.load_driver()
-    if not driver or index >= len(driver.handles):
-        return None
-    lib = driver.lib
-    dev = ctypes.c_int(driver.handles[index])
-    try:
-        out: Dict[str, Any] = {}
-        value = ctypes.c_int(0)
-        for key, attr in _CU_ATTR.items():
-            if lib.cuDeviceGetAttribute(ctypes.byref(value), attr, dev) == 0:
-                out[key] = int(value.value)
-        name = ctypes.create_string_buffer(256)
-        if lib.cuDeviceGetName(name, 256, dev) == 0:
-            out["name"] = name.value.decode(errors="replace")
-        total = ctypes.c_size_t(0)
-        if lib.cuDeviceTotalMem_v2(ctypes.byref(total), dev) == 0:
-            out["total_memory_bytes"] = int(total.value)
-        uuid = (ctypes.c_ubyte * 16)()
-        if lib.cuDeviceGetUuid(uuid, dev) == 0:
-            h = bytes(uuid).hex()
-            out["uuid"] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-        for key in ("sm_clock_max_mhz", "memory_clock_max_mhz"):
-            if key in out:
-                out[key] = out[key] // 1000
-        return out
-    except (OSError, AttributeError):
-        return None
-
-
 def _nvml_info(index: int, info: Dict[str, Any]) -> None:
     """Fills clocks, driver version, UUID and PCI id from NVML (pynvml), when present."""
     lib, _reason = nvml.NVML.get()
@@ -207,7 +161,7 @@ def get_gpu_info(device: Any = None) -> Dict[str, Any]:
     A value no source could give is None.
 
     Sources, in order: PyTorch's device properties when PyTorch is loaded; the driver API
-    (libcuda through ctypes, no context created); NVML (nvidia-ml-py) for clocks, driver
+    (gpukeeper's core asks libcuda; no context created); NVML (nvidia-ml-py) for clocks, driver
     version and PCI id. CPU keys: ``mode`` ("cpu"), ``device`` ("cpu"), ``reason`` (why not
     CUDA), ``name`` (CPU model), ``cpu_count``, ``total_memory_bytes`` / ``total_memory_gb``
     (host), ``platform``.
@@ -299,7 +253,7 @@ def _torch_info(index: int, info: Dict[str, Any]) -> None:
 
 def _driver_info(index: int, info: Dict[str, Any]) -> None:
     """Fills what is still missing in ``info`` from the driver API."""
-    drv = _driver_api_info(index)
+    drv = cuda_driver.device_info(index)
     if not drv:
         return
     for key, value in drv.items():

@@ -13,9 +13,6 @@ Three instruments, because each sees something the others do not:
 - **tracemalloc traced bytes** (:func:`tracemalloc_bytes`): Python's own allocations and
   the buffers that extensions report to it (numpy does), when ``tracemalloc`` is
   tracing. Never started here: tracing slows every Python allocation.
-
-And :func:`library_loaded`, which says whether a shared library (``libcuda``) is mapped
-into the process: without it no CUDA context can exist, so nothing needs asking.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ __all__ = [
     "malloc_in_use_bytes",
     "malloc_in_use_reader",
     "tracemalloc_bytes",
-    "library_loaded",
 ]
 
 
@@ -174,28 +170,3 @@ def tracemalloc_bytes() -> Optional[int]:
     if not tracemalloc.is_tracing():
         return None
     return int(tracemalloc.get_traced_memory()[0])
-
-
-# --------------------------------------------------------------------- libraries
-
-
-def library_loaded(name: str) -> Optional[bool]:
-    """Whether the shared library ``name`` (a soname such as ``"libcuda.so.1"``) is
-    loaded in this process, without loading it: ``dlopen(RTLD_NOLOAD)`` (microseconds),
-    else a scan of ``/proc/self/maps`` for the name. None where neither can tell."""
-    noload = getattr(os, "RTLD_NOLOAD", None)
-    if noload is not None and sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(name, mode=noload | getattr(os, "RTLD_LAZY", 1))
-            return True
-        except OSError:
-            return False
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            needle = ("/" + name).encode()
-            for line in f:
-                if needle in line:
-                    return True
-        return False
-    except OSError:
-        return None

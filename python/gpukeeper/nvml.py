@@ -10,7 +10,7 @@ and it sees every context of a process: the primary context the frameworks share
 the ones an engine makes for itself with ``cuCtxCreate`` (OpenMM does).
 
 Device numbers are CUDA's (after ``CUDA_VISIBLE_DEVICES``); the matching NVML device is
-found by PCI bus id (when CuPy is loaded), by UUID (when PyTorch has initialised CUDA),
+found by PCI bus id (when the CUDA driver is loaded), by UUID (when PyTorch has initialised CUDA),
 else through ``CUDA_VISIBLE_DEVICES``, else by the same index, which assumes CUDA's
 device order is NVML's (true for identical GPUs, or with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
 """
@@ -148,14 +148,13 @@ def _torch_uuid(device: int) -> Optional[str]:
     return str(uuid) if uuid else None
 
 
-def _cupy_pci_bus_id(device: int) -> Optional[str]:
-    cupy = sys.modules.get("cupy")
-    try:
-        if cupy is None:
-            return None
-        return text(cupy.cuda.runtime.deviceGetPCIBusId(device))
-    except Exception:
+def _pci_bus_id(device: int) -> Optional[str]:
+    # Asked of the driver only once libcuda is loaded (a framework or gpukeeper uses CUDA):
+    # initialising it for a lookup would cost time and host memory. nvml sits below the
+    # framework layer, so it asks the core directly rather than frameworks.driver.
+    if not _core.cuda_driver_loaded():
         return None
+    return _core.device_pci_bus_id(device)
 
 
 def device_handle(nvml: Any, device: int) -> Tuple[Any, str]:
@@ -167,7 +166,7 @@ def device_handle(nvml: Any, device: int) -> Tuple[Any, str]:
     if cached is not None:
         return cached
     found: Optional[Tuple[Any, str]] = None
-    bus_id = _cupy_pci_bus_id(device)
+    bus_id = _pci_bus_id(device)
     if bus_id:
         try:
             found = (nvml.nvmlDeviceGetHandleByPciBusId(bus_id), f"PCI bus id {bus_id}")

@@ -9,6 +9,7 @@
 #ifdef GPUKEEPER_WITH_CUDA
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
 #endif
 
 #include "catch.hpp"
@@ -94,25 +95,26 @@ TEST_CASE("device: the driver's names, memory and PCI ids agree with the runtime
 TEST_CASE("device: a context made with cuCtxCreate is seen as foreign", "[device][gpu]") {
   GK_SKIP_UNLESS_CUDA_DEVICE();
 #if CUDART_VERSION >= 12050
-  // cuCtxCreate_v2 and cuCtxDestroy_v2, the ABI of CUDA 12.0 (OpenMM's way of making one).
-  CUresult(CUDAAPI * create)(CUcontext*, unsigned int, CUdevice) = nullptr;
-  CUresult(CUDAAPI * destroy)(CUcontext) = nullptr;
+  // cuCtxCreate as CUDA 12.5 and later define it (_v4, with a parameter block that may be
+  // null): CUDA 13's driver no longer hands out the older ABI. OpenMM makes its contexts so.
+  PFN_cuCtxCreate_v12050 create = nullptr;
+  PFN_cuCtxDestroy_v4000 destroy = nullptr;
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  REQUIRE(cudaGetDriverEntryPointByVersion("cuCtxCreate", &fn, 12000, cudaEnableDefault, &found) ==
+  REQUIRE(cudaGetDriverEntryPointByVersion("cuCtxCreate", &fn, 12050, cudaEnableDefault, &found) ==
           cudaSuccess);
   REQUIRE(found == cudaDriverEntryPointSuccess);
-  create = reinterpret_cast<decltype(create)>(fn);
-  REQUIRE(cudaGetDriverEntryPointByVersion("cuCtxDestroy", &fn, 12000, cudaEnableDefault, &found) ==
+  create = reinterpret_cast<PFN_cuCtxCreate_v12050>(fn);
+  REQUIRE(cudaGetDriverEntryPointByVersion("cuCtxDestroy", &fn, 12050, cudaEnableDefault, &found) ==
           cudaSuccess);
   REQUIRE(found == cudaDriverEntryPointSuccess);
-  destroy = reinterpret_cast<decltype(destroy)>(fn);
+  destroy = reinterpret_cast<PFN_cuCtxDestroy_v4000>(fn);
 
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   REQUIRE(cudaFree(nullptr) == cudaSuccess);  // the primary context exists and is current
   REQUIRE_FALSE(current_context_foreign().has_value());
   CUcontext ctx = nullptr;
-  REQUIRE(create(&ctx, 0, 0) == CUDA_SUCCESS);  // made current on this thread
+  REQUIRE(create(&ctx, nullptr, 0, 0) == CUDA_SUCCESS);  // made current on this thread
   CHECK(current_context_foreign() == std::optional<int>(0));
   CHECK(primary_context_active(0) == std::optional<bool>(true));
   REQUIRE(destroy(ctx) == CUDA_SUCCESS);  // popped: the primary one is current again

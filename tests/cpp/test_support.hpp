@@ -145,7 +145,9 @@ class TestUpstream final : public MemoryResource {
     }
     log_->used -= it->second.first;
     ++log_->deallocations;
-    inner_->deallocate(ptr, it->second.first, it->second.second);
+    // The stream the pool named, not the one recorded at allocation: that one may be dead
+    // (the pool waits for the device and frees on the default stream then).
+    inner_->deallocate(ptr, it->second.first, stream);
     log_->outstanding.erase(it);
   }
 

@@ -83,19 +83,28 @@ class FakeNvml(types.ModuleType):
 
 
 class FakeDriver:
-    """The driver as ``frameworks`` sees it: ``primary`` per device, and the device of a
-    non-primary context current on this thread (None: none)."""
+    """The driver as ``frameworks.driver.backend`` (gpukeeper._core's driver functions)
+    answers: ``primary`` per device, and the device of a non-primary context current on
+    this thread (None: none)."""
 
     def __init__(self, primary: Dict[int, bool], foreign: Optional[int] = None) -> None:
-        self.handles = list(range(len(primary)))
         self.primary = primary
         self.foreign = foreign
 
-    def primary_active(self, ordinal: int) -> Optional[bool]:
-        return self.primary.get(ordinal)
+    def driver_device_count(self) -> Optional[int]:
+        return len(self.primary)
 
-    def foreign_current_context(self) -> Optional[int]:
+    def primary_context_active(self, device: int) -> Optional[bool]:
+        return self.primary.get(device)
+
+    def current_context_foreign(self) -> Optional[int]:
         return self.foreign
+
+    def device_pci_bus_id(self, device: int) -> Optional[str]:
+        return None  # NVML then matches by UUID or index
+
+    def driver_device_info(self, device: int) -> Optional[Dict[str, Any]]:
+        return None
 
 
 def install_nvml(monkeypatch: Any, fake: FakeNvml) -> FakeNvml:
@@ -108,7 +117,7 @@ def install_nvml(monkeypatch: Any, fake: FakeNvml) -> FakeNvml:
 def install_driver(monkeypatch: Any, driver: FakeDriver) -> FakeDriver:
     monkeypatch.setattr(devices, "cuda_status", lambda: (len(driver.primary), ""))
     monkeypatch.setattr(cuda_driver, "libcuda_loaded", lambda: True)
-    monkeypatch.setattr(cuda_driver, "load_driver", lambda: driver)
+    monkeypatch.setattr(cuda_driver, "backend", driver)
     return driver
 
 

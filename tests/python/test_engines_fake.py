@@ -117,10 +117,11 @@ def test_census_primary_only(monkeypatch):
 def test_no_libcuda_means_no_context_and_no_question(monkeypatch):
     monkeypatch.setattr(cuda_driver, "libcuda_loaded", lambda: False)
 
-    def boom() -> None:
-        raise AssertionError("the driver must not be loaded when libcuda is not mapped")
+    class Boom:
+        def __getattr__(self, name: str) -> None:
+            raise AssertionError("the driver must not be asked when libcuda is not mapped")
 
-    monkeypatch.setattr(cuda_driver, "load_driver", boom)
+    monkeypatch.setattr(cuda_driver, "backend", Boom())
     assert frameworks.context_devices() == []
     assert frameworks.primary_context_active(0) is False
     assert frameworks.context_census(0).count == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import tracemalloc
 
 import numpy as np
@@ -43,9 +42,3 @@ def test_tracemalloc_only_when_tracing() -> None:
         del x
     finally:
         tracemalloc.stop()
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sonames are Linux's")
-def test_library_loaded_does_not_load() -> None:
-    assert host.library_loaded("libc.so.6") is True
-    assert host.library_loaded("libgpukeeper-no-such-lib.so.7") is False

@@ -269,7 +269,10 @@ def test_auto_event_every_from_the_warm_up(fake_gpu):
     r = benchmark_md_trajectory(step, list(range(n)), warmup_steps=10, device=0,
                                 check_memory_leak=False)
     assert r.timing_source == "gpu" and r.event_every is not None
-    assert 2 <= r.event_every <= 4, r.event_every
+    # The device's budget asks for k >= 4 (2 us / 0.5% of ~100 us; less if a busy machine
+    # stretched the warm-up); the host's cost of a fake mark (Python, machine-dependent)
+    # may ask for more, never past n // 32.
+    assert 2 <= r.event_every <= n // md_events.MIN_INTERVALS, r.event_every
     # Marks in the loop: the origin and one every k steps (9 more measured their cost).
     assert gpu.records - 9 <= 1 + math.ceil(n / r.event_every)
     assert f"one after every {r.event_every} steps" in r.timing_method

@@ -40,16 +40,16 @@ def _cuda_maybe_in_use() -> bool:
 def active_devices() -> List[int]:
     """CUDA devices on which this process holds a primary context, without creating one.
 
-    Asks the driver (``cuDevicePrimaryCtxGetState`` through ctypes; every framework here
+    Asks the driver (``cuDevicePrimaryCtxGetState`` through gpukeeper's core; every framework here
     uses the primary context). Without a reachable driver: the devices of gpukeeper's
     device pools and PyTorch's current device. Empty when no framework uses CUDA (see
     :func:`context_devices` for contexts that no framework made).
     """
     if not _cuda_maybe_in_use():
         return []
-    driver = cuda_driver.load_driver()
-    if driver:
-        return [d for d in range(len(driver.handles)) if driver.primary_active(d)]
+    count = cuda_driver.driver_device_count()
+    if count is not None:
+        return [d for d in range(count) if cuda_driver.primary_context_active(d)]
     devices = set()
     for pool in pools_adapter.live_pools():
         if getattr(pool, "kind", "device") in ("device", "async"):
@@ -127,8 +127,7 @@ def context_census(
     if reading is None:
         reading = nvml.this_process_memory(device) if loaded is not False else nvml.ProcessReading(False, 0)
     primary = True if primary_in_use else cuda_driver.primary_context_active(device)
-    driver = cuda_driver.load_driver() if loaded is not False else None
-    foreign = driver.foreign_current_context() if driver else None
+    foreign = cuda_driver.current_context_foreign() if loaded is not False else None
     evidence = []
     other: Optional[int] = 0 if (primary is not None or reading.listed is not None) else None
     if foreign == device:

@@ -1,106 +1,40 @@
-"""The CUDA driver, asked through ctypes without creating a context: primary-context
-state, the context current on this thread, and whether libcuda is loaded at all."""
+"""The CUDA driver, asked without creating a context: whether libcuda is loaded, the
+driver's devices, primary-context state, the context current on this thread, PCI bus ids
+and device attributes. The questions are answered by gpukeeper's core
+(``csrc/gpukeeper/device/driver_queries.cpp``); this module adds the cheap guards."""
 
 from __future__ import annotations
 
-import ctypes
-import sys
-import threading
-from typing import Any, List, Optional
+from typing import Any, Dict, Optional
 
-from gpukeeper import devices, host
+from gpukeeper import _core, devices
 
-__all__ = ["cuda_device_count", "libcuda_loaded", "load_driver", "primary_context_active"]
+__all__ = [
+    "backend",
+    "cuda_device_count",
+    "current_context_foreign",
+    "device_info",
+    "device_pci_bus_id",
+    "driver_device_count",
+    "libcuda_loaded",
+    "primary_context_active",
+]
 
-
-class _Driver:
-    """The few driver calls used to look at contexts without creating one."""
-
-    def __init__(self, lib: Any, handles: List[int]) -> None:
-        self.lib = lib
-        self.handles = handles  # CUdevice per CUDA ordinal
-        get_state = lib.cuDevicePrimaryCtxGetState
-        get_state.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_int)]
-        get_state.restype = ctypes.c_int
-        self.get_state = get_state
-
-    def primary_active(self, ordinal: int) -> Optional[bool]:
-        flags = ctypes.c_uint(0)
-        active = ctypes.c_int(0)
-        if self.get_state(self.handles[ordinal], ctypes.byref(flags), ctypes.byref(active)) != 0:
-            return None
-        return bool(active.value)
-
-    def foreign_current_context(self) -> Optional[int]:
-        """The CUDA ordinal of the context current on this thread when it is not its
-        device's primary context (one an engine made with cuCtxCreate), else None."""
-        lib = self.lib
-        try:
-            ctx = ctypes.c_void_p(0)
-            if lib.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
-                return None
-            dev = ctypes.c_int(0)
-            if lib.cuCtxGetDevice(ctypes.byref(dev)) != 0 or dev.value not in self.handles:
-                return None
-            ordinal = self.handles.index(dev.value)
-            active = self.primary_active(ordinal)
-            if active is None:
-                return None
-            if not active:
-                return ordinal  # a context is current and the primary one does not exist
-            # Retaining an active primary context only counts a reference (it creates
-            # nothing); released at once.
-            primary = ctypes.c_void_p(0)
-            if lib.cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev) != 0:
-                return None
-            release = getattr(lib, "cuDevicePrimaryCtxRelease_v2", None) or lib.cuDevicePrimaryCtxRelease
-            release(dev)
-            return ordinal if primary.value != ctx.value else None
-        except (AttributeError, OSError):
-            return None
-
-
-# The driver once loaded; False when it cannot be reached through ctypes (no libcuda, or
-# cuInit failed).
-_driver: Any = None
-_driver_lock = threading.Lock()
-
-
-def load_driver() -> Any:
-    """The driver (loaded once), or False when it cannot be reached."""
-    global _driver
-    with _driver_lock:
-        if _driver is not None:
-            return _driver
-        try:
-            lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-            if lib.cuInit(0) != 0:
-                raise OSError("cuInit failed")
-            count = ctypes.c_int(0)
-            if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-                raise OSError("cuDeviceGetCount failed")
-            handles = []
-            for ordinal in range(count.value):
-                dev = ctypes.c_int(0)
-                if lib.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
-                    raise OSError("cuDeviceGet failed")
-                handles.append(dev.value)
-            _driver = _Driver(lib, handles)
-        except (OSError, AttributeError):
-            _driver = False
-        return _driver
-
+#: What answers the driver questions: gpukeeper's core. A seam: tests put a fake driver
+#: here (``tests/python/engine_fakes.FakeDriver``).
+backend: Any = _core
 
 _libcuda_seen = False
 
 
 def libcuda_loaded() -> Optional[bool]:
     """Whether the CUDA driver library is mapped into the process (once seen, it stays:
-    nothing unloads it). Without it no CUDA context can exist, so nothing else is asked."""
+    nothing unloads it). Without it no CUDA context can exist, so nothing else is asked.
+    None where the platform cannot tell."""
     global _libcuda_seen
     if _libcuda_seen:
         return True
-    loaded = host.library_loaded("libcuda.so.1") if sys.platform != "win32" else None
+    loaded = _core.cuda_driver_loaded()
     if loaded:
         _libcuda_seen = True
     return loaded
@@ -112,15 +46,41 @@ def primary_context_active(device: int) -> Optional[bool]:
     driver is not even loaded in the process; None when the driver cannot be asked."""
     if libcuda_loaded() is False:
         return False
-    driver = load_driver()
-    if not driver or device >= len(driver.handles):
+    return backend.primary_context_active(device)
+
+
+def current_context_foreign() -> Optional[int]:
+    """The CUDA ordinal of the context current on this thread when it is not its device's
+    primary context (one an engine made with ``cuCtxCreate``, as OpenMM does), else None."""
+    if libcuda_loaded() is False:
         return None
-    return driver.primary_active(device)
+    return backend.current_context_foreign()
+
+
+def driver_device_count() -> Optional[int]:
+    """Devices the driver reports, or None when it cannot be reached. Initialises the
+    driver (``cuInit``, no context) on first use."""
+    return backend.driver_device_count()
 
 
 def cuda_device_count() -> int:
-    """CUDA devices the driver sees (the runtime's count without a driver handle)."""
-    driver = load_driver()
-    if driver:
-        return len(driver.handles)
+    """CUDA devices the driver sees; the runtime's count when the driver cannot be asked."""
+    count = driver_device_count()
+    if count is not None:
+        return count
     return devices.cuda_status()[0]
+
+
+def device_pci_bus_id(device: int) -> Optional[str]:
+    """The PCI bus id of CUDA device ``device`` (``'0000:65:00.0'``), or None. Asked only
+    once libcuda is loaded: initialising the driver for a lookup costs time and host memory."""
+    if libcuda_loaded() is False:
+        return None
+    return backend.device_pci_bus_id(device)
+
+
+def device_info(device: int) -> Optional[Dict[str, Any]]:
+    """The device as the driver describes it without a context (multiprocessors, clocks,
+    bus width, L2 size, compute capability, name, total memory, UUID; only the keys it
+    answered), or None when the driver cannot be reached or has no such device."""
+    return backend.driver_device_info(device)
