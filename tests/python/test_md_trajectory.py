@@ -289,7 +289,9 @@ def test_seed_004_example() -> None:
 @gpu
 def test_gpu_leak_of_1mb_per_100_steps_is_flagged() -> None:
     torch = pytest.importorskip("torch")
-    w = torch.randn(256, 256, device="cuda")
+    # Large enough that the stream is busy when the marks are probed (a 256^2 matmul is
+    # launch-bound, and then the events rightly give way to the host clock).
+    w = torch.randn(1024, 1024, device="cuda")
     kept = []
 
     def model(i: int) -> torch.Tensor:
