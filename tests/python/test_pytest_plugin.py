@@ -1,0 +1,171 @@
+"""gpukeeper's pytest plugin, run in pytest sessions of its own (pytester).
+
+Leaks are planted in gpukeeper host pools, which every machine has: the plugin counts
+them as it counts device memory."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("gpukeeper.pytest_plugin")
+
+HEADER = """
+import pytest
+import gpukeeper
+
+POOL = gpukeeper.MemoryPool(kind="host")
+KEPT = []
+
+def leak(mib):
+    KEPT.append(POOL.get_managed_buffer(0, mib << 20))
+"""
+
+
+def _plugin_loaded(pytester: pytest.Pytester) -> None:
+    # Through the pytest11 entry point of the installed package, not a -p flag.
+    result = pytester.runpytest("--help")
+    if "--gpu-leaks" not in result.stdout.str():
+        pytest.skip("gpukeeper is not installed with its pytest11 entry point here")
+
+
+def test_marked_leaking_test_fails_naming_the_leak_and_clean_one_passes(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(HEADER + """
+@pytest.mark.no_gpu_leak
+def test_leaks():
+    leak(4)
+
+@pytest.mark.no_gpu_leak
+def test_clean():
+    buf = POOL.get_managed_buffer(0, 4 << 20)
+    del buf
+""")
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "GPU memory leak in test_marked_leaking_test_fails_naming_the_leak_and_clean_one_passes.py::test_leaks" in out
+    assert "still held after cleanup (gpukeeper" in out and "on host" in out
+    assert "none tolerated" in out
+
+
+def test_tolerance_of_the_marker(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(HEADER + """
+@pytest.mark.no_gpu_leak(tolerance_mb=64)
+def test_small_leak_tolerated():
+    leak(2)
+
+@pytest.mark.no_gpu_leak(tolerance_mb=1)
+def test_over_tolerance():
+    leak(8)
+""")
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "1 MiB tolerated" in result.stdout.str()
+
+
+def test_gpu_leaks_option_checks_every_test_and_allow_exempts(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(HEADER + """
+def test_leaks():
+    leak(4)
+
+@pytest.mark.allow_gpu_leak
+def test_allowed():
+    leak(4)
+
+def test_clean():
+    pass
+""")
+    plain = pytester.runpytest("-q")
+    plain.assert_outcomes(passed=3)  # without the option nothing is checked
+    checked = pytester.runpytest("-q", "--gpu-leaks")
+    checked.assert_outcomes(passed=2, failed=1)
+    assert "::test_leaks" in checked.stdout.str() and "::test_allowed" not in checked.stdout.str().split("short test summary")[-1]
+    tolerant = pytester.runpytest("-q", "--gpu-leaks=100")
+    tolerant.assert_outcomes(passed=3)
+
+
+def test_failing_test_keeps_its_own_error(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(HEADER + """
+@pytest.mark.no_gpu_leak
+def test_fails():
+    leak(4)
+    assert 1 == 2, "the test's own failure"
+""")
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "the test's own failure" in out and "GPU memory leak in" not in out
+
+
+def test_bad_input_is_a_typed_error(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(HEADER + """
+@pytest.mark.no_gpu_leak(tolerance_mb=-1)
+def test_negative():
+    pass
+
+@pytest.mark.no_gpu_leak(3)
+def test_positional():
+    pass
+""")
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "InvalidInputError" in out and "tolerance_mb must be a number of MiB >= 0" in out
+    assert "keyword arguments only" in out
+    usage = pytester.runpytest("-q", "--gpu-leaks=lots")
+    assert usage.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--gpu-leaks must be a number of MiB >= 0, got 'lots'" in usage.stderr.str()
+
+
+def test_gpu_context_fixture_reports_in_the_test_section(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(HEADER + """
+def test_uses_context(gpu_context):
+    assert isinstance(gpu_context, gpukeeper.GPUContext)
+    leak(2)
+
+def test_report_seen(request):
+    pass
+""")
+    result = pytester.runpytest("-q", "-rA")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert "Captured gpukeeper teardown" in out and "GPUContext cleanup in" in out
+
+
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not _torch_cuda(), reason="needs PyTorch with a usable CUDA device")
+def test_cuda_tensor_leak_is_named_by_shape_dtype_and_line(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile("""
+import pytest
+import torch
+
+KEPT = []
+
+@pytest.mark.no_gpu_leak(track_allocations=True)
+def test_leaks_a_tensor():
+    KEPT.append(torch.empty(1024, 512, dtype=torch.float16, device="cuda"))
+
+@pytest.mark.no_gpu_leak
+def test_frees_its_tensor():
+    x = torch.ones(4096, 4096, device="cuda")
+    assert float(x.sum()) == 4096 * 4096
+""")
+    result = pytester.runpytest("-q")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "GPU memory leak in" in out and "::test_leaks_a_tensor" in out
+    assert "1024, 512" in out and "float16" in out  # shape and dtype of the held tensor
+    assert "created at" in out and "test_leaks_a_tensor" in out.split("created at", 1)[1]  # the line
