@@ -13,6 +13,13 @@ does nothing to a test that does not ask for it:
   option's.
 - The fixture ``gpu_context`` runs the test inside a :class:`gpukeeper.GPUContext` (the
   fixture's value) and puts its report in the test's report section "gpukeeper".
+- The fixture ``gpu_benchmark(fn, *args, **kwargs)`` returns
+  :func:`gpukeeper.benchmark_function`'s ``BenchmarkResult``. ``--gpu-benchmark-save=NAME``
+  keeps the session's results under ``.gpukeeper/benchmarks/<machine>/NAME.json``;
+  ``--gpu-benchmark-compare[=NAME]`` compares each with that run (default: the latest
+  of this machine), with noise-aware verdicts (:mod:`gpukeeper.timing.regression`), and
+  ``--gpu-benchmark-compare-fail=median:5%`` fails a test that is slower beyond the noise
+  by more than that. A comparison table ends the terminal summary.
 
 What counts is the net change over the test's call: fixtures are set up before the
 baseline is taken, so memory a fixture holds is not the test's leak. Caches are released
@@ -23,13 +30,18 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Generator, Optional, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
 
 import pytest
 
 from gpukeeper.cleanup.context import GPUContext
 from gpukeeper.cleanup.report import leak_message
 from gpukeeper.errors import InvalidInputError
+from gpukeeper.timing.benchmark import benchmark_function
+from gpukeeper.timing.regression import Comparison, compare_runs, parse_fail_threshold, regression
+from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.store import DEFAULT_ROOT, RunStore, machine_info
 
 __all__ = ["LEAK_SECTION", "leak_policy", "parse_tolerance_mb"]
 
@@ -63,6 +75,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gpu-leaks-track", action="store_true", default=False,
         help="with --gpu-leaks: record where each tensor/array is made, so that leaks name "
              "their creating line (costs microseconds per operation)")
+    _add_benchmark_options(group)
+
+
+def _add_benchmark_options(group: Any) -> None:
+    group.addoption(
+        "--gpu-benchmark-save", default=None, metavar="NAME",
+        help="save the gpu_benchmark results of this session as run NAME of this machine")
+    group.addoption(
+        "--gpu-benchmark-compare", nargs="?", const="", default=None, metavar="NAME",
+        help="compare each gpu_benchmark result with saved run NAME (default: this machine's latest)")
+    group.addoption(
+        "--gpu-benchmark-compare-fail", default=None, metavar="STAT:PERCENT",
+        help="with --gpu-benchmark-compare: fail a test slower beyond the noise by more than "
+             "this, e.g. median:5%%")
+    group.addoption(
+        "--gpu-benchmark-storage", default=str(DEFAULT_ROOT), metavar="DIR",
+        help="where runs are saved (default %(default)s)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -72,12 +101,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "more than tolerance_mb MiB of GPU or gpukeeper pool memory allocated (gpukeeper)")
     config.addinivalue_line(
         "markers", "allow_gpu_leak: exempt the test from --gpu-leaks (gpukeeper)")
-    option = config.getoption("--gpu-leaks")
-    if option is not None:
-        try:
+    try:
+        option = config.getoption("--gpu-leaks")
+        if option is not None:
             parse_tolerance_mb(option, "--gpu-leaks")
-        except InvalidInputError as e:
-            raise pytest.UsageError(str(e)) from None
+        config.stash[_BENCH] = _BenchmarkSession(config)
+    except InvalidInputError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def leak_policy(item: pytest.Item) -> Optional[Tuple[float, bool]]:
@@ -143,3 +173,97 @@ def gpu_context(request: pytest.FixtureRequest) -> Generator[GPUContext, None, N
         yield context
     if context.report is not None:
         request.node.add_report_section("teardown", LEAK_SECTION, context.report.table())
+
+
+class _BenchmarkSession:
+    """The session's gpu_benchmark results, the baseline they are compared with, and
+    the comparisons made."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.save_as: Optional[str] = config.getoption("--gpu-benchmark-save")
+        compare: Optional[str] = config.getoption("--gpu-benchmark-compare")
+        fail: Optional[str] = config.getoption("--gpu-benchmark-compare-fail")
+        self.threshold = parse_fail_threshold(fail) if fail is not None else None
+        if self.threshold is not None and compare is None:
+            raise InvalidInputError("--gpu-benchmark-compare-fail needs --gpu-benchmark-compare")
+        if self.save_as is not None:
+            RunStore.check_name(self.save_as)
+        self.compare_with = compare
+        self.root = Path(config.getoption("--gpu-benchmark-storage"))
+        self.store: Optional[RunStore] = None
+        self.baseline: Optional[Dict[str, BenchmarkResult]] = None
+        self.results: Dict[str, BenchmarkResult] = {}
+        self.comparisons: List[Comparison] = []
+
+    def open(self) -> None:
+        """Reads the machine and the baseline once, at the first benchmark."""
+        if self.store is not None:
+            return
+        self.store = RunStore(self.root, machine_info())
+        if self.compare_with is not None:
+            self.baseline = self.store.load(self.compare_with or None)
+            self.compare_with = self.compare_with or self.store.latest()
+
+    def record(self, key: str, result: BenchmarkResult) -> Optional[str]:
+        """Keeps ``result``; compares it with the baseline. The failure text when it is
+        a regression past the threshold, else None."""
+        self.results[key] = result
+        base = self.baseline.get(key) if self.baseline is not None else None
+        if base is None:
+            return None
+        stat = self.threshold.stat if self.threshold is not None else "median"
+        comparison = compare_runs(base, result, stat)
+        self.comparisons.append(comparison)
+        if regression(comparison, self.threshold):
+            return (f"gpu_benchmark: {key} is slower than saved run {self.compare_with!r} beyond "
+                    f"the noise and by more than {self.threshold.fraction:.1%}: "  # type: ignore[union-attr]
+                    + comparison.describe())
+        return None
+
+
+_BENCH = pytest.StashKey[_BenchmarkSession]()
+
+
+@pytest.fixture
+def gpu_benchmark(request: pytest.FixtureRequest) -> Callable[..., BenchmarkResult]:
+    """``gpu_benchmark(fn, *args, **kwargs)``: :func:`gpukeeper.benchmark_function` on
+    ``fn`` (its keyword arguments pass through), named after the test; the result is
+    saved and compared as the ``--gpu-benchmark-*`` options say. Call it once per test."""
+    session = request.config.stash[_BENCH]
+    key = request.node.nodeid
+    used = []
+
+    def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BenchmarkResult:
+        if used:
+            raise InvalidInputError(f"gpu_benchmark: call it once per test ({key} called it twice)")
+        used.append(True)
+        kwargs.setdefault("name", key)
+        result = benchmark_function(fn, *args, **kwargs)
+        session.open()
+        failure = session.record(key, result)
+        if failure is not None:
+            pytest.fail(failure, pytrace=False)
+        return result
+
+    return run
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    bench = session.config.stash.get(_BENCH, None)
+    if bench is None or bench.save_as is None or not bench.results or bench.store is None:
+        return
+    bench.saved_path = bench.store.save(bench.save_as, bench.results)  # type: ignore[attr-defined]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    bench = config.stash.get(_BENCH, None)
+    if bench is None:
+        return
+    path = getattr(bench, "saved_path", None)
+    if bench.comparisons:
+        terminalreporter.section(f"gpukeeper: benchmarks against saved run {bench.compare_with!r}")
+        width = max(len(c.name) for c in bench.comparisons)
+        for c in sorted(bench.comparisons, key=lambda c: -c.ratio):
+            terminalreporter.write_line(f"{c.name:<{width}}  {c.describe()}")
+    if path is not None:
+        terminalreporter.write_line(f"gpukeeper: saved {len(bench.results)} benchmark(s) to {path}")

@@ -169,3 +169,54 @@ def test_frees_its_tensor():
     assert "GPU memory leak in" in out and "::test_leaks_a_tensor" in out
     assert "1024, 512" in out and "float16" in out  # shape and dtype of the held tensor
     assert "created at" in out and "test_leaks_a_tensor" in out.split("created at", 1)[1]  # the line
+
+
+BENCH_FILE = """
+import os
+import time
+
+def work(scale):
+    end = time.perf_counter_ns() + int(40_000 * scale)
+    while time.perf_counter_ns() < end:
+        pass
+
+def test_kernel(gpu_benchmark):
+    scale = float(os.environ.get("PLANTED_SLOWDOWN", "1"))
+    r = gpu_benchmark(work, scale, n_calls=60, warmup=3, device="cpu")
+    assert r.n_calls == 60
+"""
+
+
+def test_benchmark_save_then_compare_passes_and_a_planted_slowdown_fails(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(BENCH_FILE)
+    saved = pytester.runpytest("-q", "--gpu-benchmark-save=base")
+    saved.assert_outcomes(passed=1)
+    assert "saved 1 benchmark(s) to" in saved.stdout.str()
+    stored = list((pytester.path / ".gpukeeper" / "benchmarks").glob("*/base.json"))
+    assert len(stored) == 1
+    # 20%: a busy 2-core CI machine moves a 40 us call by a few percent between processes.
+    fail = ["--gpu-benchmark-compare", "--gpu-benchmark-compare-fail=median:20%"]
+    same = pytester.runpytest("-q", *fail)
+    same.assert_outcomes(passed=1)
+    assert "benchmarks against saved run 'base'" in same.stdout.str()
+    monkeypatch.setenv("PLANTED_SLOWDOWN", "2")
+    slow = pytester.runpytest("-q", "--gpu-benchmark-compare=base", "--gpu-benchmark-compare-fail=median:20%")
+    slow.assert_outcomes(failed=1)
+    out = slow.stdout.str()
+    assert "is slower than saved run 'base'" in out and "slower: median" in out
+
+
+def test_benchmark_options_are_checked(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(BENCH_FILE)
+    bad = pytester.runpytest("-q", "--gpu-benchmark-compare", "--gpu-benchmark-compare-fail=fastest:5%")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR and "STAT:PERCENT" in bad.stderr.str()
+    alone = pytester.runpytest("-q", "--gpu-benchmark-compare-fail=median:5%")
+    assert alone.ret == pytest.ExitCode.USAGE_ERROR and "needs --gpu-benchmark-compare" in alone.stderr.str()
+    name = pytester.runpytest("-q", "--gpu-benchmark-save=../x")
+    assert name.ret == pytest.ExitCode.USAGE_ERROR
+    missing = pytester.runpytest("-q", "--gpu-benchmark-compare=nothing")
+    missing.assert_outcomes(failed=1)
+    assert "no saved benchmark run 'nothing'" in missing.stdout.str()

@@ -12,6 +12,8 @@
   (``result``).
 - ``compare_implementations`` / ``print_comparison_table`` (``compare``): side by side,
   with the differences that are within the noise marked.
+- ``compare_runs`` (``regression``): one benchmark against a saved run of it, with a
+  noise-aware verdict (faster, slower, same, undecided); ``store``: saved runs per machine.
 - ``ProfilerContext``: the PyTorch profiler with a chrome trace and a summary table.
 - ``stats``: the statistics, pure functions matching numpy's defaults.
 """
@@ -25,6 +27,7 @@ from gpukeeper.timing.compare import (
 )
 from gpukeeper.timing.l2 import L2Flusher, l2_cache_size
 from gpukeeper.timing.profiler import ProfilerContext
+from gpukeeper.timing.regression import Comparison, compare_runs
 from gpukeeper.timing.result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion, SampleStats, summarize
 from gpukeeper.devices import DeviceSpec
@@ -44,6 +47,7 @@ from gpukeeper.timing.timer import (
 __all__ = [
     "BenchmarkResult",
     "CUDATimer",
+    "Comparison",
     "CoreBackend",
     "CpuBackend",
     "CupyBackend",
@@ -58,6 +62,7 @@ __all__ = [
     "available_backends",
     "benchmark_function",
     "compare_implementations",
+    "compare_runs",
     "format_comparison_table",
     "l2_cache_size",
     "print_comparison_table",
