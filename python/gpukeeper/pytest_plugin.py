@@ -29,6 +29,7 @@ after a checked test only when memory is held (``GPUContext``'s fast path).
 from __future__ import annotations
 
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Generator, List, Optional, Tuple
@@ -104,7 +105,13 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         option = config.getoption("--gpu-leaks")
         if option is not None:
-            parse_tolerance_mb(option, "--gpu-leaks")
+            try:
+                parse_tolerance_mb(option, "--gpu-leaks")
+            except InvalidInputError as e:
+                if os.path.exists(str(option)):  # argparse took the path for the optional value
+                    raise InvalidInputError(
+                        f"{e} (a path: write --gpu-leaks=0, or put --gpu-leaks after the paths)") from None
+                raise
         config.stash[_BENCH] = _BenchmarkSession(config)
     except InvalidInputError as e:
         raise pytest.UsageError(str(e)) from None

@@ -470,3 +470,25 @@ def test_gpu_context_watches_an_engine_context(monkeypatch):
         with GPUContext() as ctx:
             pass
     assert ctx.report.held_bytes == 0 and "engine" in ctx.report.after["cuda:0"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="loaded objects are Linux's here")
+def test_core_sees_libcuda_once_loaded(tmp_path) -> None:
+    # A library loaded under the driver's name (any library will do: only the name is
+    # looked at), in a child process, as the answer sticks once it is yes.
+    import shutil
+    import subprocess
+
+    import _ctypes
+
+    if _core.cuda_driver_loaded():
+        pytest.skip("the CUDA driver is already loaded here")
+    fake = tmp_path / "libcuda.so.1"
+    shutil.copy(_ctypes.__file__, fake)
+    code = (
+        "import ctypes, sys, gpukeeper._core as c\n"
+        "before = c.cuda_driver_loaded()\n"
+        f"ctypes.CDLL({str(fake)!r})\n"
+        "print(before, c.cuda_driver_loaded())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]

@@ -116,6 +116,9 @@ def test_positional():
     out = result.stdout.str()
     assert "InvalidInputError" in out and "tolerance_mb must be a number of MiB >= 0" in out
     assert "keyword arguments only" in out
+    path_taken = pytester.runpytest("-q", "--gpu-leaks", str(pytester.path))
+    assert path_taken.ret == pytest.ExitCode.USAGE_ERROR
+    assert "put --gpu-leaks after the paths" in path_taken.stderr.str()
     usage = pytester.runpytest("-q", "--gpu-leaks=lots")
     assert usage.ret == pytest.ExitCode.USAGE_ERROR
     assert "--gpu-leaks must be a number of MiB >= 0, got 'lots'" in usage.stderr.str()

@@ -50,7 +50,7 @@ MemoryInfo host_memory_info();
 // CPU-only build answers nullopt everywhere, except primary_context_active without libcuda.
 
 // Whether the CUDA driver library (libcuda.so.1) is mapped into the process: asking loads
-// nothing (dlopen with RTLD_NOLOAD). Without it no CUDA context can exist. nullopt where
+// nothing (the loaded objects are walked with dl_iterate_phdr). Without it no CUDA context can exist. nullopt where
 // this cannot be asked (not Linux).
 std::optional<bool> cuda_driver_loaded() noexcept;
 
