@@ -16,8 +16,8 @@ import gpukeeper
 POOL = gpukeeper.MemoryPool(kind="host")
 KEPT = []
 
-def leak(mib):
-    KEPT.append(POOL.get_managed_buffer(0, mib << 20))
+def leak(mib):  # mib MiB: get_managed_buffer counts float32 elements
+    KEPT.append(POOL.get_managed_buffer(0, mib << 18))
 """
 
 
@@ -37,7 +37,7 @@ def test_leaks():
 
 @pytest.mark.no_gpu_leak
 def test_clean():
-    buf = POOL.get_managed_buffer(0, 4 << 20)
+    buf = POOL.get_managed_buffer(0, 4 << 18)
     del buf
 """)
     result = pytester.runpytest("-q")
