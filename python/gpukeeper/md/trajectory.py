@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from gpukeeper import frameworks
+from gpukeeper.checks import check_int, check_positive
 from gpukeeper.devices import resolve_device
 from gpukeeper.errors import InvalidInputError
 import gpukeeper.md.events as events
@@ -43,20 +44,6 @@ EVENTS_COVER = 0.99
 # --------------------------------------------------------------------- arguments
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidInputError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_pos(name: str, value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-        raise InvalidInputError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
 def checked_arguments(
     model_func: Any, inputs: Any, warmup_steps: Any, timestep_fs: Any, n_atoms: Any,
     name: Optional[str], memory_sample_every: Any, sync_every: Any, n_steps: Any, timing: Any,
@@ -72,23 +59,23 @@ def checked_arguments(
     data: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
     if len(data) == 0:
         raise InvalidInputError("inputs is empty: a trajectory needs at least one step")
-    _check_int("warmup_steps", warmup_steps, 0)
-    n = len(data) if n_steps is None else _check_int("n_steps", n_steps, 1)
-    timestep = _check_pos("timestep_fs", timestep_fs)
+    check_int(warmup_steps, "warmup_steps", 0)
+    n = len(data) if n_steps is None else check_int(n_steps, "n_steps", 1)
+    timestep = check_positive(timestep_fs, "timestep_fs")
     if n_atoms is not None:
-        _check_int("n_atoms", n_atoms, 1)
+        check_int(n_atoms, "n_atoms", 1)
     if sync_every is not None:
-        _check_int("sync_every", sync_every, 1)
+        check_int(sync_every, "sync_every", 1)
     if memory_sample_every != "auto":
-        _check_int("memory_sample_every", memory_sample_every, 1)
+        check_int(memory_sample_every, "memory_sample_every", 1)
     if event_every != "auto":
-        _check_int("event_every", event_every, 1)
+        check_int(event_every, "event_every", 1)
     if timing not in ("auto", "gpu", "host"):
         raise InvalidInputError(f"timing must be 'auto', 'gpu' or 'host', got {timing!r}")
     if leak_tolerance_mb != 0:
-        _check_pos("leak_tolerance_mb", leak_tolerance_mb)
-    _check_pos("outlier_k", outlier_k)
-    _check_int("event_ring", event_ring, 1)
+        check_positive(leak_tolerance_mb, "leak_tolerance_mb")
+    check_positive(outlier_k, "outlier_k")
+    check_int(event_ring, "event_ring", 1)
     if synchronize is not None and not callable(synchronize):
         raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
     label = name or getattr(model_func, "__name__", None) or type(model_func).__name__

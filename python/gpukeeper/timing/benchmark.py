@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
+from gpukeeper.checks import check_int, check_positive
 from gpukeeper.devices import DeviceSpec
 from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.timing.l2 import L2Flusher
@@ -163,20 +164,6 @@ class _Options:
     synchronize: Optional[Callable[[], Any]]
 
 
-def _check_count(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidInputError(f"{what} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_positive(value: Any, what: str) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
-        raise InvalidInputError(f"{what} must be a positive finite number or None, got {value!r}")
-    return float(value)
-
-
 def _check_options(
     fn: Any, name: Any, n_calls: Any, warmup: Any, l2_flush: Any, min_time_s: Any, max_noise: Any,
     hide_launch_latency: Any, gate_timeout_ms: Any, synchronize: Any,
@@ -184,10 +171,10 @@ def _check_options(
     """The arguments checked, in this order; ``InvalidInputError`` for the first bad one."""
     if not callable(fn):
         raise InvalidInputError(f"fn must be callable, got {type(fn).__name__}")
-    _check_count(n_calls, "n_calls", 1)
-    _check_count(warmup, "warmup", 0)
-    min_time = _check_positive(min_time_s, "min_time_s")
-    noise_limit = _check_positive(max_noise, "max_noise")
+    check_int(n_calls, "n_calls", 1)
+    check_int(warmup, "warmup", 0)
+    min_time = check_positive(min_time_s, "min_time_s")
+    noise_limit = check_positive(max_noise, "max_noise")
     if name is not None and not isinstance(name, str):
         raise InvalidInputError(f"name must be a string or None, got {type(name).__name__}")
     if not isinstance(l2_flush, bool):

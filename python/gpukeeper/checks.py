@@ -1,0 +1,29 @@
+"""Argument checks shared by the public entry points: one wording for one kind of mistake,
+always as ``InvalidInputError``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from gpukeeper.errors import InvalidInputError
+
+__all__ = ["check_int", "check_positive"]
+
+
+def check_int(value: Any, what: str, minimum: int) -> int:
+    """``value`` when it is an int (not a bool) >= ``minimum``; ``InvalidInputError`` naming
+    ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInputError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_positive(value: Any, what: str) -> Optional[float]:
+    """``value`` as a float when it is a positive finite number, None for None;
+    ``InvalidInputError`` naming ``what`` otherwise (NaN and infinity included)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise InvalidInputError(f"{what} must be a positive finite number or None, got {value!r}")
+    return float(value)
