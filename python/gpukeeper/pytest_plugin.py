@@ -201,6 +201,7 @@ class _BenchmarkSession:
         self.baseline: Optional[Dict[str, BenchmarkResult]] = None
         self.results: Dict[str, BenchmarkResult] = {}
         self.comparisons: List[Comparison] = []
+        self.saved_path: Optional[Path] = None
 
     def open(self) -> None:
         """Reads the machine and the baseline once, at the first benchmark."""
@@ -259,14 +260,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     bench = session.config.stash.get(_BENCH, None)
     if bench is None or bench.save_as is None or not bench.results or bench.store is None:
         return
-    bench.saved_path = bench.store.save(bench.save_as, bench.results)  # type: ignore[attr-defined]
+    bench.saved_path = bench.store.save(bench.save_as, bench.results)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     bench = config.stash.get(_BENCH, None)
     if bench is None:
         return
-    path = getattr(bench, "saved_path", None)
+    path = bench.saved_path
     if bench.comparisons:
         terminalreporter.section(f"gpukeeper: benchmarks against saved run {bench.compare_with!r}")
         width = max(len(c.name) for c in bench.comparisons)
