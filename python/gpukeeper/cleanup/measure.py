@@ -41,6 +41,28 @@ def measure(devices: Iterable[int]) -> Snapshot:
     return snap
 
 
+def reset_peaks(devices: Iterable[int]) -> None:
+    """Starts a new allocated-bytes peak, at the current level, in every framework that
+    keeps one on ``devices`` and in gpukeeper's host pools."""
+    for d in devices:
+        frameworks.reset_peaks(d)
+    frameworks.reset_host_pool_peak()
+
+
+def peaks(devices: Iterable[int]) -> Dict[str, Dict[str, int]]:
+    """Per location (as ``measure`` names them) and framework, the most bytes allocated
+    since ``reset_peaks``; only the frameworks that keep such a peak."""
+    found: Dict[str, Dict[str, int]] = {}
+    for d in devices:
+        per = frameworks.peak_by_framework(d)
+        if per:
+            found[f"cuda:{d}"] = per
+    host = frameworks.host_pool_peak()
+    if host is not None:
+        found[HOST] = {"gpukeeper": host}
+    return found
+
+
 def level_of(mem: Optional[FrameworkMemory]) -> Optional[int]:
     if mem is None:
         return 0  # not loaded (or no context) at that time: it held nothing

@@ -36,7 +36,14 @@ from gpukeeper.frameworks.jax_adapter import (
     jax_release_hint,
 )
 from gpukeeper.frameworks.live_arrays import LiveArray, live_array_holders, live_arrays
-from gpukeeper.frameworks.pools_adapter import PoolsAdapter, host_pool_memory, live_pools, register_pool
+from gpukeeper.frameworks.pools_adapter import (
+    PoolsAdapter,
+    host_pool_memory,
+    host_pool_peak,
+    live_pools,
+    register_pool,
+    reset_host_pool_peak,
+)
 from gpukeeper.frameworks.torch_adapter import TorchAdapter, loaded_torch, torch_in_use, torch_uses_gpukeeper
 
 __all__ = [
@@ -54,6 +61,7 @@ __all__ = [
     "gpu_frameworks_loaded",
     "holds_jax_arrays",
     "host_pool_memory",
+    "host_pool_peak",
     "jax_block_until_ready",
     "jax_device_index",
     "jax_gpu_devices",
@@ -65,10 +73,13 @@ __all__ = [
     "loaded_frameworks",
     "loaded_torch",
     "memory_by_framework",
+    "peak_by_framework",
     "primary_context_active",
     "register_pool",
     "release_all_caches",
     "release_hint",
+    "reset_host_pool_peak",
+    "reset_peaks",
     "synchronize_all",
     "torch_in_use",
     "torch_uses_gpukeeper",
@@ -118,6 +129,24 @@ def memory_by_framework(device: int = 0) -> Dict[str, FrameworkMemory]:
         memory = fw.memory(device)
         if memory is not None:
             result[name] = memory
+    return result
+
+
+def reset_peaks(device: int) -> List[str]:
+    """Starts a new peak of allocated bytes on ``device`` in every framework that keeps
+    one; the names of those that do."""
+    return [name for name, fw in ADAPTERS.items() if fw.in_use() and fw.reset_peak(device)]
+
+
+def peak_by_framework(device: int) -> Dict[str, int]:
+    """Each framework's most allocated bytes on ``device`` since ``reset_peaks``; only
+    the frameworks that keep a resettable peak."""
+    result = {}
+    for name, fw in ADAPTERS.items():
+        if fw.in_use():
+            peak = fw.peak(device)
+            if peak is not None:
+                result[name] = peak
     return result
 
 

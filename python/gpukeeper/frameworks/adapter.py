@@ -73,6 +73,16 @@ class FrameworkAdapter:
         cannot (JAX); None when ``release`` empties it."""
         return None
 
+    def reset_peak(self, device: int) -> bool:
+        """Starts a new peak of allocated bytes on ``device`` at the current level; False
+        when the framework keeps no resettable peak (then ``peak`` is None)."""
+        return False
+
+    def peak(self, device: int) -> Optional[int]:
+        """The most bytes allocated on ``device`` since ``reset_peak``; None when the
+        framework keeps no resettable peak (CuPy) or is not in use."""
+        return None
+
 
 class TimerBackend:
     """How marks are made and read. Subclass and ``register_backend()`` to add one.

@@ -4,11 +4,12 @@ and host figures and its release."""
 from __future__ import annotations
 
 import weakref
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
 
-__all__ = ["PoolsAdapter", "host_pool_memory", "live_pools", "register_pool"]
+__all__ = ["PoolsAdapter", "host_pool_memory", "host_pool_peak", "live_pools", "register_pool",
+           "reset_host_pool_peak"]
 
 _pools: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
@@ -52,6 +53,42 @@ def host_pool_memory() -> Optional[FrameworkMemory]:
     return _figures(_HOST_KINDS, None)
 
 
+def _pools_on(kinds: tuple, device: Optional[int]) -> List[Tuple[Any, int]]:
+    """(pool, device) for each pool of ``kinds`` on ``device`` (every device when None)."""
+    found = []
+    for pool in live_pools():
+        if getattr(pool, "kind", "device") in kinds:
+            devices = pool.devices()
+            found += [(pool, d) for d in (devices if device is None else [device]) if d in devices]
+    return found
+
+
+def _peak(kinds: tuple, device: Optional[int]) -> Optional[int]:
+    pools = _pools_on(kinds, device)
+    if not pools:
+        return None
+    # Per-pool peaks need not coincide in time: their sum bounds the joint peak from above.
+    return sum(stats.peak_allocated_bytes for stats in (p.stats(d) for p, d in pools) if stats is not None)
+
+
+def _reset_peak(kinds: tuple, device: Optional[int]) -> bool:
+    pools = _pools_on(kinds, device)
+    for pool, d in pools:
+        pool.reset_peaks(d)
+    return bool(pools)
+
+
+def host_pool_peak() -> Optional[int]:
+    """Most bytes allocated from gpukeeper's host and pinned pools since
+    ``reset_host_pool_peak`` (the sum of each pool's peak); None without such pools."""
+    return _peak(_HOST_KINDS, None)
+
+
+def reset_host_pool_peak() -> bool:
+    """Starts a new peak in every host and pinned pool; False when there are none."""
+    return _reset_peak(_HOST_KINDS, None)
+
+
 class PoolsAdapter(FrameworkAdapter):
     """gpukeeper's ``MemoryPool`` registries. Their pools synchronize the streams they
     use when they release memory, so ``synchronize`` has nothing to do."""
@@ -66,6 +103,12 @@ class PoolsAdapter(FrameworkAdapter):
         if not live_pools():
             return None
         return _figures(_DEVICE_KINDS, device) or FrameworkMemory("gpukeeper", 0, 0)
+
+    def reset_peak(self, device: int) -> bool:
+        return _reset_peak(_DEVICE_KINDS, device)
+
+    def peak(self, device: int) -> Optional[int]:
+        return _peak(_DEVICE_KINDS, device)
 
     def release(self, devices: Optional[List[int]]) -> int:
         released = 0

@@ -64,6 +64,14 @@ def _counts(torch: Any, device: int) -> Tuple[int, int]:
         return 0, 0
 
 
+def _peak(torch: Any, device: int) -> int:
+    stats = torch.cuda.memory.memory_stats_as_nested_dict(device)
+    try:
+        return int(stats["allocated_bytes"]["all"]["peak"])
+    except (KeyError, TypeError):  # no allocation yet on that device
+        return 0
+
+
 def _clear_cublas_workspaces(torch: Any) -> None:
     # cuBLAS/cuBLASLt keep one workspace per (handle, stream) allocated through the
     # caching allocator for the life of the process (tens of MiB on Hopper): without this
@@ -116,6 +124,20 @@ class TorchAdapter(FrameworkAdapter):
             pass  # no IPC handles, or no driver support: nothing to collect
         after = sum(_counts(torch, d)[1] for d in devices)
         return max(0, before - after)
+
+    def reset_peak(self, device: int) -> bool:
+        # Under use_torch_allocator() the peak is the pool's: the gpukeeper adapter has it.
+        torch = torch_in_use()
+        if torch is None or torch_uses_gpukeeper() or device >= torch.cuda.device_count():
+            return False
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+
+    def peak(self, device: int) -> Optional[int]:
+        torch = torch_in_use()
+        if torch is None or torch_uses_gpukeeper() or device >= torch.cuda.device_count():
+            return None
+        return _peak(torch, device)
 
     def synchronize(self, devices: List[int]) -> None:
         torch = torch_in_use()
