@@ -15,7 +15,8 @@ fi
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
-"$PY" -m pip install -q pytest numpy "scikit-build-core>=0.10" "pybind11>=2.10" cmake ninja
+"$PY" -m pip install -q pytest numpy "scikit-build-core>=0.10" "pybind11>=2.10" cmake ninja \
+  pytest-xdist pytest-benchmark pytest-memray matplotlib ipython ipykernel nbclient nbformat
 
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 echo "== C++ tests (default build: CUDA when a toolkit is found) =="
