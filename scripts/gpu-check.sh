@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole GPU round in one call of the device tool: build, `gpukeeper check`, the C++
 # and Python suites, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
-# Usage: bash scripts/gpu-check.sh [--no-bench | --timing-bench]
+# Usage: bash scripts/gpu-check.sh [--no-bench | --timing-bench | --plugin-bench]
 # Wheels in .whl/ (carried to the machine) are installed first, into /tmp/site.
 #   --no-bench      build, check and tests only
 #   --timing-bench  and only issue 4's benchmarks (timing accuracy, trajectory overhead)
+#   --plugin-bench  and only the pytest plugin's per-test cost (issue 11)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-results}
@@ -72,6 +73,12 @@ if [ "${1:-}" = "--timing-bench" ]; then
     "$PY" benchmarks/python/md_overhead_bench.py --json "$OUT/bench/md_overhead.json"
     echo "md_overhead rc=$?"; } 2>&1 | tee "$LOG/bench.txt"
   summary "benchmarks: $(grep -E '^(timing_accuracy|md_overhead) rc=' "$LOG/bench.txt" | tr '\n' ' ')"
+elif [ "${1:-}" = "--plugin-bench" ]; then
+  step "pytest plugin benchmark"
+  mkdir -p "$OUT/bench"
+  "$PY" benchmarks/python/pytest_plugin_bench.py --cuda --rounds 5 --json "$OUT/bench/pytest_plugin.json" \
+    2>&1 | tee "$LOG/bench.txt"
+  summary "plugin benchmark: rc=${PIPESTATUS[0]}"; grep -E "^(leak|memory|GPUContext|plugin|--gpu)" "$LOG/bench.txt" >> "$OUT/summary.txt"
 elif [ "${1:-}" != "--no-bench" ]; then
   step benchmarks
   bash benchmarks/run_all.sh "$OUT/bench" 2>&1 | tee "$LOG/bench.txt"

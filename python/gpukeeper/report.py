@@ -53,6 +53,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper import _core, devices, frameworks, host
 from gpukeeper.frameworks import FrameworkMemory
+from gpukeeper.htmltable import html_table
 from gpukeeper.nvml import (
     NVML,
     ProcessMemory,
@@ -249,8 +250,9 @@ class MemoryReport:
             contexts_how=data.get("contexts_how", ""),
         )
 
-    def table(self) -> str:
-        """A readable table: one row per holder, then used, free and total."""
+    def _table_parts(self) -> Tuple[str, List[Tuple[str, str, str]], List[str]]:
+        """The title, the rows (label, allocated, reserved) and the lines under them:
+        what ``table()`` writes as text and ``_repr_html_()`` as HTML."""
         if self.mode == "cpu":
             title = "gpukeeper memory report: CPU mode, host memory"
         else:
@@ -284,17 +286,29 @@ class MemoryReport:
         rows.append((whole, "", _fmt(self.used_bytes)))
         rows.append(("free" if self.mode == "cuda" else "available", "", _fmt(self.free_bytes)))
         rows.append(("total", "", _fmt(self.total_bytes)))
-        width = max(len(r[0]) for r in rows) + 2
-        lines = [title, f"{'':<{width}}{'allocated':>12}{'reserved':>12}"]
-        lines += [f"{a:<{width}}{b:>12}{c:>12}" for a, b, c in rows]
-        lines.append(f"NVML: {self.nvml}; free/total from {self.memory_source}")
+        lines = [f"NVML: {self.nvml}; free/total from {self.memory_source}"]
         if self.mode == "cuda":
             lines.append(f"this process in NVML's list: {self.this_process}")
             if self.cuda_contexts is not None:
                 lines.append(f"CUDA contexts of this process on the device: {self.cuda_contexts}"
                              f"{' or more' if not self.other_contexts else ''} ({self.contexts_how})")
         lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return title, rows, lines
+
+    def table(self) -> str:
+        """A readable table: one row per holder, then used, free and total."""
+        title, rows, footer = self._table_parts()
+        width = max(len(r[0]) for r in rows) + 2
+        lines = [title, f"{'':<{width}}{'allocated':>12}{'reserved':>12}"]
+        lines += [f"{a:<{width}}{b:>12}{c:>12}" for a, b, c in rows]
+        return "\n".join(lines + footer)
+
+    def _repr_html_(self) -> str:
+        """The same table as ``table()``, as compact HTML for Jupyter."""
+        title, rows, footer = self._table_parts()
+        # HTML collapses the leading spaces that indent a framework under "frameworks".
+        cells = [("\u00a0\u00a0" + a[2:] if a.startswith("  ") else a, b, c) for a, b, c in rows]
+        return html_table(title, ["", "allocated", "reserved"], cells, notes=footer)
 
     def __str__(self) -> str:
         return self.table()

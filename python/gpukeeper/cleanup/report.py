@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper.frameworks import FrameworkMemory
+from gpukeeper.htmltable import html_table
 
 # location ("cuda:0", "host") -> framework name -> its memory
 Snapshot = Dict[str, Dict[str, FrameworkMemory]]
@@ -46,10 +47,12 @@ class LeakedArray:
     inside: Optional[bool] = None
     created_at: Tuple[str, ...] = ()
 
+    def _shape(self) -> str:
+        return "(" + ", ".join(str(s) for s in self.shape) + ("," if len(self.shape) == 1 else "") + ")"
+
     def describe(self) -> str:
         """One line: ``torch Tensor (64, 128) float32, 32.0 KiB on cuda:0, created at ...``."""
-        shape = "(" + ", ".join(str(s) for s in self.shape) + ("," if len(self.shape) == 1 else "") + ")"
-        text = f"{self.framework} {self.kind} {shape} {self.dtype}, {fmt_bytes(self.nbytes)} on {self.device}"
+        text = f"{self.framework} {self.kind} {self._shape()} {self.dtype}, {fmt_bytes(self.nbytes)} on {self.device}"
         if self.created_at:
             text += f", created at {self.created_at[0]}"
             if len(self.created_at) > 1:
@@ -57,6 +60,16 @@ class LeakedArray:
         elif self.inside is False:
             text += " (made before the context, or where the tracker could not see)"
         return text
+
+    def cells(self) -> Tuple[str, str, str, str, str, str]:
+        """The entry as table cells: what (framework and kind), shape, dtype, size,
+        location and the creating line ("" when unknown; "before the context?" when the
+        tracker did not see it made)."""
+        if self.created_at:
+            where = self.created_at[0]
+        else:
+            where = "before the context?" if self.inside is False else ""
+        return (f"{self.framework} {self.kind}", self._shape(), self.dtype, fmt_bytes(self.nbytes), self.device, where)
 
 
 @dataclass
@@ -181,52 +194,89 @@ class CleanupReport:
         return (f"{self.source}: {fmt_bytes(self.held_bytes)} still held after cleanup "
                 f"({', '.join(parts)}){kept}")
 
-    def table(self) -> str:
-        """A readable multi-line table."""
-        head = f"{self.source} cleanup in {self.duration_s * 1e3:.2f} ms"
-        if self.exc_type:
-            head += f" (the block raised {self.exc_type})"
-        lines = [head]
-        rows = [("where", "framework", "allocated before", "after", "reserved before", "after")]
+    def _memory_rows(self) -> List[Tuple[str, str, str, str, str, str]]:
+        """(location, framework, allocated before, after, reserved before, after) as text,
+        for each framework seen at each location ("-" where it was not there)."""
+        rows = []
         for loc in sorted(set(self.before) | set(self.after)):
             names = sorted(set(self.before.get(loc, {})) | set(self.after.get(loc, {})))
             for name in names:
                 b = self.before.get(loc, {}).get(name)
                 a = self.after.get(loc, {}).get(name)
-                rows.append(
-                    (
-                        loc,
-                        name,
-                        fmt_bytes(b.allocated) if b else "-",
-                        fmt_bytes(a.allocated) if a else "-",
-                        fmt_bytes(b.reserved) if b else "-",
-                        fmt_bytes(a.reserved) if a else "-",
-                    )
-                )
+                rows.append((loc, name, fmt_bytes(b.allocated) if b else "-", fmt_bytes(a.allocated) if a else "-",
+                             fmt_bytes(b.reserved) if b else "-", fmt_bytes(a.reserved) if a else "-"))
+        return rows
+
+    def _head(self) -> str:
+        head = f"{self.source} cleanup in {self.duration_s * 1e3:.2f} ms"
+        if self.exc_type:
+            head += f" (the block raised {self.exc_type})"
+        return head
+
+    def _released_text(self) -> str:
+        released = {k: v for k, v in self.released.items() if v}
+        return "released: " + (
+            ", ".join(f"{k} {fmt_bytes(v)}" for k, v in released.items()) if released else "nothing cached"
+        )
+
+    def _trailing_lines(self) -> List[str]:
+        """What the leaks list leaves out: how many more, or that no visible object
+        holds the memory."""
+        lines = []
+        if self.leaks_found > len(self.leaks):
+            lines.append(f"... and {self.leaks_found - len(self.leaks)} more")
+        if self.leaked and self.leaks_found == 0:
+            lines.append("(no live tensor or array visible to Python holds it: autograd graphs, "
+                         "C++ caches or objects of another library)")
+        return lines
+
+    def table(self) -> str:
+        """A readable multi-line table."""
+        lines = [self._head()]
+        rows = [("where", "framework", "allocated before", "after", "reserved before", "after")]
+        rows += self._memory_rows()
         if len(rows) == 1:
             lines.append("  no device memory to watch (no framework holds a CUDA context)")
         else:
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
             for r in rows:
                 lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        released = {k: v for k, v in self.released.items() if v}
-        lines.append(
-            "  released: "
-            + (", ".join(f"{k} {fmt_bytes(v)}" for k, v in released.items()) if released else "nothing cached")
-        )
+        lines.append("  " + self._released_text())
         if self.gc_runs:
             lines.append(f"  garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects")
         lines.append("  " + self.summary())
         for leak in self.leaks:
             lines.append("    " + leak.describe())
-        if self.leaks_found > len(self.leaks):
-            lines.append(f"    ... and {self.leaks_found - len(self.leaks)} more")
-        if self.leaked and self.leaks_found == 0:
-            lines.append("    (no live tensor or array visible to Python holds it: autograd graphs, "
-                         "C++ caches or objects of another library)")
+        lines += ["    " + line for line in self._trailing_lines()]
         for note in self.notes:
             lines.append("  note: " + note)
         return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """The table as compact HTML for Jupyter: memory per location and framework
+        (before, after, held), then the leaks that hold it, then the notes."""
+        rows = []
+        for cells in self._memory_rows():
+            held = self.held.get(cells[0], {}).get(cells[1])
+            rows.append(cells + (fmt_bytes(held) if held else "-",))
+        header = ["where", "framework", "allocated before", "allocated after", "reserved before",
+                  "reserved after", "held"]
+        notes = [self._released_text()]
+        if self.gc_runs:
+            notes.append(f"garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects")
+        if not rows:
+            notes.insert(0, "no device memory to watch (no framework holds a CUDA context)")
+        summary = self.summary()
+        if not self.leaked:
+            notes.append(summary)
+        if not self.leaks:
+            notes += self._trailing_lines()
+        notes += [f"note: {n}" for n in self.notes]
+        out = html_table(self._head(), header, rows, warnings=[summary] if self.leaked else [], notes=notes)
+        if self.leaks:
+            out += html_table(None, ["leaked", "shape", "dtype", "bytes", "on", "created at"],
+                              [leak.cells() for leak in self.leaks], notes=self._trailing_lines())
+        return out
 
     __str__ = table
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from gpukeeper.cleanup.report import fmt_bytes
 from gpukeeper.errors import InvalidInputError
+from gpukeeper.htmltable import html_fields
+from gpukeeper.plotting import PathLike
 from gpukeeper.timing import stats as tstats
 
 __all__ = ["LatencyStats", "latency_stats", "TrajectoryResult", "GB", "MB", "json_safe"]
@@ -257,6 +259,37 @@ class TrajectoryResult:
     def __str__(self) -> str:
         return self.summary()
 
+    def _html_fields(self) -> List[Tuple[str, str]]:
+        s = self.stats
+        rows = [
+            ("device", f"{self.device} ({self.work.upper()} work, {self.timing_source} time)"),
+            ("steps", f"{self.n_steps} (+{self.warmup_steps} warm-up)"),
+            ("median / mean per step", f"{s.median_ms:.4f} / {s.mean_ms:.4f} ms"),
+            ("p95 / p99", f"{s.p95_ms:.4f} / {s.p99_ms:.4f} ms"),
+            ("std / jitter", f"{s.std_ms:.4f} / {s.jitter_ms:.4f} ms"),
+            ("drift", f"{s.drift_ms:+.4f} ms ({s.drift_pct:+.1f}%)"),
+            ("outliers", f"{len(s.outlier_steps)} step(s) above {s.outlier_threshold_ms:.4f} ms"),
+            ("throughput", f"{self.steps_per_s:,.1f} steps/s [{self.throughput_source}]"),
+        ]
+        if self.ns_per_day is not None:
+            rows.append(("ns/day", f"{self.ns_per_day:.3f} (dt {self.timestep_fs} fs)"))
+        if self.memory_source is not None:
+            rows += [
+                (f"memory ({self.memory_source})", f"initial {fmt_bytes(self.memory_initial_bytes)}, "
+                 f"final {fmt_bytes(self.memory_final_bytes)}, peak {fmt_bytes(self.memory_peak_bytes)}"),
+                ("memory slope", f"{self.memory_slope_bytes_per_step or 0.0:+.1f} B/step"),
+                ("leak verdict", {True: "LEAK", False: "stable", None: "inconclusive"}[self.memory_leak]
+                 + (f" (from {self.memory_leak_source})" if self.memory_leak_source else "")),
+            ]
+        return rows
+
+    def _repr_html_(self) -> str:
+        """The headline figures as a compact HTML table, for Jupyter; the warnings (a
+        leak among them) and the leak verdict's reason under it."""
+        notes = [f"leak verdict: {self.memory_leak_reason}"] if self.memory_leak_reason else []
+        return html_fields(f"MD trajectory: {self.name}", self._html_fields(), notes=notes,
+                           warnings=self.warnings)
+
     def __repr__(self) -> str:
         return (f"TrajectoryResult(name={self.name!r}, device={self.device!r}, n_steps={self.n_steps}, "
                 f"mean_ms={self.mean_ms:.4f}, p99_ms={self.p99_ms:.4f}, timing={self.timing_source!r}, "
@@ -304,11 +337,13 @@ class TrajectoryResult:
     def to_json(self, indent: Optional[int] = 2, include_steps: bool = True) -> str:
         return json.dumps(self.to_dict(include_steps=include_steps), indent=indent)
 
-    def plot(self, path: Optional[Union[str, "os.PathLike[str]"]] = None, *, bins: int = 50) -> Any:
-        """Latency over the steps, memory over the steps (with the fitted slope) and the
-        latency histogram, as a matplotlib Figure; saved to ``path`` when given.
+    def plot(self, path: Optional[PathLike] = None, *, bins: int = 50) -> Any:
+        """A per-step timeline (latency, outlier steps marked, memory on a second y axis
+        with its fitted slope, red and labelled LEAK for a leak) above the latency
+        histogram, as a matplotlib Figure; saved to ``path`` when given.
 
-        Raises ``ImportError`` naming the fix when matplotlib is not installed.
+        Raises ``InvalidInputError`` when ``bins`` is not an int >= 1, ``ImportError``
+        naming the fix when matplotlib is not installed.
         """
         from gpukeeper.md.plot import plot_trajectory
 

@@ -11,7 +11,10 @@
   and engines and the memory readings (``plans``); returns a ``BenchmarkResult``
   (``result``).
 - ``compare_implementations`` / ``print_comparison_table`` (``compare``): side by side,
-  with the differences that are within the noise marked.
+  with the differences that are within the noise marked; the comparison is an
+  ``ImplementationComparison`` (a dict) with ``table()``, rich display and ``plot()``.
+- ``plot``: the figures of ``BenchmarkResult.plot()`` and ``ImplementationComparison.plot()``
+  (matplotlib imported only then).
 - ``compare_runs`` (``regression``): one benchmark against a saved run of it, with a
   noise-aware verdict (faster, slower, same, undecided); ``store``: saved runs per machine.
 - ``ProfilerContext``: the PyTorch profiler with a chrome trace and a summary table.
@@ -21,6 +24,7 @@
 from gpukeeper.timing import stats
 from gpukeeper.timing.benchmark import NOISY_THRESHOLD, benchmark_function
 from gpukeeper.timing.compare import (
+    ImplementationComparison,
     compare_implementations,
     format_comparison_table,
     print_comparison_table,
@@ -52,6 +56,7 @@ __all__ = [
     "CpuBackend",
     "CupyBackend",
     "DeviceSpec",
+    "ImplementationComparison",
     "L2Flusher",
     "NOISY_THRESHOLD",
     "NoiseCriterion",

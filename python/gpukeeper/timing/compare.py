@@ -1,8 +1,10 @@
 """Implementations side by side: ``compare_implementations`` and the comparison table.
 
-``compare_implementations`` benchmarks each one (speedups against the first);
-``format_comparison_table`` / ``print_comparison_table`` show them, marking with ``~`` a
-speedup that ``within_noise`` finds inside the noise.
+``compare_implementations`` benchmarks each one (speedups against the first) and returns
+an ``ImplementationComparison``: a dict of name -> ``BenchmarkResult`` that also shows
+itself as a table (``table()``, ``_repr_html_`` in a notebook) and a figure (``plot()``).
+``format_comparison_table`` / ``print_comparison_table`` show any such results, marking
+with ``~`` a speedup that ``within_noise`` finds inside the noise.
 """
 
 from __future__ import annotations
@@ -10,30 +12,63 @@ from __future__ import annotations
 import io
 import math
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 
 from gpukeeper.errors import InvalidInputError
+from gpukeeper.htmltable import html_table
+from gpukeeper.plotting import PathLike
 from gpukeeper.timing.benchmark import benchmark_function
 from gpukeeper.timing.result import BenchmarkResult
 
 __all__ = [
+    "ImplementationComparison",
     "compare_implementations",
     "format_comparison_table",
     "print_comparison_table",
+    "speedup_label",
     "within_noise",
 ]
+
+_NOISE_NOTE = "~ : within the noise (interquartile ranges overlap with the baseline's)"
+
+
+class ImplementationComparison(Dict[str, BenchmarkResult]):
+    """What ``compare_implementations`` returns: a plain dict of name ->
+    ``BenchmarkResult`` in the order given (the first is the baseline), which also
+    shows itself: ``table()`` as text, ``_repr_html_()`` in a notebook, ``plot()`` as a
+    matplotlib Figure."""
+
+    def table(self) -> str:
+        """The comparison table as text (``format_comparison_table``)."""
+        return format_comparison_table(self)
+
+    def _repr_html_(self) -> str:
+        header, body, any_close = _table_rows(self)
+        return html_table(f"{len(body)} implementations compared", header, body,
+                          notes=[_NOISE_NOTE] if any_close else [])
+
+    def plot(self, path: Optional[PathLike] = None) -> Any:
+        """One bar per implementation (median, whiskers p25 to p75) with its speedup
+        against the first, as a matplotlib Figure; saved to ``path`` when given.
+
+        Raises ``ImportError`` naming the fix when matplotlib is not installed.
+        """
+        from gpukeeper.timing.plot import plot_comparison
+
+        return plot_comparison(self, path)
 
 
 def compare_implementations(
     impls: Mapping[str, Callable[..., Any]], *args: Any, **kwargs: Any
-) -> Dict[str, BenchmarkResult]:
+) -> ImplementationComparison:
     """Benchmarks each implementation with the same arguments, in order.
 
     ``kwargs`` are those of ``benchmark_function`` (``n_calls``, ``warmup``, ``device``,
     ``l2_flush``, ``min_time_s``, ``max_noise``) plus keyword arguments for the
-    implementations. Returns ``{name: BenchmarkResult}`` in the order given, each with
-    ``speedup`` = baseline median / its median (the first implementation is the
-    baseline; medians, because one slow outlier call should not decide a speedup).
+    implementations. Returns ``{name: BenchmarkResult}`` in the order given (an
+    :class:`ImplementationComparison`, a dict), each with ``speedup`` = baseline median
+    / its median (the first implementation is the baseline; medians, because one slow
+    outlier call should not decide a speedup).
     """
     if not isinstance(impls, Mapping) or not impls:
         raise InvalidInputError("impls must be a non-empty dict of name -> callable")
@@ -44,7 +79,7 @@ def compare_implementations(
             raise InvalidInputError(f"implementation names must be strings, got {key!r}")
         if not callable(fn):
             raise InvalidInputError(f"implementation {key!r} is not callable ({type(fn).__name__})")
-    results: Dict[str, BenchmarkResult] = {}
+    results = ImplementationComparison()
     for key, fn in impls.items():
         results[key] = benchmark_function(fn, *args, name=key, **kwargs)
     baseline = next(iter(results.values())).median_ms
@@ -58,10 +93,23 @@ def within_noise(a: BenchmarkResult, b: BenchmarkResult) -> bool:
     return a.p25_ms <= b.p75_ms and b.p25_ms <= a.p75_ms
 
 
-def format_comparison_table(
+def speedup_label(result: BenchmarkResult, baseline: Optional[BenchmarkResult] = None) -> str:
+    """``result``'s speedup against ``baseline`` as the comparison table writes it:
+    ``"1.00x (baseline)"`` when ``baseline`` is None (``result`` is the baseline), else
+    ``"2.31x"`` (``result.speedup`` when set, else baseline median / its median), with
+    ``~`` in front when ``within_noise``."""
+    if baseline is None:
+        return "1.00x (baseline)"
+    speedup = result.speedup if result.speedup is not None else (
+        baseline.median_ms / result.median_ms if result.median_ms > 0 else math.inf
+    )
+    mark = "~" if within_noise(baseline, result) else ""
+    return f"{mark}{speedup:.2f}x"
+
+
+def _result_pairs(
     results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]]
-) -> str:
-    """The table ``print_comparison_table`` prints, as a string."""
+) -> List[Tuple[str, BenchmarkResult]]:
     if isinstance(results, Mapping):
         rows = list(results.items())
     elif isinstance(results, (list, tuple)):
@@ -73,18 +121,19 @@ def format_comparison_table(
     for key, r in rows:
         if not isinstance(r, BenchmarkResult):
             raise InvalidInputError(f"result {key!r} is not a BenchmarkResult ({type(r).__name__})")
+    return rows
+
+
+def _table_rows(
+    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]]
+) -> Tuple[List[str], List[List[str]], bool]:
+    """The comparison's header, one row of cells per result, and whether any speedup
+    is within the noise: the text table and the HTML one show the same cells."""
+    rows = _result_pairs(results)
     baseline = rows[0][1]
     header = ["Implementation", "Median ms", "Mean ms", "Std ms", "P95 ms", "P99 ms", "Calls/s", "Speedup"]
     body: List[List[str]] = []
-    any_close = False
     for i, (key, r) in enumerate(rows):
-        speedup = r.speedup if r.speedup is not None else (
-            baseline.median_ms / r.median_ms if r.median_ms > 0 else math.inf
-        )
-        mark = ""
-        if i > 0 and within_noise(baseline, r):
-            mark = "~"
-            any_close = True
         flags = "".join([" (noisy)" if r.noisy else "", " (throttled)" if r.throttled else ""])
         body.append([
             f"{key}{flags}",
@@ -94,8 +143,17 @@ def format_comparison_table(
             f"{r.p95_ms:.4f}",
             f"{r.p99_ms:.4f}",
             f"{r.calls_per_s:,.1f}",
-            f"{mark}{speedup:.2f}x" if i > 0 else "1.00x (baseline)",
+            speedup_label(r, baseline if i > 0 else None),
         ])
+    any_close = any(row[-1].startswith("~") for row in body)
+    return header, body, any_close
+
+
+def format_comparison_table(
+    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]]
+) -> str:
+    """The table ``print_comparison_table`` prints, as a string."""
+    header, body, any_close = _table_rows(results)
     widths = [max(len(h), *(len(row[c]) for row in body)) for c, h in enumerate(header)]
 
     def line(cells: Iterable[str]) -> str:
@@ -110,7 +168,7 @@ def format_comparison_table(
     for row in body:
         out.write(line(row) + "\n")
     if any_close:
-        out.write("~ : within the noise (interquartile ranges overlap with the baseline's)\n")
+        out.write(_NOISE_NOTE + "\n")
     return out.getvalue()
 
 

@@ -21,17 +21,20 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from gpukeeper.errors import InvalidInputError
+from gpukeeper.htmltable import html_table
 from gpukeeper.timing import stats as _stats
 from gpukeeper.timing.result import BenchmarkResult
 
 __all__ = [
+    "COMPARISON_HEADER",
     "STATISTICS",
     "Comparison",
     "FailThreshold",
     "compare_runs",
+    "comparisons_html",
     "parse_fail_threshold",
     "regression",
 ]
@@ -73,6 +76,33 @@ class Comparison:
         """One line: ``slower: median 2.013 ms vs 1.001 ms, +101.1% (95% CI +98.0..+104.2%)``."""
         return (f"{self.verdict}: {self.stat} {self.current_ms:.4g} ms vs {self.baseline_ms:.4g} ms, "
                 f"{self.change:+.1%} (95% CI {self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%})")
+
+    def cells(self) -> Tuple[str, str, str, str, str, str, str]:
+        """The comparison as the cells of one table row, in the order of
+        :data:`COMPARISON_HEADER`."""
+        return (self.name, self.stat, f"{self.baseline_ms:.4g}", f"{self.current_ms:.4g}",
+                f"{self.change:+.1%}", f"{self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%}",
+                self.verdict)
+
+    def _repr_html_(self) -> str:
+        """The comparison as a one-row HTML table, for Jupyter."""
+        return comparisons_html([self])
+
+
+#: The header of a table of :class:`Comparison` rows (``Comparison.cells``).
+COMPARISON_HEADER = ("benchmark", "stat", "saved ms", "now ms", "change", "95% CI", "verdict")
+
+
+def comparisons_html(comparisons: Iterable[Comparison]) -> str:
+    """Saved-versus-new comparisons as one compact HTML table, one row each; a slower
+    verdict is repeated under the table as a warning."""
+    items = list(comparisons)
+    for c in items:
+        if not isinstance(c, Comparison):
+            raise InvalidInputError(f"comparisons_html takes Comparison objects, got {type(c).__name__}")
+    slower = [f"{c.name}: {c.describe()}" for c in items if c.verdict == "slower"]
+    return html_table("compared with the saved run", COMPARISON_HEADER, [c.cells() for c in items],
+                      warnings=slower)
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper.errors import InvalidInputError
+from gpukeeper.htmltable import html_fields
+from gpukeeper.plotting import PathLike
 from gpukeeper.timing import stats as _stats
 
 __all__ = ["BenchmarkResult"]
@@ -271,6 +273,44 @@ class BenchmarkResult:
         )
 
     __str__ = summary
+
+    def _html_fields(self) -> List[Tuple[str, str]]:
+        s = self._summary
+        rows = [
+            ("device", f"{self.device} ({(self.work or 'cpu').upper()} work, {self.timing} time, "
+                       f"{self.backend})"),
+            ("calls", f"{s.count}"),
+            ("median", f"{s.median:.4f} ms"),
+            ("mean ± std", f"{s.mean:.4f} ± {s.std:.4f} ms"),
+            ("p5 / p25 / p75", f"{s.p5:.4f} / {s.p25:.4f} / {s.p75:.4f} ms"),
+            ("p95 / p99", f"{s.p95:.4f} / {s.p99:.4f} ms"),
+            ("min / max", f"{s.min:.4f} / {s.max:.4f} ms"),
+            ("noise (std/mean, IQR/median)", f"{_pct(s.relative_std)}, {_pct(s.relative_iqr)}"),
+            ("throughput", f"{self.calls_per_s:,.1f} calls/s"),
+        ]
+        if self.timing_method:
+            rows.insert(1, ("timed", self.timing_method))
+        if self.memory_source is not None:
+            rows.append((f"memory delta ({self.memory_source})", _mb(self.memory_delta_bytes)))
+            rows.append(("memory peak", _mb(self.memory_peak_bytes)))
+        if self.speedup is not None:
+            rows.append(("speedup", f"{self.speedup:.2f}x"))
+        return rows
+
+    def _repr_html_(self) -> str:
+        """The summary as a compact HTML table, for Jupyter."""
+        return html_fields(f"BenchmarkResult: {self.name}", self._html_fields(), warnings=self.warnings)
+
+    def plot(self, path: Optional[PathLike] = None, *, bins: int = 50) -> Any:
+        """The histogram of the per-call times with the mean, median, p5, p95 and p99
+        marked, as a matplotlib Figure; saved to ``path`` when given.
+
+        Raises ``InvalidInputError`` when ``bins`` is not an int >= 1, ``ImportError``
+        naming the fix when matplotlib is not installed.
+        """
+        from gpukeeper.timing.plot import plot_benchmark
+
+        return plot_benchmark(self, path, bins=bins)
 
     # ----------------------------------------------------------------- serialisation
 

@@ -1,0 +1,93 @@
+"""The pictures of timing results: one benchmark's latency histogram with its percentiles
+(``plot_benchmark``) and implementations side by side (``plot_comparison``).
+
+matplotlib is imported only when a picture is drawn (:mod:`gpukeeper.plotting`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Mapping, Optional, Tuple
+
+from gpukeeper.checks import check_int
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.plotting import PathLike, finish, pyplot
+from gpukeeper.timing.compare import speedup_label
+from gpukeeper.timing.result import BenchmarkResult
+
+__all__ = ["plot_benchmark", "plot_comparison"]
+
+
+def plot_benchmark(result: BenchmarkResult, path: Optional[PathLike] = None, *,
+                   bins: int = 50) -> Any:
+    """The histogram of ``result``'s per-call times with vertical lines (and a legend)
+    for the mean, median, p5, p95 and p99, as a matplotlib Figure saved to ``path`` when
+    given.
+
+    Raises ``InvalidInputError`` when ``bins`` is not an int >= 1, ``ImportError``
+    naming the fix when matplotlib is not installed.
+    """
+    check_int(bins, "bins", 1)
+    plt = pyplot(path, "BenchmarkResult.plot()")
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    ax.hist(result.times_ms, bins=bins, color="tab:blue", alpha=0.75)
+    marks = (
+        ("mean", result.mean_ms, "tab:purple", "-"),
+        ("median", result.median_ms, "k", "--"),
+        ("p5", result.p5_ms, "tab:green", ":"),
+        ("p95", result.p95_ms, "tab:orange", ":"),
+        ("p99", result.p99_ms, "tab:red", "-."),
+    )
+    for name, value, colour, ls in marks:
+        ax.axvline(value, color=colour, lw=1.0, ls=ls, label=f"{name} {value:.4f} ms")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_xlabel(f"{result.timing} time per call (ms)")
+    ax.set_ylabel("calls")
+    ax.locator_params(axis="y", integer=True)  # counts of calls: no half calls on the axis
+    ax.set_title(f"{result.name}: {result.n_calls} calls on {result.device} "
+                 f"({(result.work or 'cpu').upper()} work)")
+    return finish(fig, path)
+
+
+def _bars(results: Mapping[str, BenchmarkResult]) -> List[Tuple[str, BenchmarkResult, str]]:
+    """Each implementation with its speedup label against the first, as the comparison
+    table writes it (``~``: within the noise)."""
+    if not isinstance(results, Mapping):
+        raise InvalidInputError(f"results must be a dict of name -> BenchmarkResult, got {type(results).__name__}")
+    items = list(results.items())
+    if not items:
+        raise InvalidInputError("no results to plot")
+    for key, r in items:
+        if not isinstance(r, BenchmarkResult):
+            raise InvalidInputError(f"result {key!r} is not a BenchmarkResult ({type(r).__name__})")
+    base = items[0][1]
+    return [(key, r, speedup_label(r, base if i > 0 else None)) for i, (key, r) in enumerate(items)]
+
+
+def plot_comparison(results: Mapping[str, BenchmarkResult], path: Optional[PathLike] = None
+                    ) -> Any:
+    """Implementations side by side: one horizontal bar per implementation (its median),
+    whiskers from p25 to p75, and its speedup against the first written at the bar's end
+    (``~``: within the noise). Returns a matplotlib Figure, saved to ``path`` when given.
+
+    Raises ``InvalidInputError`` for no results or a value that is not a
+    ``BenchmarkResult``, ``ImportError`` naming the fix when matplotlib is missing.
+    """
+    bars = _bars(results)
+    plt = pyplot(path, "ImplementationComparison.plot()")
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.5 * len(bars)), constrained_layout=True)
+    ys = list(range(len(bars)))
+    medians = [r.median_ms for _, r, _ in bars]
+    low = [r.median_ms - r.p25_ms for _, r, _ in bars]
+    high = [r.p75_ms - r.median_ms for _, r, _ in bars]
+    colours = ["tab:gray"] + ["tab:blue"] * (len(bars) - 1)
+    ax.barh(ys, medians, xerr=[low, high], color=colours, alpha=0.8, capsize=4)
+    top = max(r.p75_ms for _, r, _ in bars)
+    for y, (_, r, label) in zip(ys, bars):
+        ax.text(r.p75_ms + 0.01 * top, y, f" {r.median_ms:.4g} ms, {label}", va="center", fontsize=8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([key for key, _, _ in bars])
+    ax.invert_yaxis()  # the baseline on top, in the order given
+    ax.set_xlim(0, top * 1.35 if top > 0 else 1.0)
+    ax.set_xlabel("median time per call (ms); whiskers: p25 to p75")
+    ax.set_title("implementations compared (speedup against the first)")
+    return finish(fig, path)
