@@ -8,6 +8,8 @@ Everything works (on host memory) without a GPU.
 
 __version__ = "0.1.0"
 
+from typing import Any
+
 from gpukeeper.cleanup import (
     CleanupReport,
     GPUContext,
@@ -48,11 +50,28 @@ from gpukeeper.runtime import CudaAvailability, build_info, cuda_available
 from gpukeeper.timing import (
     BenchmarkResult,
     CUDATimer,
+    ImplementationComparison,
     ProfilerContext,
     benchmark_function,
     compare_implementations,
     print_comparison_table,
 )
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpukeeper``: registers ``%gpu_timeit``, ``%%gpu_memory`` and
+    ``%gpu_report`` (see :mod:`gpukeeper.ipython`, imported only now)."""
+    from gpukeeper.ipython import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext gpukeeper``: removes the magics again."""
+    from gpukeeper.ipython import unload_ipython_extension as unload
+
+    unload(ipython)
+
 
 __all__ = [
     "__version__",
@@ -94,6 +113,7 @@ __all__ = [
     # device utilities and timing (seeds 002, 004)
     "BenchmarkResult",
     "CUDATimer",
+    "ImplementationComparison",
     "ProfilerContext",
     "TrajectoryResult",
     "benchmark_function",
