@@ -189,7 +189,7 @@ def test_gpu_memory_names_a_planted_leak(shell, host_pool):
     before, peak, after = _row(shown, "host", "gpukeeper")[:3]
     assert (before, peak, after) == ("0 B", "4.0 MiB", "4.0 MiB")
     assert "LEAK: 4.0 MiB still held after the cell (gpukeeper 4.0 MiB on host" in shown
-    assert "gpukeeper ManagedBuffer (1048576,) fp32, 4.0 MiB on host" in shown
+    assert "kept: gpukeeper ManagedBuffer (1048576,) fp32, 4.0 MiB on host" in shown
     run(shell, "del kept")
     assert allocated(host_pool) == 0
 

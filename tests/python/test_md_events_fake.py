@@ -104,7 +104,10 @@ def fake_gpu(monkeypatch):
     for name in ("torch", "cupy", "jax"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: the torch counters decide
+    # No gpukeeper pools on the fake machine, whatever earlier tests left alive: the
+    # adapter reads its own module's registry, so both names are replaced.
     monkeypatch.setattr(frameworks, "live_pools", lambda: [])
+    monkeypatch.setattr(frameworks.pools_adapter, "live_pools", lambda: [])
     monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
     monkeypatch.setattr(devices, "current_cuda_index", lambda: 0)
 

@@ -106,7 +106,7 @@ def test_quickstart(kernel_env: Path):
     assert "no leak" in clean and "1048576.0" in clean
     leak = text_of(nb, "%%gpu_memory\nkept =")
     assert "LEAK: 4.0 MiB still held after the cell" in leak
-    assert "gpukeeper ManagedBuffer (1048576,) fp32, 4.0 MiB on" in leak
+    assert "kept: gpukeeper ManagedBuffer (1048576,) fp32, 4.0 MiB on" in leak
     assert "pool after del (allocated, peak bytes): (0," in text_of(nb, "del kept")
 
 

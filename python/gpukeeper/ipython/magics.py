@@ -219,7 +219,7 @@ class GPUKeeperMagics(Magics):
         code = compile_cell(self.shell, cell)
         # Restarted, as torch.cuda.reset_peak_memory_stats does: the peak shown is the cell's.
         reset_peaks(devices_in_use(None))
-        buffers = BufferWatch()
+        buffers = BufferWatch(self.shell.user_ns)
         started = time.perf_counter()
         try:
             with ctx:

@@ -5,17 +5,15 @@ Before and after come from the context's ``CleanupReport``; peaks from the frame
 resettable counters (``cleanup.measure.reset_peaks`` / ``peaks``: PyTorch's
 ``max_memory_allocated``, gpukeeper pools' ``peak_allocated_bytes``); a framework
 without one (CuPy, JAX) shows "n/a". Leaks are the report's named tensors and arrays,
-plus the gpukeeper ``ManagedBuffer``s made in the cell and still alive (the report
-names tensors and arrays only).
+plus the gpukeeper ``ManagedBuffer``s that names bound in the cell still hold (the
+report names tensors and arrays only).
 """
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Set, Tuple
 
-from gpukeeper import frameworks
 from gpukeeper.cleanup import CleanupReport
 from gpukeeper.cleanup.measure import HOST
 from gpukeeper.cleanup.report import fmt_bytes
@@ -29,14 +27,31 @@ _HOST_KINDS = ("host", "pinned")
 Figures = Dict[str, Dict[str, int]]
 
 
-def _live_buffers() -> List[ManagedBuffer]:
-    """Unreleased ManagedBuffers reachable from objects the collector tracks (buffers
-    are not tracked themselves; a namespace, list or object holding one is)."""
-    found: Dict[int, ManagedBuffer] = {}
-    for obj in gc.get_referents(*gc.get_objects()):
-        if type(obj) is ManagedBuffer and not obj.released:
-            found[id(obj)] = obj
-    return list(found.values())
+_MAX_ITEMS = 1000  # items of one list, tuple or dict looked at for buffers
+
+
+def _items(name: str, value: Any) -> List[Tuple[str, Any]]:
+    """``(label, item)`` for a list, tuple or dict bound to ``name`` (its first items)."""
+    if isinstance(value, (list, tuple)):
+        return [(f"{name}[{i}]", v) for i, v in enumerate(value[:_MAX_ITEMS])]
+    if isinstance(value, dict):
+        return [(f"{name}[{k!r}]", v) for k, v in list(value.items())[:_MAX_ITEMS]]
+    return []
+
+
+def _named_buffers(namespace: Dict[str, Any]) -> List[Tuple[str, ManagedBuffer]]:
+    """The unreleased ManagedBuffers the notebook's names hold: a name bound to one, or
+    an item of a list, tuple or dict bound to a name (IPython's ``_`` history names
+    left out). A look at the namespace, not a walk of the heap: that costs seconds in a
+    large kernel, and a leak a notebook shows is a name the user can ``del``."""
+    found: List[Tuple[str, ManagedBuffer]] = []
+    for name, value in list(namespace.items()):
+        if name.startswith("_"):
+            continue
+        for label, item in [(name, value)] + _items(name, value):
+            if type(item) is ManagedBuffer and not item.released:
+                found.append((label, item))
+    return found
 
 
 def _key(buf: ManagedBuffer) -> Tuple[int, int]:
@@ -44,33 +59,23 @@ def _key(buf: ManagedBuffer) -> Tuple[int, int]:
 
 
 class BufferWatch:
-    """Which ``ManagedBuffer``s existed when the cell started, so that those alive at the
-    end can be told apart. The heap is walked at the start only when gpukeeper's pools
-    hold memory then (with none allocated, every live buffer at the end is new)."""
+    """Which ``ManagedBuffer``s the notebook's names held when the cell started, so that
+    those the cell bound can be named at its end."""
 
-    def __init__(self) -> None:
-        self.before: Set[Tuple[int, int]] = set()
-        if any(_allocated(pool) for pool in frameworks.live_pools()):
-            self.before = {_key(b) for b in _live_buffers()}
+    def __init__(self, namespace: Dict[str, Any]) -> None:
+        self.namespace = namespace
+        self.before: Set[Tuple[int, int]] = {_key(b) for _, b in _named_buffers(namespace)}
 
     def new_buffers(self, locations: Set[str]) -> List[str]:
-        """One line per buffer made since the start and still alive at ``locations``,
-        largest first."""
+        """One line per buffer bound in the cell and still alive at ``locations``,
+        largest first: ``kept: gpukeeper ManagedBuffer (1048576,) fp32, 4.0 MiB on host``."""
         lines = []
-        for buf in sorted(_live_buffers(), key=lambda b: -int(b.nbytes)):
+        for label, buf in sorted(_named_buffers(self.namespace), key=lambda nb: -int(nb[1].nbytes)):
             loc = HOST if buf.kind in _HOST_KINDS else f"cuda:{buf.device}"
             if loc in locations and _key(buf) not in self.before:
-                lines.append(f"gpukeeper ManagedBuffer ({buf.size},) {buf.precision.label}, "
+                lines.append(f"{label}: gpukeeper ManagedBuffer ({buf.size},) {buf.precision.label}, "
                              f"{fmt_bytes(int(buf.nbytes))} on {loc}")
         return lines
-
-
-def _allocated(pool: Any) -> int:
-    total = 0
-    for d in pool.devices():
-        stats = pool.stats(d)
-        total += stats.allocated_bytes if stats is not None else 0
-    return total
 
 
 @dataclass
