@@ -80,9 +80,15 @@ def in_process(cuda: bool, reps: int, rounds: int) -> List[Dict[str, float]]:
         with GPUContext(warn_on_leak=False, deferred_release=False):
             pass
 
+    from gpukeeper.cleanup.measure import devices_in_use, measure
+
+    in_use = devices_in_use(None)
     rows = []
+    # The leak check is two of each of the last two: the split says where its time goes.
     for name, fn in (("leak check (--gpu-leaks)", leak_check), ("memory probe (--gpu-memory)", memory_probe),
-                     ("GPUContext (gpu_context)", context)):
+                     ("GPUContext (gpu_context)", context),
+                     ("  part: devices_in_use", lambda: devices_in_use(None)),
+                     ("  part: measure (counters)", lambda: measure(in_use))):
         for _ in range(min(reps, 100)):
             fn()  # warm: first calls import and cache
         per = []
