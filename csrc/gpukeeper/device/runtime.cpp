@@ -43,6 +43,31 @@ BuildInfo build_info() {
   return info;
 }
 
+#ifdef GPUKEEPER_WITH_CUDA
+namespace {
+
+std::string cuda_version_text(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
+}
+
+// The runtime says "CUDA driver version is insufficient for CUDA runtime version" both when
+// there is no driver at all and when it is too old; the fixes differ (install one, or
+// upgrade it), so the two are told apart by the driver version (0 without a driver).
+std::string unavailable_reason(cudaError_t err, int driver_version, int runtime_version) {
+  if (err == cudaErrorInsufficientDriver && driver_version == 0) {
+    return "No NVIDIA driver found (libcuda.so.1 is not installed or cannot be loaded)";
+  }
+  if (err == cudaErrorInsufficientDriver) {
+    return "NVIDIA driver older than the CUDA runtime (driver " + cuda_version_text(driver_version) +
+           ", runtime " + cuda_version_text(runtime_version) + "): upgrade the driver";
+  }
+  if (err == cudaErrorNoDevice) return "the driver reports no CUDA device";
+  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+}
+
+}  // namespace
+#endif
+
 CudaStatus cuda_status() {
   CudaStatus status;
 #ifdef GPUKEEPER_WITH_CUDA
@@ -51,7 +76,7 @@ CudaStatus cuda_status() {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    status.reason = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    status.reason = unavailable_reason(err, status.driver_version, status.runtime_version);
     detail::clear_cuda_error();
     return status;
   }

@@ -1,0 +1,114 @@
+"""``gpukeeper compare OLD.json NEW.json``: noise-aware verdicts on saved benchmark
+results, with an exit code for CI gates.
+
+Each file is a run saved by the pytest plugin (``--gpu-benchmark-save``), or one
+``BenchmarkResult.to_json()``. Results are matched by name; each pair gets a verdict
+(faster, slower, same, undecided) from a bootstrap interval of the ratio
+(:func:`gpukeeper.timing.compare_runs`), so a difference inside the noise fails nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Dict, List
+
+from gpukeeper.cli.output import FAILED, OK, UserError, check_json_target, console, plain, write_json
+
+__all__ = ["add_parser", "load_results"]
+
+EXAMPLES = """examples:
+  gpukeeper compare base.json new.json                   verdicts on the medians
+  gpukeeper compare base.json new.json --fail median:5%  exit 1 on a real slowdown > 5%
+  gpukeeper compare a.json b.json --stat p95 --json -    the comparisons as JSON"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "compare", help="noise-aware verdicts on two saved benchmark runs",
+        description=plain(__doc__.split("\n\n", 1)[1]),
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("old", metavar="OLD.json")
+    p.add_argument("new", metavar="NEW.json")
+    p.add_argument("--fail", metavar="STAT:PERCENT",
+                   help="exit 1 when a result is slower beyond the noise by more than this (median:5%%)")
+    p.add_argument("--stat", default=None,
+                   help="the statistic compared (median by default, or --fail's)")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
+                   help="write the comparisons as JSON to FILE, or to stdout with - (the default)")
+    p.set_defaults(func=run)
+
+
+def load_results(path: str) -> Dict[str, "object"]:
+    """``{name: BenchmarkResult}`` from a saved run or a single result; ``UserError``
+    naming the file for anything else."""
+    from gpukeeper.timing.result import BenchmarkResult
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise UserError(f"{path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UserError(f"{path}: not JSON ({e})") from None
+    try:
+        if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), dict):
+            return {k: BenchmarkResult.from_dict(v) for k, v in doc["benchmarks"].items()}
+        if isinstance(doc, dict) and "times_ms" in doc:
+            result = BenchmarkResult.from_dict(doc)
+            return {result.name or Path(path).stem: result}
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{path}: not a saved benchmark result ({type(e).__name__}: {e})") from None
+    raise UserError(f"{path}: not a saved benchmark run (--gpu-benchmark-save) nor a "
+                    "BenchmarkResult.to_json()")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpukeeper.errors import InvalidInputError
+    from gpukeeper.timing.regression import compare_runs, parse_fail_threshold, regression
+
+    check_json_target(args.json)
+    try:
+        threshold = parse_fail_threshold(args.fail) if args.fail else None
+    except InvalidInputError as e:
+        raise UserError(f"--fail: {e}") from None
+    stat = args.stat or (threshold.stat if threshold else "median")
+    old, new = load_results(args.old), load_results(args.new)
+    common = [k for k in new if k in old]
+    if not common:
+        raise UserError(f"{args.old} and {args.new} share no benchmark name")
+    try:
+        comparisons = [compare_runs(old[k], new[k], stat) for k in common]  # type: ignore[arg-type]
+    except InvalidInputError as e:
+        raise UserError(str(e)) from None
+    regressions = [c for c in comparisons if regression(c, threshold)]
+    if args.json != "-":
+        _print(comparisons, regressions, [k for k in old if k not in new], [k for k in new if k not in old])
+    if args.json is not None:
+        write_json(args.json, {"stat": stat, "fail": args.fail,
+                               "comparisons": [dataclasses.asdict(c) for c in comparisons],
+                               "regressions": [c.name for c in regressions]})
+    return FAILED if regressions else OK
+
+
+def _print(comparisons: List, regressions: List, only_old: List[str], only_new: List[str]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    out = console()
+    table = Table(show_edge=False)
+    for column in ("benchmark", "verdict", "old ms", "new ms", "change", "95% CI"):
+        table.add_column(column, justify="left" if column in ("benchmark", "verdict") else "right")
+    colours = {"slower": "red", "faster": "green"}
+    for c in sorted(comparisons, key=lambda c: -c.ratio):
+        verdict = f"[{colours[c.verdict]}]{c.verdict}[/]" if c.verdict in colours else c.verdict
+        table.add_row(escape(c.name), verdict, f"{c.baseline_ms:.4g}", f"{c.current_ms:.4g}", f"{c.change:+.1%}",
+                      f"{c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%}")
+    out.print(table)
+    for label, names in (("only in OLD", only_old), ("only in NEW", only_new)):
+        if names:
+            out.print(f"{label}: {', '.join(names)}", markup=False)
+    if regressions:
+        out.print(f"[bold red]{len(regressions)} regression(s)[/] past the threshold: "
+                  + escape(", ".join(c.name for c in regressions)))

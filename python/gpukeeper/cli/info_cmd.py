@@ -1,0 +1,108 @@
+"""``gpukeeper info``: build, devices, driver, frameworks and NVML, as a table or as
+seed 004's environment export (``--json``)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from importlib import metadata
+from typing import Any, Dict, List
+
+from gpukeeper.cli.output import OK, check_json_target, console, write_json
+
+__all__ = ["add_parser", "environment"]
+
+EXAMPLES = """examples:
+  gpukeeper info                           a table
+  gpukeeper info --json gpu_specs.json     the environment export (seed 004)
+  gpukeeper info --json -                  the same on stdout"""
+
+#: Distributions whose versions the export lists: read from their metadata, never imported
+#: (importing torch takes seconds, and CuPy's import may touch the driver).
+FRAMEWORKS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib", "nvidia-ml-py",
+              "numpy", "triton", "openmm", "rmm-cu13")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "info", help="build, devices, driver, frameworks and NVML",
+        description="What gpukeeper sees on this machine, without creating a CUDA context: how "
+                    "the core was built, whether CUDA is usable (and why not), each device's "
+                    "specifications, the installed frameworks and whether NVML answers.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
+                   help="write the environment export as JSON to FILE, or to stdout with - (the default)")
+    p.add_argument("--export-json", metavar="FILE", help=argparse.SUPPRESS)  # seed 004's spelling
+    p.set_defaults(func=run)
+
+
+def _versions() -> Dict[str, str]:
+    found = {}
+    for name in FRAMEWORKS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def environment() -> Dict[str, Any]:
+    """The environment export: build, CUDA status, devices, host, frameworks, NVML."""
+    from gpukeeper import _core
+    from gpukeeper.device import get_gpu_info
+    from gpukeeper.nvml import nvml_status
+    from gpukeeper.runtime import build_info, cuda_available
+
+    status = cuda_available()
+    devices: List[Dict[str, Any]] = [get_gpu_info(d) for d in range(status.device_count)]
+    host_free, host_total = _core.host_memory_info()
+    return {
+        "build": build_info(),
+        "cuda": {"available": bool(status.available), "device_count": status.device_count,
+                 "driver_version": status.driver_version, "runtime_version": status.runtime_version,
+                 "reason": status.reason or None},
+        "devices": devices,
+        "host": {"platform": platform.platform(), "python": platform.python_version(),
+                 "available_bytes": host_free, "total_bytes": host_total},
+        "frameworks": _versions(),
+        "nvml": nvml_status(),
+    }
+
+
+def _table(info: Dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    from gpukeeper.cleanup.report import fmt_bytes
+
+    table = Table(title="gpukeeper info", show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    build = info["build"]
+    table.add_row("gpukeeper", f"{build.get('version')} ({build.get('build_type')}, "
+                  f"{'CUDA ' + str(build.get('cuda_version')) if build.get('cuda') else 'CPU-only build'})")
+    cuda = info["cuda"]
+    table.add_row("CUDA", f"{cuda['device_count']} device(s)" if cuda["available"]
+                  else f"unusable: {cuda['reason']}")
+    for d in info["devices"]:
+        table.add_row(f"cuda:{d.get('device')}", f"{d.get('name')}, {fmt_bytes(d.get('total_memory_bytes'))}, "
+                      f"compute {d.get('compute_capability')}, driver {d.get('driver_version')}")
+    host = info["host"]
+    table.add_row("host", f"{host['platform']}, Python {host['python']}, "
+                  f"{fmt_bytes(host['total_bytes'])} memory")
+    table.add_row("frameworks", ", ".join(f"{k} {v}" for k, v in info["frameworks"].items()) or "none")
+    table.add_row("NVML", info["nvml"])
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    target = args.json if args.json is not None else args.export_json
+    check_json_target(target)
+    info = environment()
+    if target != "-":
+        console().print(_table(info))
+    if target is not None:
+        write_json(target, info)
+        if target != "-":
+            print(f"environment written to {target}", file=sys.stderr)
+    return OK

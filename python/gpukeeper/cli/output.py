@@ -1,0 +1,89 @@
+"""Where the command line writes: the terminal (rich, colour only on a tty and never
+with ``NO_COLOR``), JSON to a file or to stdout (``-``), and the one-line user errors.
+
+Exit codes, the same for every subcommand (also in ``gpukeeper --help``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+__all__ = ["EXIT_CODES", "plain", "FAILED", "INTERRUPTED", "OK", "PIPE_CLOSED", "USAGE", "UserError",
+           "check_json_target", "console", "write_json"]
+
+OK = 0
+#: A check failed, or ``compare`` found a regression past ``--fail``.
+FAILED = 1
+#: A user error: bad option, device, file or path (one line on stderr, no traceback).
+USAGE = 2
+INTERRUPTED = 130
+#: The reader of the output went away (``gpukeeper check | head -1``): 128 + SIGPIPE.
+PIPE_CLOSED = 141
+
+EXIT_CODES = f"""exit codes:
+  {OK}    success
+  {FAILED}    a check failed, or compare found a regression past --fail
+  {USAGE}    usage error: a bad option, device, file or path (a one-line message)
+  {INTERRUPTED}  interrupted (Ctrl-C)
+  {PIPE_CLOSED}  the output was closed early (e.g. | head); nothing is printed about it"""
+
+
+def plain(docstring: str) -> str:
+    """A docstring's paragraphs as --help text: RST roles and literals become plain words."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", docstring)
+    return text.replace("``", "").strip()
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+def console(stream: Optional[TextIO] = None) -> Any:
+    """A rich Console on ``stream`` (stdout): colour and styles only on a terminal, none
+    with ``NO_COLOR`` set (rich reads it), no wrapping of long lines when piped."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich would exit 1 here; main() turns this into the documented quiet 141.
+            self.quiet = True
+            raise BrokenPipeError
+
+    stream = stream or sys.stdout
+    tty = stream.isatty()
+    if os.environ.get("NO_COLOR"):  # no-color.org: and no bold either, whatever FORCE_COLOR says
+        return _Console(file=stream, highlight=False, soft_wrap=not tty, color_system=None, no_color=True)
+    return _Console(file=stream, highlight=False, soft_wrap=not tty)
+
+
+def check_json_target(target: Optional[str]) -> None:
+    """Fails early (``UserError``) when ``--json FILE`` could not be written, before any
+    work is done; ``-`` (stdout) and None always pass."""
+    if target is None or target == "-":
+        return
+    path = Path(target)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UserError(f"--json {target}: is a directory")
+    if not parent.is_dir():
+        raise UserError(f"--json {target}: no such directory {str(parent)!r}")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"--json {target}: not writable")
+
+
+def write_json(target: str, data: Any) -> None:
+    """``data`` as indented JSON to ``target`` (a path, or ``-`` for stdout)."""
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        Path(target).write_text(text)
+    except OSError as e:
+        raise UserError(f"--json {target}: {e.strerror or e}") from None
