@@ -28,34 +28,9 @@ from typing import Any, Callable, Iterable, Optional, Tuple
 
 from gpukeeper.md.events import RING_KEEP, EventMarks
 from gpukeeper.md.probes import MemorySampler
+from gpukeeper.progress import ProgressBar
 
-__all__ = ["Progress", "LoopOptions", "run_loop", "step_hook"]
-
-
-class Progress:
-    """A text progress bar on ``stream``, updated every 1% of the steps."""
-
-    def __init__(self, total: int, stream: Any) -> None:
-        self.total = total
-        self.stream = stream
-        self.start = time.perf_counter()
-        self.every = max(1, total // 100)
-
-    def update(self, done: int) -> None:
-        elapsed = time.perf_counter() - self.start
-        frac = done / self.total
-        width = 30
-        bar = "#" * int(frac * width) + "." * (width - int(frac * width))
-        eta = elapsed / frac - elapsed if frac > 0 else 0.0
-        rate = done / elapsed if elapsed > 0 else 0.0
-        self.stream.write(f"\r[{bar}] {frac * 100:5.1f}% {done}/{self.total} steps "
-                          f"{rate:8.1f} steps/s ETA {eta:6.1f}s")
-        self.stream.flush()
-
-    def close(self) -> None:
-        self.update(self.total)
-        self.stream.write("\n")
-        self.stream.flush()
+__all__ = ["LoopOptions", "run_loop", "step_hook"]
 
 
 @dataclass
@@ -73,7 +48,7 @@ class LoopOptions:
     marks: Optional[EventMarks] = None
     event_every: int = 1
     sampler: Optional[MemorySampler] = None
-    bar: Optional[Progress] = None
+    bar: Optional[ProgressBar] = None
 
 
 def _next_on_grid(i: int, every: int) -> int:

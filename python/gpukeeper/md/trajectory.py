@@ -17,7 +17,8 @@ from gpukeeper.errors import InvalidInputError
 import gpukeeper.md.events as events
 import gpukeeper.md.probes as probes
 from gpukeeper.md.leak import memory_outcome
-from gpukeeper.md.loop import LoopOptions, Progress, run_loop
+from gpukeeper.md.loop import LoopOptions, run_loop
+from gpukeeper.progress import ProgressBar, progress_wanted
 from gpukeeper.md.plan import Plan, events_how, make_plan
 from gpukeeper.md.result import LatencyStats, TrajectoryResult, latency_stats
 
@@ -156,15 +157,12 @@ def _memory_probes(plan: Plan, synchronize: Optional[Callable[[], Any]],
     return probes.MemorySampler(series, every, n), cross
 
 
-def _progress_bar(progress: Optional[bool], n: int, event_every: Optional[int]) -> Optional[Progress]:
-    if progress is None:
-        try:
-            progress = bool(sys.stderr.isatty()) and n >= PROGRESS_AUTO_MIN_STEPS
-        except (AttributeError, ValueError):
-            progress = False
-    if not progress:
+def _progress_bar(progress: Optional[bool], n: int, event_every: Optional[int]) -> Optional[ProgressBar]:
+    if progress is None and n < PROGRESS_AUTO_MIN_STEPS:
         return None
-    bar = Progress(n, sys.stderr)
+    if not progress_wanted(progress):
+        return None
+    bar = ProgressBar(n, "trajectory", "steps")
     if event_every and event_every > 1:  # on steps that end an interval anyway
         bar.every = max(event_every, bar.every // event_every * event_every)
     return bar
@@ -422,8 +420,9 @@ def benchmark_md_trajectory(
             machine.
         name: label (default: the function's name).
         memory_sample_every: read memory after every N-th step, or "auto" (module doc).
-        progress: a text bar on stderr; None: on when stderr is a tty and the run has at
-            least 5000 steps.
+        progress: a progress bar on stderr (:mod:`gpukeeper.progress`); None: on for runs
+            of at least 5000 steps when stderr is a terminal and neither CI nor pytest runs
+            the code (``GPUKEEPER_PROGRESS=0/1`` decides otherwise).
         sync_every: synchronize the device inside every k-th step's measured window.
         n_steps: measured steps (default ``len(inputs)``); inputs are cycled.
         timing: "auto" (GPU events on CUDA, else host), "gpu" or "host" (no events).

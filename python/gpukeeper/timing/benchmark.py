@@ -42,6 +42,7 @@ from gpukeeper import frameworks
 from gpukeeper.checks import check_int, check_positive
 from gpukeeper.devices import DeviceSpec
 from gpukeeper.errors import GpuError, InvalidInputError
+from gpukeeper.progress import ProgressBar, progress_wanted
 from gpukeeper.timing.l2 import L2Flusher
 from gpukeeper.timing.plans import HostSync, MemorySampler, host_sync_plan, jax_plan
 from gpukeeper.timing.result import BenchmarkResult
@@ -369,16 +370,49 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
         step = _cpu_step(run, opts, samples)
     stop = StopRule(opts.n_calls, opts.min_time, opts.noise_limit, run.warnings)
     add = stop.add
-    while True:
-        t = step()
-        if t is None:
-            continue
-        reason = add(t)
-        if reason is not None:
-            break
+    if progress_wanted(None):
+        reason = _measure_with_progress(step, stop, opts.n_calls)
+    else:
+        while True:
+            t = step()
+            if t is None:
+                continue
+            reason = add(t)
+            if reason is not None:
+                break
     samples.stop_reason = reason
     samples.total_s = stop.wall_s()
     return samples
+
+
+#: A benchmark shows a progress bar (on a terminal) once it has measured for this long.
+PROGRESS_AFTER_S = 2.0
+
+
+def _measure_with_progress(step: Callable[[], Optional[float]], stop: StopRule, n_calls: int) -> str:
+    """The measured loop with a bar that appears once the run has taken PROGRESS_AFTER_S
+    (short runs show none), redrawn between calls, never inside one. The bar counts
+    ``n_calls``; ``min_time_s`` may measure past them (the bar then stays full)."""
+    bar: Optional[ProgressBar] = None
+    started = time.perf_counter()
+    count = 0
+    try:
+        while True:
+            t = step()
+            if t is None:
+                continue
+            reason = stop.add(t)
+            if reason is not None:
+                return reason
+            count += 1
+            if bar is None:
+                if count % 16 == 0 and time.perf_counter() - started > PROGRESS_AFTER_S:
+                    bar = ProgressBar(n_calls, "benchmark", "calls")
+            elif count % bar.every == 0:
+                bar.update(min(count, n_calls))
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 # The steps below bind what they use once: per call, the loop pays for the call and the
