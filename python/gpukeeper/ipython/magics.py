@@ -143,9 +143,9 @@ class GPUKeeperMagics(Magics):
 
         Usage::
 
-          %gpu_timeit [-n N] [-r R] [-w W] [-d DEVICE] [--no-flush] [-o] STATEMENT
-          %%gpu_timeit [options] [SETUP]
-          STATEMENTS
+            %gpu_timeit [-n N] [-r R] [-w W] [-d DEVICE] [--no-flush] [-o] STATEMENT
+            %%gpu_timeit [options] [SETUP]
+            STATEMENTS
 
         In the cell form the rest of the first line is set-up code (run once, not
         timed) and the cell's body is timed.
@@ -194,7 +194,7 @@ class GPUKeeperMagics(Magics):
 
         Usage::
 
-          %%gpu_memory [-d DEVICE] [--tolerance-mb MB]
+            %%gpu_memory [-d DEVICE] [--tolerance-mb MB]
 
         - ``-d DEVICE``: watch one device (``cuda:N``, ``N`` or ``cpu`` for gpukeeper's
           host pools only); default: every device the process uses.
@@ -235,7 +235,7 @@ class GPUKeeperMagics(Magics):
 
         Usage::
 
-          %gpu_report [-d DEVICE] [--json]
+            %gpu_report [-d DEVICE] [--json]
 
         ``-d DEVICE``: ``cuda:N``, ``N`` or ``cpu`` (default: the current CUDA device,
         else the host). ``--json``: the report as JSON (``MemoryReport.to_json()``).
