@@ -13,9 +13,8 @@ cd "$(dirname "$0")/.."
 gk_use_python
 
 "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.10" cmake ninja
-# rich: what the command line draws with. pyproject.toml does not declare it yet.
-"$PY" -m pip install -q rich
-# The `nvml` extra (nvidia-ml-py, pure Python) gives gpukeeper the device's clocks,
-# driver and per-process memory; without it those figures say what to install.
+# With its dependencies (rich) and the `nvml` extra: nvidia-ml-py (pure Python) gives
+# gpukeeper the device's clocks, driver and per-process memory; without it those figures
+# say what to install.
 "$PY" -m pip install -q --no-build-isolation ".[nvml]"
 "$PY" -c "import gpukeeper; print('installed gpukeeper', gpukeeper.__version__, gpukeeper.build_info()['cuda'] and 'CUDA core' or 'CPU-only core', 'into', __import__('sys').prefix)"
