@@ -9,6 +9,10 @@ and move when a tensor is freed, queued work or not, so no synchronize is needed
 them. Only when memory is held does it run the full cleanup (synchronize, release,
 collect garbage, measure again) against the same baseline, which tells a real leak from
 garbage in a reference cycle or a cuBLAS workspace, and names what is held.
+
+A limit: the baseline is taken without a garbage collection (it would cost every test
+milliseconds). Garbage that predates the region and is collected by the full cleanup
+lowers the level after it, and can offset a leak of the same size or smaller.
 """
 
 from __future__ import annotations
