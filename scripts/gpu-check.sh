@@ -2,7 +2,8 @@
 # The whole GPU round in one call of the device tool: build, `gpukeeper check`, the C++
 # and Python suites, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu-check.sh [--no-bench | --timing-bench | --plugin-bench]
-# Wheels in .whl/ (carried to the machine) are installed first, into /tmp/site.
+# Wheels in .whl/ (carried to the machine) are installed first, into /tmp/site; Debian
+# packages in .whl/debs/ are unpacked into /tmp/debroot.
 #   --no-bench      build, check and tests only
 #   --timing-bench  and only issue 4's benchmarks (timing accuracy, trajectory overhead)
 #   --plugin-bench  and only the pytest plugin's per-test cost (issue 11)
@@ -36,6 +37,15 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   summary "wheels: $(ls .whl | tr '\n' ' ')"
 fi
 
+# Command-line tools the machine lacks (tmux, for the watch test) travel as Debian
+# packages in .whl/debs/, unpacked beside the system, never over it.
+if ls .whl/debs/*.deb >/dev/null 2>&1; then
+  mkdir -p /tmp/debroot
+  for deb in .whl/debs/*.deb; do dpkg -x "$deb" /tmp/debroot; done
+  export PATH=/tmp/debroot/usr/bin:$PATH
+  export LD_LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
 step "build and install (pip, no isolation)"
 if "$PY" -m pip install --no-build-isolation --no-deps . >"$LOG/pip.txt" 2>&1; then
   summary "install: ok"
@@ -46,6 +56,10 @@ fi
 step "gpukeeper check"
 (cd /tmp && "$PY" -m gpukeeper check --require-gpu --json "$LOG/check.json") 2>&1 | tee "$LOG/check.txt"
 rc=${PIPESTATUS[0]}; summary "gpukeeper check: $(tail -1 "$LOG/check.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
+# What a user sees first: info's table (NVML figures with nvidia-ml-py, no hint) and report.
+(cd /tmp && COLUMNS=120 "$PY" -m gpukeeper info && COLUMNS=120 "$PY" -m gpukeeper report) > "$LOG/info.txt" 2>&1
+summary "gpukeeper info/report: rc=$? $(grep -E '^NVML' "$LOG/info.txt" | head -1 | cut -c1-100)"
+summary "tmux: $(command -v tmux || echo 'not installed (the watch-under-tmux test skips)')"
 
 step "C++ tests"
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
@@ -76,9 +90,9 @@ if [ "${1:-}" = "--timing-bench" ]; then
 elif [ "${1:-}" = "--plugin-bench" ]; then
   step "pytest plugin benchmark"
   mkdir -p "$OUT/bench"
-  "$PY" benchmarks/python/pytest_plugin_bench.py --cuda --rounds 5 --json "$OUT/bench/pytest_plugin.json" \
-    2>&1 | tee "$LOG/bench.txt"
-  summary "plugin benchmark: rc=${PIPESTATUS[0]}"; grep -E "^(leak|memory|GPUContext|plugin|--gpu)" "$LOG/bench.txt" >> "$OUT/summary.txt"
+  (cd benchmarks/python && "$PY" pytest_plugin_bench.py --cuda --skip-runs --rounds 5 \
+    --json "$OUT/bench/pytest_plugin.json") 2>&1 | tee "$LOG/bench.txt"
+  summary "plugin benchmark: rc=${PIPESTATUS[0]}"; grep -E "^(leak|memory|GPUContext|plugin|--gpu| )" "$LOG/bench.txt" >> "$OUT/summary.txt"
 elif [ "${1:-}" != "--no-bench" ]; then
   step benchmarks
   bash benchmarks/run_all.sh "$OUT/bench" 2>&1 | tee "$LOG/bench.txt"

@@ -80,15 +80,30 @@ def in_process(cuda: bool, reps: int, rounds: int) -> List[Dict[str, float]]:
         with GPUContext(warn_on_leak=False, deferred_release=False):
             pass
 
+    from gpukeeper import frameworks
     from gpukeeper.cleanup.measure import devices_in_use, measure
 
     in_use = devices_in_use(None)
+    # The leak check is two of each of devices_in_use and measure: the parts say where its
+    # time goes, down to the single reads they are made of.
+    mechanisms = [("leak check (--gpu-leaks)", leak_check), ("memory probe (--gpu-memory)", memory_probe),
+                  ("GPUContext (gpu_context)", context),
+                  ("  part: devices_in_use", lambda: devices_in_use(None)),
+                  ("  part: measure (counters)", lambda: measure(in_use)),
+                  ("    active_devices", frameworks.active_devices),
+                  ("    gpu_frameworks_loaded", frameworks.gpu_frameworks_loaded),
+                  ("    host_pool_memory", frameworks.host_pool_memory)]
+    for name, adapter in frameworks.ADAPTERS.items():
+        mechanisms.append((f"    {name}.memory", lambda a=adapter: [a.memory(d) for d in in_use]))
+    if cuda:
+        import torch
+
+        mechanisms += [("    torch memory_stats_as_nested_dict",
+                        lambda: torch.cuda.memory.memory_stats_as_nested_dict(0)),
+                       ("    torch._C._cuda_memoryStats", lambda: torch._C._cuda_memoryStats(0)),
+                       ("    torch.cuda.is_initialized", torch.cuda.is_initialized)]
     rows = []
-    # The leak check is two of each of the last two: the split says where its time goes.
-    for name, fn in (("leak check (--gpu-leaks)", leak_check), ("memory probe (--gpu-memory)", memory_probe),
-                     ("GPUContext (gpu_context)", context),
-                     ("  part: devices_in_use", lambda: devices_in_use(None)),
-                     ("  part: measure (counters)", lambda: measure(in_use))):
+    for name, fn in mechanisms:
         for _ in range(min(reps, 100)):
             fn()  # warm: first calls import and cache
         per = []

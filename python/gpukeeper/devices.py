@@ -162,5 +162,6 @@ def resolve_device(device: Any = None, what: str = "device", *, auto_cuda: bool 
     if index is None:
         index = current_cuda_index()
     if index >= count:
-        raise InvalidInputError(f"{what} {index} does not exist ({count} CUDA device(s) visible)")
+        asked = f"{device!r} (CUDA device {index})" if isinstance(device, str) else f"{index}"
+        raise InvalidInputError(f"{what} {asked} does not exist ({count} CUDA device(s) visible)")
     return DeviceSpec(CUDA, index)

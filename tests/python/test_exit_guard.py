@@ -91,6 +91,9 @@ def run_child(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A suite started in the background by a shell inherits SIGINT ignored, and Python
+        # then installs no KeyboardInterrupt handler: the child gets the default back.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         start = time.monotonic()
@@ -189,6 +192,9 @@ def _wakeup_fd() -> int:
 @pytest.fixture
 def clean_guard():
     uninstall_exit_guard()
+    # A suite started in the background by a shell inherits SIGINT ignored, and the guard
+    # leaves an ignored signal alone: these tests start from Python's own handler.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     fd = _wakeup_fd()
     yield handlers
@@ -196,6 +202,7 @@ def clean_guard():
     for s, h in handlers.items():
         assert signal.getsignal(s) is h
     assert _wakeup_fd() == fd
+    signal.signal(signal.SIGINT, inherited)
 
 
 def test_install_is_idempotent_and_uninstall_restores(clean_guard):

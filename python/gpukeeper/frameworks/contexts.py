@@ -3,7 +3,6 @@ framework made (an engine's, e.g. OpenMM's), all without creating a context."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -13,7 +12,7 @@ from gpukeeper.frameworks import pools_adapter
 from gpukeeper.frameworks.adapter import FrameworkMemory
 from gpukeeper.frameworks.cupy_adapter import cupy_cuda
 from gpukeeper.frameworks.jax_adapter import jax_gpu_devices
-from gpukeeper.frameworks.torch_adapter import torch_in_use
+from gpukeeper.frameworks.torch_adapter import torch_cuda, torch_in_use
 
 __all__ = [
     "ENGINE",
@@ -68,13 +67,8 @@ def gpu_frameworks_loaded() -> List[str]:
     """The frameworks loaded in the process that run GPU work gpukeeper can see: PyTorch
     (imported, with usable CUDA), CuPy, JAX with a GPU, and gpukeeper's device pools."""
     names = []
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "cuda"):
-        try:
-            if torch.cuda.is_available():
-                names.append("torch")
-        except Exception:
-            pass
+    if torch_in_use() is not None or torch_cuda() is not None:  # the first is cached once true
+        names.append("torch")
     if cupy_cuda() is not None:
         names.append("cupy")
     if jax_gpu_devices():

@@ -4,27 +4,45 @@ and host figures and its release."""
 from __future__ import annotations
 
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
 
 __all__ = ["PoolsAdapter", "host_pool_memory", "host_pool_peak", "live_pools", "register_pool",
            "reset_host_pool_peak"]
 
-_pools: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# Weak references keyed by id, and a tuple of them rebuilt only when a pool is registered
+# or dies: live_pools() runs several times per leak check (every test of a suite under
+# --gpu-leaks), and iterating a WeakSet costs microseconds each time. Nothing here may hold
+# a pool strongly: a pool dropped by its owner must be able to die.
+_refs: Dict[int, "weakref.ref[Any]"] = {}
+_ref_tuple: Tuple["weakref.ref[Any]", ...] = ()
 
 _DEVICE_KINDS = ("device", "async")
 _HOST_KINDS = ("host", "pinned")
 
 
+def _forget(key: int, ref: "weakref.ref[Any]") -> None:
+    global _ref_tuple
+    if _refs.get(key) is ref:
+        del _refs[key]
+    _ref_tuple = tuple(_refs.values())
+
+
 def register_pool(pool: Any) -> None:
     """Counts a MemoryPool (anything with stats/devices/emergency_cleanup_all) in reports."""
-    _pools.add(pool)
+    global _ref_tuple
+    key = id(pool)
+    known = _refs.get(key)
+    if known is not None and known() is pool:
+        return
+    _refs[key] = weakref.ref(pool, lambda ref, key=key: _forget(key, ref))
+    _ref_tuple = tuple(_refs.values())
 
 
 def live_pools() -> List[Any]:
     """Every gpukeeper pool registry alive in the process."""
-    return list(_pools)
+    return [pool for pool in (ref() for ref in _ref_tuple) if pool is not None]
 
 
 def _figures(kinds: tuple, device: Optional[int]) -> Optional[FrameworkMemory]:
