@@ -133,27 +133,34 @@ using BufferClass = py::class_<PyBuffer, std::unique_ptr<PyBuffer>>;
 // The context manager and what a buffer is: address, size, element type, device, stream.
 void def_buffer_properties(BufferClass& buffer_class) {
   buffer_class
-      .def("__enter__", [](py::object self) { return self; })
+      .def("__enter__", [](py::object self) { return self; }, "The buffer itself.")
       .def("__exit__",
            [](PyBuffer& b, const py::object&, const py::object&, const py::object&) {
              b.release();
              return false;
-           })
-      .def_property_readonly("released", [](const PyBuffer& b) { return b.released; })
+           },
+           "Releases the buffer (see release()); exceptions propagate.")
+      .def_property_readonly("released", [](const PyBuffer& b) { return b.released; },
+                             "Whether release() ran (the block may wait for views to go).")
       .def_property_readonly("ptr",
                              [](const PyBuffer& b) {
                                b.require_live("ptr");
                                return reinterpret_cast<std::uintptr_t>(b.buffer.data());
                              },
                              "Address of the first byte.")
-      .def_property_readonly("nbytes", &PyBuffer::nbytes)
+      .def_property_readonly("nbytes", &PyBuffer::nbytes, "Size in bytes (size * itemsize).")
       .def_property_readonly("size", [](const PyBuffer& b) { return b.count; },
                              "Number of elements.")
-      .def("__len__", [](const PyBuffer& b) { return b.count; })
-      .def_property_readonly("precision", [](const PyBuffer& b) { return b.precision; })
-      .def_property_readonly("device", [](const PyBuffer& b) { return b.device; })
-      .def_property_readonly("kind", [](const PyBuffer& b) { return std::string(to_string(b.kind)); })
-      .def_property_readonly("stream", [](const PyBuffer& b) { return b.buffer.stream(); })
+      .def("__len__", [](const PyBuffer& b) { return b.count; }, "Number of elements.")
+      .def_property_readonly("precision", [](const PyBuffer& b) { return b.precision; },
+                             "Element type (Precision).")
+      .def_property_readonly("device", [](const PyBuffer& b) { return b.device; },
+                             "The device_id the buffer was asked for: a CUDA ordinal, or the id "
+                             "given to a host pool.")
+      .def_property_readonly("kind", [](const PyBuffer& b) { return std::string(to_string(b.kind)); },
+                             "The pool kind it came from: 'device', 'async', 'host' or 'pinned'.")
+      .def_property_readonly("stream", [](const PyBuffer& b) { return b.buffer.stream(); },
+                             "The stream (cudaStream_t as an int) the block is ordered on.")
       .def_property_readonly("exports", [](const PyBuffer& b) { return b.exports; },
                              "Live views (buffer protocol, DLPack) of this buffer.");
 }

@@ -129,6 +129,29 @@ def _missing_tools() -> List[str]:
     return missing
 
 
+def test_cli_page_documents_every_subcommand_and_option() -> None:
+    """docs/cli.md has a section per subcommand, and every option each one accepts."""
+    import argparse
+
+    from gpukeeper.cli import parser
+
+    page = (DOCS / "cli.md").read_text()
+    top = parser()
+    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name, sub in subs.choices.items():
+        if f"## `gpukeeper {name}`" not in page:
+            missing.append(f"section gpukeeper {name}")
+        for action in sub._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # hidden aliases kept for old scripts
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help") and f"`{flag}" not in page and f" {flag}" not in page:
+                    missing.append(f"gpukeeper {name} {flag}")
+    assert "--version" in page
+    assert not missing, f"docs/cli.md lacks: {missing}"
+
+
 @pytest.mark.skipif(bool(_missing_tools()),
                     reason=f"doc tools not installed ({', '.join(_missing_tools())}): "
                            "bash scripts/docs-build.sh installs them")
