@@ -306,7 +306,7 @@ int main(int argc, char** argv) {
                             gpukeeper::stream_t s) {
     try {
       auto pool = std::make_shared<gpukeeper::CachingPool>(gpukeeper::make_resource(kind, 0),
-                                                           pool_options(true));
+                                                           pool_options(kExpandable));
       pools_measured.push_back({key, label, pool, s});
     } catch (const std::exception& e) {
       std::printf("NOTE: no %s: %s\n", label, e.what());

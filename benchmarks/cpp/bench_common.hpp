@@ -31,9 +31,21 @@ using Clock = std::chrono::steady_clock;
 // Spare-page slack of expandable segments for this run; negative: the core's default.
 inline double g_expandable_slack = -1.0;
 
-inline gpukeeper::PoolOptions pool_options(bool expandable) {
+// How a pool lays out its segments in a benchmark: all fixed, all expandable, or hybrid
+// (large requests in expandable ranges, small ones in fixed segments).
+struct SegmentLayout {
+  const char* name;   // "fixed", "expandable", "hybrid": the suffix of a mode's name
+  bool expandable;
+  bool expandable_small;
+};
+inline constexpr SegmentLayout kFixed{"fixed", false, false};
+inline constexpr SegmentLayout kExpandable{"expandable", true, true};
+inline constexpr SegmentLayout kHybrid{"hybrid", true, false};
+
+inline gpukeeper::PoolOptions pool_options(const SegmentLayout& layout) {
   gpukeeper::PoolOptions o;
-  o.expandable = expandable;
+  o.expandable = layout.expandable;
+  o.expandable_small = layout.expandable_small;
   if (g_expandable_slack >= 0.0) o.expandable_slack = g_expandable_slack;
   return o;
 }

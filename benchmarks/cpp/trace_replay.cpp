@@ -210,6 +210,10 @@ struct ModeResult {
   Summary warm;
   std::uint64_t min_capacity = 0;  // sim: the least simulated capacity the trace runs in
   int min_capacity_probes = 0;
+  // Page mappings (pages made + pages moved) per 1000 operations of the warm passes: what
+  // an expandable pool pays in driver calls once warm (each costs microseconds on a
+  // device), counted the same in simulation.
+  double warm_maps_per_kop = 0.0;
 };
 
 // One pass over the trace; frees what is still live at the end (untimed). Returns ns/op.
@@ -258,6 +262,11 @@ void replay_pool(const Trace& t, gpukeeper::CachingPool& pool,
       r->times.warm_ns_per_op.push_back(replay_pass(t, ptrs, owner, alloc, free_));
     }
     r->stats_all = pool.stats();
+    const std::uint64_t warm_ops = static_cast<std::uint64_t>(passes) * t.ops.size();
+    const std::uint64_t warm_maps =
+        (r->stats_all.pages_moved - r->stats_first.pages_moved) +
+        (r->stats_all.upstream_allocations - r->stats_first.upstream_allocations);
+    r->warm_maps_per_kop = warm_ops ? 1000.0 * static_cast<double>(warm_maps) / warm_ops : 0.0;
     r->peak_reserved_all = r->stats_all.peak_reserved_bytes;
     r->peak_allocated_all = r->stats_all.peak_allocated_bytes;
     r->warm = summarize(r->times.warm_ns_per_op);
@@ -275,9 +284,9 @@ void replay_pool(const Trace& t, gpukeeper::CachingPool& pool,
 
 // Whether one pass over the trace completes on a fresh pool over a simulated device of
 // `capacity` bytes (the pool releasing its cache and retrying when the upstream refuses).
-bool fits(const Trace& t, std::uint64_t capacity, bool expandable) {
+bool fits(const Trace& t, std::uint64_t capacity, const SegmentLayout& layout) {
   gpukeeper::CachingPool pool(std::make_unique<SimulatedDeviceResource>(capacity),
-                              pool_options(expandable));
+                              pool_options(layout));
   std::vector<void*> ptrs(t.slots, nullptr);
   std::vector<std::uint32_t> owner(t.slots, 0);
   try {
@@ -294,16 +303,17 @@ bool fits(const Trace& t, std::uint64_t capacity, bool expandable) {
 
 // The least capacity (to 0.25% or 2 MiB) in which the trace replays, by bisection between
 // the trace's peak requested bytes and the peak the pool reserved with room to spare.
-std::uint64_t min_capacity(const Trace& t, std::uint64_t upper, bool expandable, int* probes) {
+std::uint64_t min_capacity(const Trace& t, std::uint64_t upper, const SegmentLayout& layout,
+                           int* probes) {
   const std::uint64_t step = std::uint64_t{2} << 20;
   std::uint64_t lo = t.peak_rounded, hi = std::max(upper, lo + step);
   *probes = 0;
-  if (fits(t, lo, expandable)) return lo;
+  if (fits(t, lo, layout)) return lo;
   ++*probes;
   while (hi - lo > std::max(step, lo / 400)) {
     std::uint64_t mid = lo + (hi - lo) / 2;
     ++*probes;
-    if (fits(t, mid, expandable)) hi = mid; else lo = mid;
+    if (fits(t, mid, layout)) hi = mid; else lo = mid;
   }
   return hi;
 }
@@ -390,20 +400,30 @@ double meta_ratio(const Trace& t, const char* num, const char* den) {
   return y > 0 ? x / y : std::nan("");
 }
 
+// "sim", "sim-expandable", "sim-hybrid" (likewise "device..."): fixed segments keep the
+// plain name, as in earlier JSON.
+std::string mode_name(const char* upstream, const SegmentLayout& layout) {
+  return layout.expandable ? std::string(upstream) + "-" + layout.name : std::string(upstream);
+}
+
 void usage() {
   std::puts(
-      "usage: trace_replay [--mode sim|device|all] [--segments fixed|expandable|both]\n"
+      "usage: trace_replay [--mode sim|device|all] [--segments fixed|expandable|hybrid|both|all]\n"
       "                    [--passes N] [--capacity BYTES]\n"
       "                    [--no-async-reference] [--no-min-capacity] [--json PATH] TRACE...\n"
       "  --mode        sim: simulated upstream only; device: cudaMalloc upstream only;\n"
       "                all (default): sim, plus device when CUDA is usable\n"
       "  --slack X     expandable segments: spare pages kept, as a fraction of the live peak\n"
-      "  --segments    the pool's segments: fixed, expandable (PoolOptions::expandable), or\n"
-      "                both (default where the core has expandable segments)\n"
+      "  --segments    the pool's segments: fixed, expandable (PoolOptions::expandable),\n"
+      "                hybrid (expandable for large requests, fixed for small ones:\n"
+      "                PoolOptions::expandable_small = false), both (fixed and expandable)\n"
+      "                or all three (default where the core has expandable segments)\n"
       "  --passes N    warm passes after the first (default 5)\n"
       "  --capacity B  simulated device memory in bytes (default 80 GiB; suffixes K M G)\n"
       "  --no-min-capacity  skip the search for the least simulated capacity that runs\n"
       "                the trace (the pool then releases its cache when the upstream refuses)\n"
+      "  --max-ratio R exit 1 when a simulated replay's peak reserved over peak requested\n"
+      "                (all passes) exceeds R: a checked number in CI\n"
       "  --json PATH   write the results as JSON");
 }
 
@@ -427,7 +447,8 @@ int main(int argc, char** argv) {
   std::uint64_t capacity = std::uint64_t{80} << 30;
   bool async_reference = true;
   bool search_min_capacity = true;
-  std::string segments = "both";
+  double max_ratio = 0.0;  // > 0: fail when a simulated replay reserves more, over requested
+  std::string segments = "all";
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     std::string v, arg = argv[i];
@@ -449,8 +470,15 @@ int main(int argc, char** argv) {
       g_expandable_slack = std::atof(v.c_str());
     } else if (take_arg(argc, argv, &i, "--segments", &v)) {
       segments = v;
-      if (segments != "fixed" && segments != "expandable" && segments != "both") {
-        std::fprintf(stderr, "--segments must be fixed, expandable or both\n");
+      if (segments != "fixed" && segments != "expandable" && segments != "hybrid" &&
+          segments != "both" && segments != "all") {
+        std::fprintf(stderr, "--segments must be fixed, expandable, hybrid, both or all\n");
+        return 2;
+      }
+    } else if (take_arg(argc, argv, &i, "--max-ratio", &v)) {
+      max_ratio = std::atof(v.c_str());
+      if (!(max_ratio >= 1.0)) {
+        std::fprintf(stderr, "--max-ratio must be a number >= 1\n");
         return 2;
       }
     } else if (arg == "--no-min-capacity") {
@@ -471,9 +499,10 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::vector<bool> segment_kinds;
-  if (segments != "expandable") segment_kinds.push_back(false);
-  if (segments != "fixed") segment_kinds.push_back(true);
+  std::vector<SegmentLayout> layouts;
+  if (segments == "fixed" || segments == "both" || segments == "all") layouts.push_back(kFixed);
+  if (segments == "expandable" || segments == "both" || segments == "all") layouts.push_back(kExpandable);
+  if (segments == "hybrid" || segments == "all") layouts.push_back(kHybrid);
 
   std::printf("gpukeeper trace replay\n%s", environment_line().c_str());
   std::printf("segments: %s\n", segments.c_str());
@@ -524,19 +553,18 @@ int main(int argc, char** argv) {
     }
 
     std::vector<ModeResult> results;
-    for (bool expandable : segment_kinds) {
+    for (const SegmentLayout& layout : layouts) {
       if (mode != "sim" && mode != "all") break;
       ModeResult r;
-      r.mode = expandable ? "sim-expandable" : "sim";
-      r.label = expandable ? "gpukeeper pool, expandable segments, simulated upstream"
-                           : "gpukeeper pool, simulated upstream";
+      r.mode = mode_name("sim", layout);
+      r.label = std::string("gpukeeper pool, ") + layout.name + " segments, simulated upstream";
       // Streams are plain integers to a pool whose upstream is not stream ordered.
       std::vector<gpukeeper::stream_t> streams;
       for (std::size_t i = 0; i < t.streams.size(); ++i) streams.push_back(t.streams[i] == 0 ? 0 : i + 1);
       try {
         auto sim = std::make_unique<SimulatedDeviceResource>(capacity);
         SimulatedDeviceResource* sim_raw = sim.get();
-        gpukeeper::CachingPool pool(std::move(sim), pool_options(expandable));
+        gpukeeper::CachingPool pool(std::move(sim), pool_options(layout));
         replay_pool(t, pool, streams, passes, &r);
         if (r.ran && sim_raw->peak_bytes() != r.peak_reserved_all) {
           r.books += "simulated upstream's peak of held bytes " + std::to_string(sim_raw->peak_bytes()) +
@@ -549,7 +577,7 @@ int main(int argc, char** argv) {
       if (r.ran && search_min_capacity) {
         auto m0 = Clock::now();
         try {
-          r.min_capacity = min_capacity(t, r.peak_reserved_first, expandable, &r.min_capacity_probes);
+          r.min_capacity = min_capacity(t, r.peak_reserved_first, layout, &r.min_capacity_probes);
           std::printf("  %s: least capacity that runs the trace %s (%.3f x peak requested; %d probes, %.0f ms)\n",
                       r.mode.c_str(), human_size(r.min_capacity).c_str(), ratio(r.min_capacity, t.peak_requested),
                       r.min_capacity_probes, elapsed_ns(m0, Clock::now()) / 1e6);
@@ -584,17 +612,16 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         device_skip = std::string("set-up failed: ") + e.what();
       }
-      for (bool expandable : segment_kinds) {
+      for (const SegmentLayout& layout : layouts) {
         ModeResult r;
-        r.mode = expandable ? "device-expandable" : "device";
-        r.label = expandable ? "gpukeeper pool, expandable segments, device"
-                             : "gpukeeper pool, cudaMalloc upstream";
+        r.mode = mode_name("device", layout);
+        r.label = std::string("gpukeeper pool, ") + layout.name + " segments, device";
         if (!device_skip.empty()) {
           r.skipped = device_skip;
         } else {
           try {
             gpukeeper::CachingPool pool(gpukeeper::make_resource(gpukeeper::ResourceKind::device, 0),
-                                        pool_options(expandable));
+                                        pool_options(layout));
             replay_pool(t, pool, streams, passes, &r);
           } catch (const std::exception& e) {
             r.error = e.what();
@@ -679,12 +706,20 @@ int main(int argc, char** argv) {
           m.integer("pages_moved", r.stats_all.pages_moved);
           m.integer("oom_events", r.stats_all.oom_events);
           m.integer("upstream_allocations_first_pass", r.stats_first.upstream_allocations);
+          m.integer("pages_moved_first_pass", r.stats_first.pages_moved);
+          m.num("warm_maps_per_kop", r.warm_maps_per_kop);
           m.boolean("books_consistent", r.books_consistent);
           m.str("books", r.books);
         }
       }
       modes_json.push_back(m.dump(6));
       if (!r.error.empty() || !r.books_consistent) failed = true;
+      const double all_ratio = ratio(r.peak_reserved_all, t.peak_requested);
+      if (max_ratio > 0 && r.ran && r.mode.rfind("sim", 0) == 0 && !(all_ratio <= max_ratio)) {
+        std::fprintf(stderr, "  %s: %s reserved %.3f x peak requested, over --max-ratio %.3f\n",
+                     t.name.c_str(), r.mode.c_str(), all_ratio, max_ratio);
+        failed = true;
+      }
       if (!r.error.empty()) std::fprintf(stderr, "  %s: %s failed: %s\n", t.name.c_str(), r.mode.c_str(), r.error.c_str());
       if (!r.books_consistent) std::fprintf(stderr, "  %s: %s books: %s\n", t.name.c_str(), r.mode.c_str(), r.books.c_str());
       lines.push_back(Line{t.name, r.mode, &t, std::move(r)});
@@ -696,9 +731,9 @@ int main(int argc, char** argv) {
   // ---- table
   std::printf("\nPeak reserved vs peak requested / allocated (first replay on a fresh pool; "
               "'all' = after all passes)\n");
-  std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %11s\n", "trace", "mode",
+  std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %8s %11s\n", "trace", "mode",
               "peak req", "peak alloc", "peak resv", "resv/req", "resv/alloc", "all:r/req",
-              "mincap/rq", "cold ns/op", "warm ns/op", "torch r/a");
+              "mincap/rq", "cold ns/op", "warm ns/op", "maps/kop", "torch r/a");
   for (const Line& l : lines) {
     const ModeResult& r = l.r;
     double tr = meta_ratio(*l.t, "torch_max_memory_reserved", "torch_max_memory_allocated");
@@ -711,17 +746,21 @@ int main(int argc, char** argv) {
                   (!r.error.empty() ? "FAILED: " + r.error : "skipped: " + r.skipped).c_str());
       continue;
     }
-    std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %11s\n", l.trace.c_str(),
+    char maps[32];
+    std::snprintf(maps, sizeof maps, "%.2f", r.warm_maps_per_kop);
+    std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %8s %11s\n", l.trace.c_str(),
                 l.mode.c_str(), human_size(l.t->peak_requested).c_str(),
                 human_size(r.peak_allocated_first).c_str(), human_size(r.peak_reserved_first).c_str(),
                 fmt_ratio(ratio(r.peak_reserved_first, l.t->peak_requested)).c_str(),
                 fmt_ratio(ratio(r.peak_reserved_first, r.peak_allocated_first)).c_str(),
                 fmt_ratio(ratio(r.peak_reserved_all, l.t->peak_requested)).c_str(),
                 r.min_capacity ? fmt_ratio(ratio(r.min_capacity, l.t->peak_requested)).c_str() : "-",
-                fmt_ns(r.times.cold_ns_per_op).c_str(), fmt_ns(r.warm.median).c_str(), torch.c_str());
+                fmt_ns(r.times.cold_ns_per_op).c_str(), fmt_ns(r.warm.median).c_str(),
+                r.is_pool ? maps : "-", torch.c_str());
   }
   std::printf("(mincap/rq: the least simulated device capacity in which the pool runs the trace,"
               " releasing its cache when the upstream refuses, over peak requested)\n");
+  std::printf("(maps/kop: pages mapped, made or moved, per 1000 operations of the warm passes)\n");
   std::printf("(torch r/a: PyTorch's own max_memory_reserved / max_memory_allocated for the recorded run,"
               " then with expandable_segments, where the trace carries them)\n");
 

@@ -146,12 +146,12 @@ FreeIndex& CachingPool::index_of(const Block* block) {
 // Removes and returns a cached free block of at least `size` usable on `stream`.
 Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
   FreeIndex& own = stream_free(stream).index(small);
-  Block* block = own.best_fit(size);
+  Block* block = own_fit(own, size, small);
   // Unmerged blocks serve only their own size: a request that would split a block is
   // placed as if every free run were merged, which keeps large runs whole.
   if (pending_ != nullptr && (block == nullptr || block->size != size)) {
     merge_pending();
-    block = own.best_fit(size);
+    block = own_fit(own, size, small);
   }
   if (block != nullptr) {
     own.remove(block);
@@ -172,6 +172,22 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
   return nullptr;
 }
 
+// The free block of this stream to place `size` in. In an expandable class, the smallest
+// of the first few that fit whose pages under the request are all mapped, so that a warm
+// pool places blocks where pages already are instead of moving pages to where best fit
+// points (each move is an unmap, a map and an access change); else best fit. (Taking the
+// candidate with the fewest unmapped pages instead was tried: it splits the large mapped
+// runs that later large requests need, and moved 4x more pages on the transformer trace.)
+Block* CachingPool::own_fit(FreeIndex& index, std::size_t size, bool small) {
+  if (paged_ && (!small || options_.expandable_small)) {
+    Block* mapped = index.first_fit_where(size, kMappedCandidates, [this, size](const Block* b) {
+      return b->segment->table == nullptr || paged_->unmapped_pages(b->segment->table, b->addr, size) == 0;
+    });
+    if (mapped != nullptr) return mapped;
+  }
+  return index.best_fit(size);
+}
+
 std::size_t CachingPool::segment_size_for(std::size_t size, bool small) const noexcept {
   if (small) return options_.small_segment;
   if (size <= options_.large_cutoff) return options_.large_segment;
@@ -181,7 +197,7 @@ std::size_t CachingPool::segment_size_for(std::size_t size, bool small) const no
 // A new segment holding at least `size`, as one free block (not on any index), or
 // nullptr when the limit or the upstream refuses even the smallest segment that fits.
 Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
-  if (paged_) return grow_expandable(size, small, stream);
+  if (paged_ && (!small || options_.expandable_small)) return grow_expandable(size, small, stream);
   const std::size_t limit = limit_.load(std::memory_order_relaxed);
   const std::size_t reserved = reserved_.load(std::memory_order_relaxed);
   // Preferred segment first, then the least that holds the request.
@@ -203,6 +219,7 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
     Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(raw), seg_size, stream, small,
                                nullptr);
     count(reserved_, static_cast<std::ptrdiff_t>(seg_size));
+    fixed_reserved_ += seg_size;
     count(upstream_allocations_, 1);
     history_.reserved_bytes.increase(small, seg_size);
     ++history_.device_allocs;
@@ -455,7 +472,9 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
   merge_pending();
   std::size_t released = 0;
   if (paged_) {
-    released = paged_->unmap_movable(keep_reserved);
+    // Pages first, down to what the fixed segments leave of keep_reserved.
+    const std::size_t keep_pages = keep_reserved > fixed_reserved_ ? keep_reserved - fixed_reserved_ : 0;
+    released = paged_->unmap_movable(keep_pages);
     count(upstream_frees_, static_cast<std::ptrdiff_t>(released / paged_->page_size()));
     history_.device_frees += released / paged_->page_size();
     sync_reserved();
@@ -512,6 +531,7 @@ void CachingPool::release_segment(Segment* seg) {
   // goes back in stream 0's order; the stream that made the segment may be gone.
   upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, 0);
   count(reserved_, -static_cast<std::ptrdiff_t>(seg->size));
+  fixed_reserved_ -= seg->size;
   count(segment_count_, -1);
   count(upstream_frees_, 1);
   history_.reserved_bytes.decrease(seg->small, seg->size);

@@ -55,6 +55,11 @@ struct PoolOptions {
   // mapped only under allocated blocks and moved to where they are needed before new
   // ones are made (needs upstream().virtual_memory(): device and host kinds).
   bool expandable = false;
+  // With `expandable`: whether small requests (up to small_size) grow a range of their
+  // own too. false keeps them in fixed small segments: no page is ever moved for them
+  // (most operations of a training step are small), and their waste is bounded by what
+  // small segments can strand, a small share of the footprint.
+  bool expandable_small = true;
   std::size_t expandable_range = 0;  // bytes of addresses per range; 0: twice the memory
   // Spare pages kept mapped, as a fraction of the most pages live blocks touched at once:
   // 0 holds the fewest pages but moves one for nearly every placement change.
@@ -68,6 +73,8 @@ class CachingPool {
   static constexpr std::size_t kMaxRequest = std::size_t{1} << 50;
   // Freed blocks that may stay unmerged with their free neighbours at a time.
   static constexpr std::size_t kMergeWindow = 4;
+  // Free blocks an expandable class looks through for one already mapped (own_fit).
+  static constexpr unsigned kMappedCandidates = 16;
 
   // Returns the bytes it released (a guess is fine); `needed` is the failed request.
   using ReclaimCallback = std::function<std::size_t(std::size_t needed)>;
@@ -168,6 +175,7 @@ class CachingPool {
   StreamFree& stream_free(stream_t stream);
   detail::FreeIndex& index_of(const detail::Block* block);
   detail::Block* take_cached(std::size_t size, bool small, stream_t stream);
+  detail::Block* own_fit(detail::FreeIndex& index, std::size_t size, bool small);
   detail::Block* try_allocate(std::size_t size, std::size_t requested, bool small,
                               stream_t stream, bool& grew);
   detail::Block* grow(std::size_t size, bool small, stream_t stream);
@@ -222,6 +230,7 @@ class CachingPool {
   mutable SpinMutex mutex_;  // guards everything below up to the counters
   PoolHistory history_;
   std::size_t history_mapped_[2] = {0, 0};  // expandable: mapped bytes per class, as last seen
+  std::size_t fixed_reserved_ = 0;  // bytes of fixed segments (all of reserved_ without paged_)
   detail::RecordArena<detail::Block> blocks_;
   detail::RecordArena<detail::Segment> segment_records_;
   detail::Segment* segments_ = nullptr;

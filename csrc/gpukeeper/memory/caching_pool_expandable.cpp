@@ -25,7 +25,7 @@ void CachingPool::init_expandable() {
   streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
   may_create_page_fn_ = [this] {
     const std::size_t limit = limit_.load(std::memory_order_relaxed);
-    return limit == 0 || paged_->mapped_bytes() + paged_->page_size() <= limit;
+    return limit == 0 || paged_->mapped_bytes() + fixed_reserved_ + paged_->page_size() <= limit;
   };
 }
 
@@ -90,7 +90,7 @@ bool CachingPool::streams_done(std::uint64_t bits) {
 
 void CachingPool::sync_reserved() noexcept {
   if (!paged_) return;
-  const std::size_t now = paged_->mapped_bytes();
+  const std::size_t now = paged_->mapped_bytes() + fixed_reserved_;
   reserved_.store(now, std::memory_order_relaxed);
   if (now > peak_reserved_.load(std::memory_order_relaxed)) {
     peak_reserved_.store(now, std::memory_order_relaxed);

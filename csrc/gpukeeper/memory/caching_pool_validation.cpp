@@ -123,7 +123,8 @@ void CachingPool::validate_counters(const Tally& tally, detail::Text& problems) 
   }
   if (live_.size() != tally.allocated_count) problems << "live map size disagrees; ";
   auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
-  const std::size_t reserved = paged_ ? paged_->mapped_bytes() : tally.reserved;
+  // tally.reserved sums the fixed segments; expandable ranges count their mapped pages.
+  const std::size_t reserved = paged_ ? paged_->mapped_bytes() + tally.reserved : tally.reserved;
   const std::size_t allocated = tally.allocated;
   if (get(reserved_) != reserved) problems << "reserved counter " << get(reserved_) << " != " << reserved << "; ";
   if (get(segment_count_) != tally.segments) problems << "segment counter disagrees; ";

@@ -30,6 +30,24 @@ class FreeIndex {
   // smallest of a few candidates in the next non-empty bin), or nullptr.
   Block* best_fit(std::size_t bytes) const noexcept;
 
+  // In size order from the request's bin up, the first of at most `max_candidates` free
+  // blocks of at least `bytes` that `accept` takes; nullptr when none of them does.
+  // Expandable segments look for a block whose pages are mapped already before falling
+  // back to best_fit: mapping a page costs driver calls, and bytes of address do not.
+  template <typename Accept>
+  Block* first_fit_where(std::size_t bytes, unsigned max_candidates, Accept&& accept) const {
+    if (count_ == 0) return nullptr;
+    unsigned seen = 0;
+    for (unsigned bin = next_used(bin_of(bytes)); bin < kBins; bin = next_used(bin + 1)) {
+      for (Block* b = heads_[bin]; b != nullptr; b = b->free_next) {
+        if (b->size < bytes) continue;
+        if (accept(b)) return b;
+        if (++seen == max_candidates) return nullptr;
+      }
+    }
+    return nullptr;
+  }
+
   // The largest free block, or nullptr when empty.
   Block* largest() const noexcept;
 

@@ -68,6 +68,17 @@ class PagedMemory {
   bool acquire(PageTable* table, std::uintptr_t addr, std::size_t size, const StreamsDone& done,
                const std::function<bool()>& may_create);
 
+  // Pages under [addr, addr + size) of `table` that are not mapped: what placing a block
+  // there would cost in page maps.
+  std::size_t unmapped_pages(const PageTable* table, std::uintptr_t addr, std::size_t size) const noexcept {
+    const std::size_t first = (addr - table->base) / page_, last = (addr + size - 1 - table->base) / page_;
+    std::size_t missing = 0;
+    for (std::size_t i = first; i <= last; ++i) {
+      if (i >= table->pages.size() || table->pages[i].handle == 0) ++missing;
+    }
+    return missing;
+  }
+
   // Uncounts a freed block, freed on the streams in `stream_bits`.
   void release(PageTable* table, std::uintptr_t addr, std::size_t size, std::uint64_t stream_bits);
 

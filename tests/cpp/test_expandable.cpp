@@ -1,0 +1,94 @@
+// Expandable segments over host virtual memory (2 MiB pages, as CUDA's granularity): the
+// hybrid layout (large requests in expandable ranges, small ones in fixed segments) and
+// mapped-first placement (a warm pool reuses mapped pages before moving any).
+#include <vector>
+
+#include "test_support.hpp"
+
+using namespace gktest;
+using gpukeeper::SegmentSnapshot;
+
+namespace {
+
+PoolOptions expandable_options(bool small_too, double slack) {
+  PoolOptions options;
+  options.expandable = true;
+  options.expandable_small = small_too;
+  options.expandable_range = 256 * MiB;
+  options.expandable_slack = slack;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("expandable, hybrid: small requests in fixed segments, large ones in a range",
+          "[caching_pool]") {
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.03));
+  void* small = pool->allocate(4096);
+  void* large = pool->allocate(5 * MiB);
+  std::vector<SegmentSnapshot> segments = pool->snapshot();
+  REQUIRE(segments.size() == 2);
+  std::size_t fixed = 0, expandable = 0;
+  for (const SegmentSnapshot& seg : segments) {
+    if (seg.expandable) {
+      CHECK_FALSE(seg.small);
+      expandable += seg.mapped_bytes;
+    } else {
+      CHECK(seg.small);
+      CHECK(seg.size == PoolOptions{}.small_segment);
+      fixed += seg.size;
+    }
+  }
+  CHECK(fixed == 2 * MiB);
+  CHECK(expandable == 6 * MiB);  // three 2 MiB pages under 5 MiB
+  gpukeeper::PoolStats s = pool->stats();
+  CHECK(s.reserved_bytes == fixed + expandable);
+  CHECK(s.peak_reserved_bytes == fixed + expandable);
+  gpukeeper::PoolHistory h = pool->history();
+  CHECK(h.reserved_bytes.small.current == fixed);
+  CHECK(h.reserved_bytes.large.current == expandable);
+  CHECK(pool->validate() == "");
+
+  // A limit counts both kinds of memory: with 8 MiB reserved and a 9 MiB limit, the page
+  // more that 3 MiB needs is refused.
+  pool->set_limit(9 * MiB);
+  CHECK_THROWS_AS(pool->allocate(3 * MiB), gpukeeper::AllocationError);
+  CHECK(pool->validate() == "");
+  pool->set_limit(0);
+
+  pool->deallocate(small);
+  pool->deallocate(large);
+  CHECK(pool->trim(2 * MiB) > 0);  // pages first, down to what the fixed segment leaves
+  CHECK(pool->stats().reserved_bytes <= 2 * MiB);
+  pool->emergency_cleanup();
+  CHECK(pool->stats().reserved_bytes == 0);
+  CHECK(pool->validate() == "");
+}
+
+TEST_CASE("expandable: a warm pool places a block on mapped pages before moving any",
+          "[caching_pool]") {
+  // slack 0: every page beyond the most that live blocks touched at once is moved, never
+  // made, so the set-up below strips the pages from under one free block.
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.0));
+  void* a = pool->allocate(6 * MiB);    // pages 0-2
+  void* sep1 = pool->allocate(2 * MiB); // page 3
+  void* b = pool->allocate(10 * MiB);   // pages 4-8
+  void* sep2 = pool->allocate(2 * MiB); // page 9
+  pool->deallocate(a);                  // pages 0-2 stay mapped, free to move
+  void* c = pool->allocate(8 * MiB);    // does not fit where a was: new address, moved pages
+  REQUIRE(pool->stats().pages_moved > 0);
+  pool->deallocate(b);                  // pages 4-8 stay mapped under the free block
+  const gpukeeper::PoolStats before = pool->stats();
+
+  // Best fit would take a's old place (6 MiB, its pages gone) and move pages back; the
+  // block goes where pages are mapped instead, and nothing is mapped or moved.
+  void* d = pool->allocate(5 * MiB);
+  CHECK(d == b);
+  const gpukeeper::PoolStats after = pool->stats();
+  CHECK(after.pages_moved == before.pages_moved);
+  CHECK(after.upstream_allocations == before.upstream_allocations);
+  CHECK(after.reserved_bytes == before.reserved_bytes);
+  CHECK(pool->validate() == "");
+  for (void* p : {sep1, sep2, c, d}) pool->deallocate(p);
+  CHECK(pool->validate() == "");
+}
