@@ -166,6 +166,37 @@ TEST_CASE("streams: a block freed on A is reused on A at once, on B only after A
   REQUIRE(cudaGetLastError() == cudaSuccess);
 }
 
+TEST_CASE("streams: a busy stream's free blocks are adopted only once its work is done",
+          "[streams][gpu]") {
+  GK_FOR_EACH_STREAM_ORDERED_KIND();
+  TwoStreams s;
+  {
+    auto pool = make_pool(kind);
+    Gate gate;
+    // One 20 MiB segment: [a 4M on A][b 4M on B][tail 12M on B].
+    void* a = pool->allocate(4 * MiB, s.id_a());
+    void* b = pool->allocate(4 * MiB, s.id_b());
+    REQUIRE(addr(b) == addr(a) + 4 * MiB);
+    gate.block(s.b);  // B is busy from here on
+    pool->deallocate(a);
+    pool->deallocate(b);
+    const PoolStats before = pool->stats();
+    void* c = pool->allocate(18 * MiB, s.id_a());  // B's blocks are not A's to merge yet
+    REQUIRE(cudaStreamQuery(s.b) == cudaErrorNotReady);
+    CHECK(c != a);
+    CHECK(pool->stats().upstream_allocations == before.upstream_allocations + 1);
+    gate.open();
+    REQUIRE(cudaStreamSynchronize(s.b) == cudaSuccess);
+    void* d = pool->allocate(18 * MiB, s.id_a());  // B is idle: adopted and merged
+    CHECK(d == a);
+    CHECK(pool->stats().upstream_allocations == before.upstream_allocations + 1);
+    pool->deallocate(c);
+    pool->deallocate(d);
+    REQUIRE(pool->validate() == "");
+  }
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+}
+
 TEST_CASE("streams: deallocate(ptr, stream) hands the block to that stream", "[streams][gpu]") {
   GK_FOR_EACH_STREAM_ORDERED_KIND();
   TwoStreams s;

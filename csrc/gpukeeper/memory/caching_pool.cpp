@@ -111,6 +111,9 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
 Block* CachingPool::try_allocate(std::size_t size, std::size_t requested, bool small,
                                  stream_t stream, bool& grew) {
   Block* block = take_cached(size, small, stream);
+  if (block == nullptr && streams_.size() > 1 && adopt_idle_streams(stream, small)) {
+    block = take_cached(size, small, stream);
+  }
   if (block != nullptr) {
     Block* taken = carve(block, size, requested, stream);
     if (taken != nullptr) count(cache_hits_, 1);

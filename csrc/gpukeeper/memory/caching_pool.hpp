@@ -187,6 +187,8 @@ class CachingPool {
   void add_pending(detail::Block* block) noexcept;
   void remove_pending(detail::Block* block) noexcept;
   void merge_pending();
+  // caching_pool_idle_streams.cpp: free blocks of idle streams, adopted and merged.
+  bool adopt_idle_streams(stream_t stream, bool small);
   detail::Block* merge_neighbours(detail::Block* block);
   void refresh_largest() const noexcept;
   std::size_t release_free_segments(std::size_t keep_reserved);
