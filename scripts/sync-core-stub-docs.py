@@ -32,6 +32,8 @@ _SIGNATURE = re.compile(r"^\s*[\w.]+\(.*\)(\s*->\s*.+)?\s*$")
 def runtime_doc(owner: Any, name: str) -> Optional[str]:
     """The docstring of ``owner.name`` as the stub should carry it, or None."""
     obj = inspect.getattr_static(owner, name, None) if inspect.isclass(owner) else getattr(owner, name, None)
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__  # the wrapper's own __doc__ is Python's text about staticmethod
     if obj is None:
         return None
     doc = getattr(obj, "__doc__", None)

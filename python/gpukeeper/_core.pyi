@@ -78,23 +78,7 @@ class Precision:
     def value(self) -> int: ...
     @staticmethod
     def parse(value: Any) -> "Precision":
-        """Convert a function to be a static method.
-
-        A static method does not receive an implicit first argument. To declare a static
-        method, use this idiom:
-
-             class C:
-                 @staticmethod
-                 def f(arg1, arg2, argN):
-                     ...
-
-        It can be called either on the class (e.g. C.f()) or on an instance (e.g.
-        C().f()). Both the class and the instance are ignored, and neither is passed
-        implicitly as the first argument to the method.
-
-        Static methods in Python are similar to those found in Java or C++. For a more
-        advanced concept, see the classmethod builtin.
-        """
+        """A Precision from a name ('fp32', 'float32', 'half') or a numpy/torch dtype."""
 
 class PoolStats:
     """A snapshot of one pool's books (bytes and counts)."""
