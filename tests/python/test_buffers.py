@@ -33,6 +33,27 @@ def test_with_block_returns_the_buffer_on_exception(pool, balanced):
     balanced(pool)
 
 
+def test_context_protocol_methods_called_directly(pool, balanced):
+    buf = pool.get_managed_buffer(0, 8, Precision.Fp32)
+    assert buf.__enter__() is buf
+    for bad in ((), (None,), (None, None, None, None)):
+        with pytest.raises(TypeError, match="takes 3 arguments"):
+            buf.__exit__(*bad)
+    assert not buf.released  # a refused call changes nothing
+    assert buf.__exit__(None, None, None) is False  # exceptions propagate
+    assert buf.released
+    balanced(pool)
+
+
+def test_default_precision_is_fp32(pool, balanced):
+    for precision in (None, Precision.Fp32, "fp32"):
+        with pool.get_managed_buffer(0, 10, precision) as buf:
+            assert buf.precision == Precision.Fp32 and buf.nbytes == 40
+    with pool.get_managed_buffer(0, 10) as buf:
+        assert buf.precision == Precision.Fp32
+    balanced(pool)
+
+
 def test_release_twice_is_harmless(pool, balanced):
     buf = pool.get_managed_buffer(0, 10, Precision.Fp32)
     buf.release()
