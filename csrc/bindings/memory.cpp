@@ -104,6 +104,24 @@ PyMethodDef g_get_managed_buffer = {
     "A buffer of `size` elements of `precision` on `device_id`, returned to the pool when "
     "released, when its `with` block ends, or when it is garbage."};
 
+// expandable=False (fixed segments), True (every size class in expandable ranges) or
+// "large" (large requests expandable, small ones in fixed segments: no page moves for the
+// many small operations of a step).
+void set_layout(PoolOptions& options, const py::object& expandable) {
+  if (PyBool_Check(expandable.ptr())) {
+    options.expandable = expandable.ptr() == Py_True;
+    options.expandable_small = true;
+    return;
+  }
+  if (py::isinstance<py::str>(expandable) && expandable.cast<std::string>() == "large") {
+    options.expandable = true;
+    options.expandable_small = false;
+    return;
+  }
+  throw InvalidInputError("expandable must be True, False or 'large', got " +
+                          std::string(py::repr(expandable)));
+}
+
 ResourceKind resolve_kind(const std::string& kind) {
   if (kind == "auto") return cuda_status().available ? ResourceKind::device : ResourceKind::host;
   return parse_resource_kind(kind);
@@ -289,11 +307,11 @@ void init_pool_stats(py::module_& m) {
 // MemoryPool's construction and its legacy get_buffer/return_buffer.
 void def_pool_buffers(PoolClass& pool_class) {
   pool_class
-      .def(py::init([](const std::string& kind, bool expandable) {
+      .def(py::init([](const std::string& kind, const py::object& expandable) {
              PoolOptions options;
-             options.expandable = expandable;
+             set_layout(options, expandable);
              ResourceKind resolved = resolve_kind(kind);
-             if (expandable && resolved != ResourceKind::device && resolved != ResourceKind::host) {
+             if (options.expandable && resolved != ResourceKind::device && resolved != ResourceKind::host) {
                throw InvalidInputError(std::string("expandable segments need 'device' or 'host' "
                                                    "memory, not '") + to_string(resolved) + "'");
              }
@@ -301,7 +319,13 @@ void def_pool_buffers(PoolClass& pool_class) {
            }),
            py::arg("kind") = "auto", py::arg("expandable") = false)
       .def_property_readonly("expandable",
-                             [](const PoolRegistry& r) { return r.options().expandable; })
+                             [](const PoolRegistry& r) -> py::object {
+                               const PoolOptions& o = r.options();
+                               if (o.expandable && !o.expandable_small) return py::str("large");
+                               return py::bool_(o.expandable);
+                             },
+                             "True (every request in expandable ranges), 'large' (requests over "
+                             "1 MiB only; small ones in fixed segments) or False.")
       .def_property_readonly("kind",
                              [](const PoolRegistry& r) { return std::string(to_string(r.kind())); })
       .def_property_readonly("device_count", &PoolRegistry::device_count)

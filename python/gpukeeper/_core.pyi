@@ -1,6 +1,6 @@
 """Type stub of the compiled module gpukeeper._core (csrc/bindings)."""
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 class GpuError(Exception):
     """Base class of every gpukeeper error."""
@@ -220,11 +220,14 @@ class ManagedBuffer:
         """The buffer's contents as bytes, after the work queued on its stream."""
 
 class _MemoryPoolBase:
-    def __init__(self, kind: str = ..., expandable: bool = ...) -> None: ...
+    def __init__(self, kind: str = ..., expandable: Union[bool, str] = ...) -> None: ...
     @property
     def kind(self) -> str: ...
     @property
-    def expandable(self) -> bool: ...
+    def expandable(self) -> Union[bool, str]:
+        """True (every request in expandable ranges), 'large' (requests over 1 MiB only;
+        small ones in fixed segments) or False.
+        """
     @property
     def device_count(self) -> int: ...
     def get_managed_buffer(

@@ -13,7 +13,7 @@ stream at once; whole free segments go back to the driver on ``emergency_cleanup
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator, List, Set, Tuple
+from typing import Any, Iterator, List, Set, Tuple, Union
 
 from gpukeeper import _core, frameworks
 from gpukeeper._core import ManagedBuffer, PoolStats, Precision
@@ -40,10 +40,12 @@ class MemoryPool(_core._MemoryPoolBase):
     size class and maps physical pages only under allocated blocks, moving free pages to
     where they are needed before making new ones: reserved memory then follows allocated
     memory closely on workloads whose sizes change every step, at the cost of page
-    remapping on cache misses.
+    remapping on cache misses. ``expandable="large"`` does this for requests over 1 MiB
+    only and keeps small ones in fixed segments, which moves far fewer pages for about the
+    same footprint (docs/performance.md, issue 13).
     """
 
-    def __init__(self, kind: str = "auto", expandable: bool = False) -> None:
+    def __init__(self, kind: str = "auto", expandable: Union[bool, str] = False) -> None:
         super().__init__(kind, expandable)
         # Pointers handed out by get_buffer and not yet returned: return_buffer takes back
         # only these, never a block a ManagedBuffer owns (a stale pointer can alias one).
@@ -91,7 +93,7 @@ class MemoryPool(_core._MemoryPoolBase):
         return BufferBatch(self, device_id, stream)
 
     def __repr__(self) -> str:
-        extra = ", expandable=True" if self.expandable else ""
+        extra = f", expandable={self.expandable!r}" if self.expandable else ""
         return f"MemoryPool(kind={self.kind!r}{extra}, devices={self.devices()})"
 
 

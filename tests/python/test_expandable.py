@@ -87,6 +87,26 @@ def test_expandable_small_blocks_share_pages():
     assert pool.validate(0) == ""
 
 
+def test_large_layout_keeps_small_blocks_in_fixed_segments_and_data_intact():
+    pool = MemoryPool("host", expandable="large")
+    assert pool.expandable == "large" and "expandable='large'" in repr(pool)
+    peak = replay(pool, seed=11)
+    layouts = {(seg.small, seg.expandable) for seg in pool.snapshot(0)}
+    assert layouts <= {(True, False), (False, True)}  # small fixed, large expandable
+    assert (False, True) in layouts
+    assert pool.stats(0).peak_reserved_bytes / peak < 1.15
+    assert pool.validate(0) == ""
+    assert pool.stats(0).allocated_bytes == 0
+    pool.emergency_cleanup(0)
+    assert pool.stats(0).reserved_bytes == 0
+
+
+@pytest.mark.parametrize("bad", ["small", "yes", 1, 0, None, 1.0])
+def test_expandable_takes_true_false_or_large(bad):
+    with pytest.raises(InvalidInputError, match="True, False or 'large'"):
+        MemoryPool("host", expandable=bad)
+
+
 @pytest.mark.parametrize("kind", ["pinned", "async"])
 def test_expandable_needs_device_or_host_memory(kind):
     with pytest.raises(InvalidInputError):
