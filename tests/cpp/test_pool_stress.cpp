@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <thread>
 #include <vector>
@@ -19,9 +20,12 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "gpukeeper/memory/fault_injecting_resource.hpp"
 #include "test_support.hpp"
 
 using namespace gktest;
+using gpukeeper::FaultInjectingResource;
+using gpukeeper::FaultPlan;
 
 namespace {
 
@@ -40,6 +44,13 @@ struct StressConfig {
   double max_log2 = 26.0;    // 64 MiB
   std::size_t cap_per_thread = 256 * MiB;  // live bytes
   int alloc_percent = 55;
+  // With an upstream that refuses on purpose: AllocationError is an allowed outcome
+  // (counted), any other exception is not.
+  bool refusals_allowed = false;
+  // Per mille of operations that are instead a trim() or an emergency_cleanup().
+  int maintenance_permille = 0;
+  // The pool's limit (0: none); the checker fails the run if reserved ever exceeds it.
+  std::size_t limit = 0;
 };
 
 struct Worker {
@@ -47,7 +58,7 @@ struct Worker {
   std::vector<LiveBlock> live;
   std::size_t live_bytes = 0;
   std::string error;  // the first thing that went wrong (Catch's macros are not thread-safe)
-  std::size_t allocations = 0, frees = 0;
+  std::size_t allocations = 0, frees = 0, refusals = 0, maintenance = 0;
 };
 
 class Stress {
@@ -81,6 +92,13 @@ class Stress {
     void* p = nullptr;
     try {
       p = pool_->allocate(size, stream);
+    } catch (const AllocationError&) {
+      if (cfg_.refusals_allowed) {
+        ++w.refusals;
+        return;
+      }
+      w.error = "allocate(" + std::to_string(size) + ") was refused";
+      return;
     } catch (const std::exception& e) {
       w.error = "allocate(" + std::to_string(size) + ") threw: " + e.what();
       return;
@@ -161,6 +179,11 @@ class Stress {
           checker_error = "validate() during the run: " + problems;
           return;
         }
+        if (cfg_.limit != 0 && s.reserved_bytes > cfg_.limit) {
+          checker_error = "reserved " + std::to_string(s.reserved_bytes) + " bytes, over the limit " +
+                          std::to_string(cfg_.limit);
+          return;
+        }
         if (s.largest_free_block > s.cached_bytes || s.fragmentation() < 0.0 ||
             s.fragmentation() > 1.0) {
           checker_error = "inconsistent snapshot: largest free block above cached bytes";
@@ -179,6 +202,10 @@ class Stress {
           return;
         }
         for (int op = 0; op < cfg_.ops_per_round && w.error.empty(); ++op) {
+          if (cfg_.maintenance_permille > 0 && static_cast<int>(w.rng() % 1000) < cfg_.maintenance_permille) {
+            maintain(w);
+            continue;
+          }
           bool alloc = w.live.empty() || static_cast<int>(w.rng() % 100) < cfg_.alloc_percent;
           if (alloc) {
             allocate_one(w, t, op);
@@ -197,6 +224,26 @@ class Stress {
     }
     REQUIRE(checker_error == "");
     REQUIRE(checks > 0);
+  }
+
+  // A trim to a random level or an emergency_cleanup, racing the other threads.
+  void maintain(Worker& w) {
+    try {
+      if (w.rng() % 2 == 0) {
+        pool_->emergency_cleanup();
+      } else {
+        pool_->trim(static_cast<std::size_t>(w.rng() % (512 * MiB)));
+      }
+      ++w.maintenance;
+    } catch (const std::exception& e) {
+      w.error = std::string("trim/emergency_cleanup threw: ") + e.what();
+    }
+  }
+
+  std::size_t total(std::size_t Worker::*field) const {
+    std::size_t sum = 0;
+    for (const auto& w : workers_) sum += w.*field;
+    return sum;
   }
 
   // All threads stopped: the live blocks are exactly what the pool's books say.
@@ -375,6 +422,78 @@ TEST_CASE("stress: small blocks, 8 threads, high churn", "[stress]") {
   cfg.max_log2 = 16.0;  // 64 KiB
   cfg.cap_per_thread = 8 * MiB;
   Stress(pool, cfg, streams.ids()).run();
+  pool.reset();
+}
+
+// Operations for the fault-injection stress: GPUKEEPER_STRESS_OPS (the GPU round sets 10
+// million), else a bound that keeps CI short.
+int stress_ops(int fallback) {
+  const char* env = std::getenv("GPUKEEPER_STRESS_OPS");
+  if (env == nullptr || *env == '\0') return fallback;
+  const long long n = std::atoll(env);
+  return n > 0 ? static_cast<int>(std::min<long long>(n, 1000000000LL)) : fallback;
+}
+
+TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and reclaim racing",
+          "[stress]") {
+  // The upstream refuses every 97th call and 2% of the others at random; the pool has a
+  // limit, reclaim callbacks run when it is short, and workers trim or empty it while the
+  // others allocate. After every round the books must still equal the live blocks; every
+  // failure must be AllocationError; reserved never exceeds the limit.
+  const ResourceKind kind =
+      GENERATE(ResourceKind::host, ResourceKind::device, ResourceKind::async, ResourceKind::pinned);
+  INFO("memory kind: " << gpukeeper::to_string(kind));
+  GK_SKIP_UNLESS_USABLE(kind);
+  const bool expandable = GENERATE(false, true);
+  INFO("expandable segments: " << expandable);
+  if (expandable && kind != ResourceKind::host && kind != ResourceKind::device) {
+    GK_SKIP("expandable segments need device or host memory");
+  }
+  StressStreams streams(kind);
+  FaultPlan plan;
+  plan.every_nth = 97;
+  plan.probability = 0.02;
+  plan.seed = 2026;
+  PoolOptions options;
+  options.expandable = expandable;
+  auto faults = std::make_unique<FaultInjectingResource>(gpukeeper::make_resource(kind, 0), plan);
+  FaultInjectingResource* injector = faults.get();
+  std::shared_ptr<CachingPool> pool;
+  try {
+    pool = std::make_shared<CachingPool>(std::move(faults), options);
+  } catch (const GpuError& e) {
+    GK_SKIP(std::string("expandable segments: ") + e.what());
+  }
+  std::atomic<int> reclaims{0};
+  pool->add_reclaim_callback([&](std::size_t) {
+    ++reclaims;
+    return std::size_t{0};
+  });
+  StressConfig cfg;
+  cfg.threads = 8;
+  cfg.rounds = 4;
+  const int total_ops = stress_ops(kind == ResourceKind::host ? 320000 : 160000);
+  cfg.ops_per_round = std::max(1000, total_ops / (cfg.threads * cfg.rounds));
+  cfg.max_log2 = 24.0;  // 16 MiB
+  cfg.cap_per_thread = 96 * MiB;
+  cfg.limit = 512 * MiB;  // below the 768 MiB that 8 threads may hold at once: it bites
+  cfg.refusals_allowed = true;
+  cfg.maintenance_permille = 2;
+  pool->set_limit(cfg.limit);
+  Stress stress(pool, cfg, streams.ids());
+  stress.run();
+  INFO("upstream calls " << injector->calls() << ", refused on purpose " << injector->injected());
+  CHECK(injector->injected() > 0);
+  CHECK(stress.total(&Worker::maintenance) > 0);
+  CHECK(pool->stats().reserved_bytes == 0);  // run() ends with an emergency_cleanup
+  CHECK(injector->outstanding_bytes() == 0);
+  CHECK(injector->outstanding_pages() == 0);
+  WARN("fault stress (" << gpukeeper::to_string(kind) << (expandable ? ", expandable" : "")
+       << "): " << stress.total(&Worker::allocations) << " allocations, " << stress.total(&Worker::frees)
+       << " frees, " << stress.total(&Worker::refusals) << " refused (AllocationError), "
+       << injector->injected() << " upstream calls refused on purpose of " << injector->calls()
+       << ", " << stress.total(&Worker::maintenance) << " trims/cleanups, " << reclaims.load()
+       << " reclaim calls");
   pool.reset();
 }
 
