@@ -508,7 +508,7 @@ int main(int argc, char** argv) {
   std::printf("segments: %s\n", segments.c_str());
   const gpukeeper::CudaStatus cuda = gpukeeper::cuda_status();
   const bool want_device = mode == "device" || mode == "all";
-  const bool run_device = want_device && cuda.available;
+  [[maybe_unused]] const bool run_device = want_device && cuda.available;  // unused without CUDA
   std::string note;
   if (want_device && !cuda.available) {
     note = "CUDA unavailable (" + cuda.reason + "): device mode skipped, simulated upstream only";
