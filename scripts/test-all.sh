@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs every test: the C++ suite (Catch2 via ctest) in
-# the default build and in a CPU-only build, then the Python suite (pytest). Arguments go
-# to pytest.
+# the default build and in a CPU-only build under AddressSanitizer and UBSan, then the
+# Python suite (pytest). Arguments go to pytest.
 #
 # Python: the active virtual environment or conda environment; else $PYTHON; else the
 # virtual environment .venv in the repository root, made on first use with the system
@@ -39,11 +39,10 @@ if [ "$SKIP_CPP" != 1 ]; then
   cmake --build "$BUILD" -j "$(nproc)"
   ctest --test-dir "$BUILD" --output-on-failure
 
-  echo "== C++ tests (CPU-only build) =="
-  cmake -S . -B "$BUILD-cpu" "${GEN[@]}" -DGPUKEEPER_BUILD_TESTS=ON -DGPUKEEPER_BUILD_PYTHON=OFF \
-    -DGPUKEEPER_WITH_CUDA=OFF >/dev/null
-  cmake --build "$BUILD-cpu" -j "$(nproc)"
-  ctest --test-dir "$BUILD-cpu" --output-on-failure
+  # The CPU-only build is the sanitized one too: AddressSanitizer and UndefinedBehavior-
+  # Sanitizer over every C++ test, any finding a failure (scripts/sanitizers.sh).
+  echo "== C++ tests (CPU-only build, under ASan + UBSan) =="
+  GPUKEEPER_ASAN_BUILD="$BUILD-cpu" bash scripts/sanitizers.sh asan
 fi
 
 echo "== Python tests =="
