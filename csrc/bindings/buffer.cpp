@@ -241,9 +241,14 @@ void def_buffer_copies(BufferClass& buffer_class) {
   buffer_class
       .def(
           "copy_from_host",
-          [](PyBuffer& b, py::buffer data) {
+          [](PyBuffer& b, const py::object& data) {
             b.require_live("copy_from_host");
-            py::buffer_info info = data.request();
+            if (!PyObject_CheckBuffer(data.ptr())) {
+              throw InvalidInputError("copy_from_host: data must support the buffer protocol "
+                                      "(bytes, bytearray, a numpy array, ...), got " +
+                                      std::string(Py_TYPE(data.ptr())->tp_name));
+            }
+            py::buffer_info info = py::reinterpret_borrow<py::buffer>(data).request();
             std::size_t bytes = static_cast<std::size_t>(info.size) * info.itemsize;
             if (bytes > b.nbytes()) {
               throw InvalidInputError("copy_from_host: " + std::to_string(bytes) +

@@ -46,6 +46,10 @@ class MemoryPool(_core._MemoryPoolBase):
     """
 
     def __init__(self, kind: str = "auto", expandable: Union[bool, str] = False) -> None:
+        if not isinstance(kind, str):
+            raise InvalidInputError(
+                "kind must be 'auto', 'device', 'async', 'pinned' or 'host', got "
+                f"{type(kind).__name__} {kind!r}")
         super().__init__(kind, expandable)
         # Pointers handed out by get_buffer and not yet returned: return_buffer takes back
         # only these, never a block a ManagedBuffer owns (a stale pointer can alias one).

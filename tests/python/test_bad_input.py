@@ -355,3 +355,32 @@ def test_books_balance_after_a_storm_of_bad_calls(pool, balanced):
     balanced(pool, sum(b.nbytes + (-b.nbytes % 256) for b in live))
     for b in live:
         b.release()
+
+
+# ------------------------------------------------------------------ inputs that escaped the error types (issue 15)
+
+
+@pytest.mark.parametrize("kind", [None, 0, b"host", ["host"]])
+def test_pool_kind_of_the_wrong_type_is_a_typed_error(kind):
+    with pytest.raises(InvalidInputError, match="kind must be"):
+        MemoryPool(kind)
+
+
+@pytest.mark.parametrize("data", [None, 3, "text", object()])
+def test_copy_from_host_of_something_without_the_buffer_protocol(warm, data):
+    with warm.get_managed_buffer(0, 4, Precision.Uint8) as buf:
+        buf.copy_from_host(b"\x01\x02\x03\x04")
+        unchanged(warm, lambda: buf.copy_from_host(data), match="buffer protocol")
+        assert buf.to_bytes() == b"\x01\x02\x03\x04"  # the contents are untouched
+
+
+def test_gpu_context_exit_without_enter_is_a_typed_error():
+    from gpukeeper import GPUContext
+
+    ctx = GPUContext()
+    with pytest.raises(InvalidInputError, match="without a matching __enter__"):
+        ctx.__exit__(None, None, None)
+    with ctx:  # the context is still usable
+        pass
+    with pytest.raises(InvalidInputError):
+        ctx.__exit__(None, None, None)  # the one enter was matched already

@@ -175,7 +175,12 @@ class GPUContext(contextlib.ContextDecorator):
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        frame: _Frame = self._local.frames.pop()
+        frames = getattr(self._local, "frames", None)
+        if not frames:
+            raise InvalidInputError(
+                "GPUContext.__exit__ without a matching __enter__ (on this thread): "
+                "use it as `with GPUContext():`")
+        frame: _Frame = frames.pop()
         if tb is not None and not self.keep_traceback_locals:
             clear_traceback_frames(tb)  # frees what the failed calls' locals hold
         if frame.tracker is not None:
