@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <climits>
 #include <cstring>
 #include <stdexcept>
 
@@ -522,9 +523,10 @@ void def_pool_callbacks(PoolClass& pool_class) {
           "Calls callback(pressure) when the pool's pressure rises to level; re-arms below.")
       .def(
           "remove_watermark",
-          [](PoolRegistry& reg, const py::handle& device, int id) {
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& callback_id) {
+            const std::size_t id = to_count(callback_id, "callback_id");
             auto pool = reg.find(to_device_id(device));
-            return pool && pool->remove_watermark(id);
+            return pool && id <= static_cast<std::size_t>(INT_MAX) && pool->remove_watermark(static_cast<int>(id));
           },
           py::arg("device_id"), py::arg("callback_id"))
       .def(
@@ -547,9 +549,10 @@ void def_pool_callbacks(PoolClass& pool_class) {
           "pool dropped its cache; it may free memory and return how much (or None).")
       .def(
           "remove_reclaim_callback",
-          [](PoolRegistry& reg, const py::handle& device, int id) {
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& callback_id) {
+            const std::size_t id = to_count(callback_id, "callback_id");
             auto pool = reg.find(to_device_id(device));
-            return pool && pool->remove_reclaim_callback(id);
+            return pool && id <= static_cast<std::size_t>(INT_MAX) && pool->remove_reclaim_callback(static_cast<int>(id));
           },
           py::arg("device_id"), py::arg("callback_id"))
       .def("devices", [](const PoolRegistry& reg) {

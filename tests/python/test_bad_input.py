@@ -384,3 +384,81 @@ def test_gpu_context_exit_without_enter_is_a_typed_error():
         pass
     with pytest.raises(InvalidInputError):
         ctx.__exit__(None, None, None)  # the one enter was matched already
+
+
+# ------------------------------------------------------------------ one table across the public entry points
+
+_MANY_BAD = [
+    # (label, call on a warm host pool `p` and its live buffer `b`, a word the message names)
+    ("size beyond any machine", lambda p, b: p.get_managed_buffer(0, 2**60), "size"),
+    ("size a float", lambda p, b: p.get_managed_buffer(0, 1.5), "size"),
+    ("size negative", lambda p, b: p.get_managed_buffer(0, -1), "size"),
+    ("precision unknown", lambda p, b: p.get_managed_buffer(0, 4, "fp99"), "fp99"),
+    ("stream a string", lambda p, b: p.get_managed_buffer(0, 4, stream="x"), "stream"),
+    ("device id beyond the kind", lambda p, b: p.get_managed_buffer(5, 4), "device"),
+    ("device id negative", lambda p, b: p.get_managed_buffer(-1, 4), "device_id"),
+    ("device id a bool", lambda p, b: p.get_managed_buffer(True, 4), "device_id"),
+    ("device id a string", lambda p, b: p.get_managed_buffer("a", 4), "device_id"),
+    ("limit a string", lambda p, b: p.set_max_pool_size(0, "a"), "max"),
+    ("limit negative", lambda p, b: p.set_max_pool_size(0, -5), "max pool size"),
+    ("trim keep negative", lambda p, b: p.trim(0, -1), "keep_bytes"),
+    ("trim keep a string", lambda p, b: p.trim(0, "x"), "keep_bytes"),
+    ("pressure of a string device", lambda p, b: p.memory_pressure("a"), "device_id"),
+    ("watermark level 0", lambda p, b: p.add_watermark(0, 0, print), "level"),
+    ("watermark level 2", lambda p, b: p.add_watermark(0, 2.0, print), "level"),
+    ("watermark level nan", lambda p, b: p.add_watermark(0, float("nan"), print), "level"),
+    ("watermark callback not callable", lambda p, b: p.add_watermark(0, 0.5, 3), "callable"),
+    ("watermark id a string", lambda p, b: p.remove_watermark(0, "x"), "callback_id"),
+    ("watermark id negative", lambda p, b: p.remove_watermark(0, -2), "callback_id"),
+    ("reclaim callback None", lambda p, b: p.add_reclaim_callback(0, None), "callable"),
+    ("reclaim id a string", lambda p, b: p.remove_reclaim_callback(0, "x"), "callback_id"),
+    ("stats of None", lambda p, b: p.stats(None), "device_id"),
+    ("history of a string", lambda p, b: p.history("x"), "device_id"),
+    ("snapshot of a negative id", lambda p, b: p.snapshot(-3), "device_id"),
+    ("batch on a string device", lambda p, b: p.create_buffer_batch("x"), "device_id"),
+    ("copy more than fits", lambda p, b: b.copy_from_host(b"x" * 1000), "fit"),
+    ("copy of None", lambda p, b: b.copy_from_host(None), "buffer protocol"),
+    ("precision parse unknown", lambda p, b: Precision.parse("nope"), "nope"),
+    ("pool kind None", lambda p, b: MemoryPool(None), "kind"),
+    ("pool kind unknown", lambda p, b: MemoryPool("gpu"), "gpu"),
+    ("pool expandable 'small'", lambda p, b: MemoryPool("host", expandable="small"), "expandable"),
+]
+
+
+@pytest.mark.parametrize("label, call, word", _MANY_BAD, ids=[row[0] for row in _MANY_BAD])
+def test_bad_input_table_pool_and_buffers(warm, label, call, word):
+    """Each bad input is a typed gpukeeper error naming what was wrong; the pool's books
+    are unchanged afterwards."""
+    with warm.get_managed_buffer(0, 10, Precision.Fp32) as buf:
+        error = unchanged(warm, lambda: call(warm, buf), error=GpuError)
+        assert isinstance(error, InvalidInputError), (label, type(error))
+        assert word.lower() in str(error).lower(), (label, str(error))
+
+
+_API_BAD = [
+    ("GPUContext tolerance negative", lambda: gpukeeper.GPUContext(tolerance_bytes=-1), "tolerance"),
+    ("GPUContext warn_on_leak a string", lambda: gpukeeper.GPUContext(warn_on_leak="yes"), "warn_on_leak"),
+    ("GPUContext raise_on_leak 1", lambda: gpukeeper.GPUContext(raise_on_leak=1), "raise_on_leak"),
+    ("GPUContext track_allocations None", lambda: gpukeeper.GPUContext(track_allocations=None), "track"),
+    ("GPUContext collect a string", lambda: gpukeeper.GPUContext(collect="x"), "collect"),
+    ("GPUContext device a word", lambda: gpukeeper.GPUContext("gpu9"), "gpu9"),
+    ("benchmark of a non-callable", lambda: gpukeeper.benchmark_function(3), "callable"),
+    ("benchmark with no calls", lambda: gpukeeper.benchmark_function(print, n_calls=0), "n_calls"),
+    ("benchmark on a bad device", lambda: gpukeeper.benchmark_function(print, device="gpu9"), "gpu9"),
+    ("timer on a bad device", lambda: gpukeeper.CUDATimer(device="x"), "device"),
+    ("report of a bad device", lambda: gpukeeper.memory_report(device="x"), "device"),
+    ("report of a missing device", lambda: gpukeeper.memory_report(device=99), "99"),
+    ("cleanup of an int", lambda: gpukeeper.cleanup_models(3), "int"),
+    ("trajectory of an int", lambda: gpukeeper.benchmark_md_trajectory(print, 5), "int"),
+    ("trajectory timestep negative",
+     lambda: gpukeeper.benchmark_md_trajectory(print, [1], timestep_fs=-1), "timestep"),
+    ("compare of nothing", lambda: gpukeeper.compare_implementations({}), "impls"),
+]
+
+
+@pytest.mark.parametrize("label, call, word", _API_BAD, ids=[row[0] for row in _API_BAD])
+def test_bad_input_table_api(label, call, word):
+    with pytest.raises(GpuError) as info:
+        call()
+    assert isinstance(info.value, InvalidInputError), (label, type(info.value))
+    assert word.lower() in str(info.value).lower(), (label, str(info.value))

@@ -133,7 +133,10 @@ class GPUContext(contextlib.ContextDecorator):
         release_names: bool = False,
     ) -> None:
         self._fixed = _parse_device(device)
-        for name, flag in (("deferred_release", deferred_release), ("release_names", release_names)):
+        flags = (("warn_on_leak", warn_on_leak), ("raise_on_leak", raise_on_leak),
+                 ("track_allocations", track_allocations), ("keep_traceback_locals", keep_traceback_locals),
+                 ("deferred_release", deferred_release), ("release_names", release_names))
+        for name, flag in flags:
             if not isinstance(flag, bool):
                 raise InvalidInputError(f"GPUContext: {name} must be True or False, got {flag!r}")
         if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
