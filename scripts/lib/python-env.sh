@@ -43,22 +43,22 @@ gk_export() {
   fi
 }
 
+# An active environment at DIR: its bin/python, or MESSAGE and status 2 when it has none.
+gk_use_active() {
+  GK_PY_KIND=active
+  if [ ! -x "$1/bin/python" ]; then
+    gk_say "$2"
+    return 2
+  fi
+  gk_export "$1/bin/python" path
+}
+
 # Sets GK_PY_KIND (active|python|venv) and PY without creating anything.
 gk_find_python() {
   if [ -n "${VIRTUAL_ENV:-}" ]; then
-    GK_PY_KIND=active
-    if [ ! -x "$VIRTUAL_ENV/bin/python" ]; then
-      gk_say "VIRTUAL_ENV=$VIRTUAL_ENV has no bin/python (a stale activation? run 'deactivate')"
-      return 2
-    fi
-    gk_export "$VIRTUAL_ENV/bin/python" path
+    gk_use_active "$VIRTUAL_ENV" "VIRTUAL_ENV=$VIRTUAL_ENV has no bin/python (a stale activation? run 'deactivate')"
   elif [ -n "${CONDA_PREFIX:-}" ]; then
-    GK_PY_KIND=active
-    if [ ! -x "$CONDA_PREFIX/bin/python" ]; then
-      gk_say "the conda environment $CONDA_PREFIX has no python: 'conda install python' there"
-      return 2
-    fi
-    gk_export "$CONDA_PREFIX/bin/python" path
+    gk_use_active "$CONDA_PREFIX" "the conda environment $CONDA_PREFIX has no python: 'conda install python' there"
   elif [ -n "${PYTHON:-}" ]; then
     GK_PY_KIND=python
     if ! command -v "$PYTHON" >/dev/null; then

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 from gpukeeper.cli import check_cmd, compare_cmd, info_cmd, report_cmd, timeit_cmd, watch_cmd
 from gpukeeper.cli.output import EXIT_CODES, INTERRUPTED, PIPE_CLOSED, USAGE, UserError
@@ -35,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with its usage errors as one line and exit code 2 (as argparse does),
     plus a hint to --help."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+    def error(self, message: str) -> NoReturn:
         self.exit(USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

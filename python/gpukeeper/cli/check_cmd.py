@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpukeeper.cli.output import FAILED, OK, check_json_target, console, write_json
+from gpukeeper.cli.output import (
+    FAILED, OK, add_json_option, check_json_target, console, write_json,
+)
 
 __all__ = ["add_parser"]
 
@@ -24,8 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "timer's accuracy against calibration kernels. Without CUDA the host pool is "
                     "checked and the verdict says the machine is in CPU mode.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                   help="also write the results as JSON to FILE, or to stdout with - (the default)")
+    add_json_option(p, "also write the results")
     p.add_argument("--require-gpu", action="store_true",
                    help="fail when CUDA is unusable instead of checking CPU mode")
     p.set_defaults(func=run)

@@ -15,7 +15,9 @@ import json
 from pathlib import Path
 from typing import Dict, List
 
-from gpukeeper.cli.output import FAILED, OK, UserError, check_json_target, console, plain, write_json
+from gpukeeper.cli.output import (
+    FAILED, OK, UserError, add_json_option, check_json_target, console, plain, write_json,
+)
 
 __all__ = ["add_parser", "load_results"]
 
@@ -36,8 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="exit 1 when a result is slower beyond the noise by more than this (median:5%%)")
     p.add_argument("--stat", default=None,
                    help="the statistic compared (median by default, or --fail's)")
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                   help="write the comparisons as JSON to FILE, or to stdout with - (the default)")
+    add_json_option(p, "write the comparisons")
     p.set_defaults(func=run)
 
 

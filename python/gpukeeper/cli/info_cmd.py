@@ -9,7 +9,7 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, List
 
-from gpukeeper.cli.output import OK, check_json_target, console, write_json
+from gpukeeper.cli.output import OK, add_json_option, check_json_target, console, write_json
 
 __all__ = ["add_parser", "environment"]
 
@@ -31,8 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "the core was built, whether CUDA is usable (and why not), each device's "
                     "specifications, the installed frameworks and whether NVML answers.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                   help="write the environment export as JSON to FILE, or to stdout with - (the default)")
+    add_json_option(p, "write the environment export")
     p.add_argument("--export-json", metavar="FILE", help=argparse.SUPPRESS)  # seed 004's spelling
     p.set_defaults(func=run)
 

@@ -6,6 +6,7 @@ Exit codes, the same for every subcommand (also in ``gpukeeper --help``).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -59,6 +60,13 @@ def console(stream: Optional[TextIO] = None) -> Any:
     if os.environ.get("NO_COLOR"):  # no-color.org: and no bold either, whatever FORCE_COLOR says
         return _Console(file=stream, highlight=False, soft_wrap=not tty, color_system=None, no_color=True)
     return _Console(file=stream, highlight=False, soft_wrap=not tty)
+
+
+def add_json_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """Adds ``--json [FILE|-]`` (``-``, stdout, when no FILE is given); ``what`` starts
+    its help, e.g. "write the reports"."""
+    parser.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
+                        help=f"{what} as JSON to FILE, or to stdout with - (the default)")
 
 
 def check_json_target(target: Optional[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpukeeper.cli.output import OK, UserError, check_json_target, console, write_json
+from gpukeeper.cli.output import OK, UserError, add_json_option, check_json_target, console, write_json
 
 __all__ = ["add_parser", "reports_for"]
 
@@ -24,8 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="all", metavar="N|all",
                    help="a CUDA ordinal, cuda:N, cpu, or all (the default)")
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                   help="write the reports as JSON to FILE, or to stdout with - (the default)")
+    add_json_option(p, "write the reports")
     p.add_argument("--no-nvml", action="store_true", help="skip NVML (faster; no per-process split)")
     p.set_defaults(func=run)
 

@@ -8,7 +8,9 @@ import ast
 import textwrap
 from typing import Any, Callable, Dict, List
 
-from gpukeeper.cli.output import OK, UserError, check_json_target, console, plain, write_json
+from gpukeeper.cli.output import (
+    OK, UserError, add_json_option, check_json_target, console, plain, write_json,
+)
 
 __all__ = ["add_parser", "compile_statement"]
 
@@ -32,8 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-d", "--device", default=None, help="cuda:N, N or cpu (default: CUDA when the setup "
                                                         "made a framework use it, else the CPU)")
     p.add_argument("--no-flush", action="store_true", help="do not flush the L2 cache between calls")
-    p.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                   help="write the BenchmarkResult as JSON to FILE, or to stdout with - (the default)")
+    add_json_option(p, "write the BenchmarkResult")
     p.set_defaults(func=run)
 
 
