@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gpukeeper.cli.output import (
-    FAILED, OK, add_json_option, check_json_target, console, write_json,
+    FAILED, OK, add_command, add_json_option, check_json_target, console, write_json,
 )
 
 __all__ = ["add_parser"]
@@ -19,13 +19,13 @@ EXAMPLES = """examples:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "check", help="is this installation sound on this machine? (the main job)",
+    p = add_command(
+        sub, "check", help="is this installation sound on this machine? (the main job)",
         description="Runs real work through the installation: allocations, copies, a round "
                     "trip of data, the pool's books, typed errors on bad input, and on a GPU the "
                     "timer's accuracy against calibration kernels. Without CUDA the host pool is "
                     "checked and the verdict says the machine is in CPU mode.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES)
     add_json_option(p, "also write the results")
     p.add_argument("--require-gpu", action="store_true",
                    help="fail when CUDA is unusable instead of checking CPU mode")

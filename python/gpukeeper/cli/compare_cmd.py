@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Dict, List
 
 from gpukeeper.cli.output import (
-    FAILED, OK, UserError, add_json_option, check_json_target, console, plain, write_json,
+    FAILED, OK, UserError, add_command, add_json_option, check_json_target, console, plain,
+    write_json,
 )
 
 __all__ = ["add_parser", "load_results"]
@@ -28,10 +29,10 @@ EXAMPLES = """examples:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "compare", help="noise-aware verdicts on two saved benchmark runs",
+    p = add_command(
+        sub, "compare", help="noise-aware verdicts on two saved benchmark runs",
         description=plain(__doc__.split("\n\n", 1)[1]),
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES)
     p.add_argument("old", metavar="OLD.json")
     p.add_argument("new", metavar="NEW.json")
     p.add_argument("--fail", metavar="STAT:PERCENT",

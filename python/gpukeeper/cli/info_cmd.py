@@ -9,7 +9,9 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, List
 
-from gpukeeper.cli.output import OK, add_json_option, check_json_target, console, write_json
+from gpukeeper.cli.output import (
+    OK, add_command, add_json_option, check_json_target, console, write_json,
+)
 
 __all__ = ["add_parser", "environment"]
 
@@ -25,12 +27,12 @@ FRAMEWORKS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib", 
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "info", help="build, devices, driver, frameworks and NVML",
+    p = add_command(
+        sub, "info", help="build, devices, driver, frameworks and NVML",
         description="What gpukeeper sees on this machine, without creating a CUDA context: how "
                     "the core was built, whether CUDA is usable (and why not), each device's "
                     "specifications, the installed frameworks and whether NVML answers.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES)
     add_json_option(p, "write the environment export")
     p.add_argument("--export-json", metavar="FILE", help=argparse.SUPPRESS)  # seed 004's spelling
     p.set_defaults(func=run)

@@ -62,6 +62,13 @@ def console(stream: Optional[TextIO] = None) -> Any:
     return _Console(file=stream, highlight=False, soft_wrap=not tty)
 
 
+def add_command(sub: Any, name: str, *, help: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    """A subcommand's parser: its one-line help, its description, and its examples kept
+    as written (the epilog)."""
+    return sub.add_parser(name, help=help, description=description, epilog=epilog,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_json_option(parser: argparse.ArgumentParser, what: str) -> None:
     """Adds ``--json [FILE|-]`` (``-``, stdout, when no FILE is given); ``what`` starts
     its help, e.g. "write the reports"."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from gpukeeper.cli.output import OK, UserError, add_json_option, check_json_target, console, write_json
+from gpukeeper.cli.output import (
+    OK, UserError, add_command, add_json_option, check_json_target, console, write_json,
+)
 
 __all__ = ["add_parser", "reports_for"]
 
@@ -15,13 +17,13 @@ EXAMPLES = """examples:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "report", help="who holds each device's memory",
+    p = add_command(
+        sub, "report", help="who holds each device's memory",
         description="memory_report() for each device: used and free memory, the CUDA contexts, "
                     "this process's frameworks and pools, and the other processes (NVML). Run "
                     "from the command line it is a separate process, so its own frameworks hold "
                     "nothing: the other processes' figures are the news.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES)
     p.add_argument("--device", default="all", metavar="N|all",
                    help="a CUDA ordinal, cuda:N, cpu, or all (the default)")
     add_json_option(p, "write the reports")

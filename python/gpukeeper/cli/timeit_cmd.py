@@ -9,7 +9,7 @@ import textwrap
 from typing import Any, Callable, Dict, List
 
 from gpukeeper.cli.output import (
-    OK, UserError, add_json_option, check_json_target, console, plain, write_json,
+    OK, UserError, add_command, add_json_option, check_json_target, console, plain, write_json,
 )
 
 __all__ = ["add_parser", "compile_statement"]
@@ -22,10 +22,10 @@ Several STMT arguments (and several -s) are lines of one statement, as with pyth
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "timeit", help="time a statement on the GPU (python -m timeit for GPU work)",
+    p = add_command(
+        sub, "timeit", help="time a statement on the GPU (python -m timeit for GPU work)",
         description=plain(__doc__),
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES)
     p.add_argument("statement", nargs="+", metavar="STMT", help="the statement to time")
     p.add_argument("-s", "--setup", action="append", default=[], metavar="SETUP",
                    help="run once before timing (repeatable)")

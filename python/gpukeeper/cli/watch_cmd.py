@@ -14,7 +14,7 @@ import argparse
 import time
 from typing import Any, List, Optional
 
-from gpukeeper.cli.output import OK, UserError, console, plain
+from gpukeeper.cli.output import OK, UserError, add_command, console, plain
 
 __all__ = ["add_parser", "snapshot", "watch"]
 
@@ -25,10 +25,10 @@ EXAMPLES = """examples:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "watch", help="a live view of each device's memory, by process, framework and context",
+    p = add_command(
+        sub, "watch", help="a live view of each device's memory, by process, framework and context",
         description=plain(__doc__.split("\n\n", 1)[1]),
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES)
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes (2)")
     p.add_argument("--device", default="all", metavar="N|all", help="a CUDA ordinal or all (the default)")
     p.add_argument("--count", type=int, default=None, metavar="K", help="stop after K refreshes")
