@@ -20,6 +20,7 @@ from gpukeeper.cleanup.guard_threads import SignalWatcher, SyncWorker, Watchdog
 from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.cleanup.report import CleanupReport, leak_message
 from gpukeeper.errors import InvalidInputError, LeakWarning
+from gpukeeper.frameworks import ranks
 
 
 class _ExitGuard:
@@ -38,6 +39,7 @@ class _ExitGuard:
         self.forked = False
         self.last_report: Optional[CleanupReport] = None
         self.signals = list(signals)
+        self.terminated = False  # SIGTERM arrived: the job is being ended, peers too
 
     # -------------------------------------------------------------- cleanup steps
 
@@ -98,7 +100,14 @@ class _ExitGuard:
                 filename="<gpukeeper exit guard>",
                 lineno=0,
             )
-        for note in report.notes:
+        notes = list(report.notes)
+        # Under torch.distributed a process group left to the interpreter's end can hang
+        # it in NCCL's teardown (a peer already gone): destroy it here, bounded; after a
+        # SIGTERM its communicators are aborted first. Users' own finally blocks ran by now.
+        teardown = ranks.shutdown_process_group(self.sync_timeout, abort=self.terminated)
+        if teardown is not None:
+            notes.append(teardown)
+        for note in notes:
             try:
                 sys.stderr.write(f"gpukeeper exit guard: {note}\n")
             except Exception:
@@ -123,6 +132,8 @@ def _on_signal(signum: int, frame: Any) -> None:
     previous = guard.previous.get(signum, signal.SIG_DFL) if guard is not None else signal.SIG_DFL
     user_handler = callable(previous) and previous is not signal.default_int_handler
     if guard is not None and not guard.forked:
+        if signum == signal.SIGTERM:
+            guard.terminated = True
         if user_handler:
             guard.watchdog.mark_handled(signum)  # theirs decides whether the process ends
         elif signum != signal.SIGINT and guard.exit_timeout is not None:
@@ -175,6 +186,13 @@ def install_exit_guard(
     too), release every framework's cache, collect garbage if memory is still held, and
     warn (``LeakWarning``) when more than ``tolerance_bytes`` are still allocated, naming
     the tensors/arrays that hold them.
+
+    Under torch.distributed (e.g. ``torchrun``; install the guard on every rank): each
+    rank releases as above, and at exit a process group still initialised is destroyed
+    within ``sync_timeout`` s (after the program's own ``finally`` blocks, which may
+    destroy it themselves), its NCCL communicators aborted first when the exit follows a
+    SIGTERM: torchrun sends SIGTERM to every rank when one fails, and a communicator
+    waiting for a dead peer would otherwise hang the interpreter's end.
 
     On SIGTERM: synchronize (bounded) and release, then raise ``SystemExit(128 + signum)``
     so that ``finally`` blocks and ``GPUContext`` exits run before the atexit cleanup;

@@ -85,7 +85,9 @@ class CleanupReport:
     ``max_listed``; ``leaks_found`` counts all). ``gc_runs``/``gc_objects``: collections
     run and unreachable objects they found (0 on the fast path). ``deferred``: objects
     still holding memory at a ``GPUContext`` exit that were armed to release the caches
-    when they die (0 when nothing was held; see ``GPUContext``).
+    when they die (0 when nothing was held; see ``GPUContext``). ``rank``/``world_size``:
+    this process's place under torch.distributed (or a launcher such as torchrun), None
+    outside one; the text then starts with "rank R of W", as the ranks share a terminal.
     """
 
     source: str
@@ -103,6 +105,8 @@ class CleanupReport:
     exc_type: Optional[str] = None
     notes: List[str] = field(default_factory=list)
     deferred: int = 0
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
 
     @property
     def held_bytes(self) -> int:
@@ -177,6 +181,8 @@ class CleanupReport:
             "unreturnable": {loc: dict(per) for loc, per in self.unreturnable.items()},
             "release_hints": self.release_hints(),
             "deferred": self.deferred,
+            "rank": self.rank,
+            "world_size": self.world_size,
         }
 
     def summary(self) -> str:
@@ -184,14 +190,15 @@ class CleanupReport:
         kept = self._unreturnable_text()
         if kept:
             kept = f"; {kept} ({'; '.join(self.release_hints().values())})"
+        source = self.source if self.rank is None else f"rank {self.rank} of {self.world_size}: {self.source}"
         if not self.leaked:
-            return f"{self.source}: nothing held above the baseline{kept}"
+            return f"{source}: nothing held above the baseline{kept}"
         parts = [
             f"{name} {fmt_bytes(b)} on {loc}"
             for loc, per in self.held.items()
             for name, b in per.items()
         ]
-        return (f"{self.source}: {fmt_bytes(self.held_bytes)} still held after cleanup "
+        return (f"{source}: {fmt_bytes(self.held_bytes)} still held after cleanup "
                 f"({', '.join(parts)}){kept}")
 
     def _memory_rows(self) -> List[Tuple[str, str, str, str, str, str]]:

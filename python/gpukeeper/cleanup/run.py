@@ -13,6 +13,7 @@ from gpukeeper.cleanup import stuck
 from gpukeeper.cleanup.measure import devices_in_use, held_above, measure, release_caches, synchronize_devices
 from gpukeeper.cleanup.report import CleanupReport, LeakedArray, Snapshot
 from gpukeeper.cleanup.tracking import AllocationTracker, name_leaks
+from gpukeeper.frameworks.ranks import current_rank
 
 
 def run_cleanup(
@@ -75,6 +76,9 @@ def run_cleanup(
         exc_type=exc_type,
         notes=notes,
     )
+    info = current_rank()
+    if info is not None:
+        report.rank, report.world_size = info.rank, info.world_size
     return report, error
 
 

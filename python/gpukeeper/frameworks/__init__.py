@@ -44,7 +44,13 @@ from gpukeeper.frameworks.pools_adapter import (
     register_pool,
     reset_host_pool_peak,
 )
-from gpukeeper.frameworks.torch_adapter import TorchAdapter, loaded_torch, torch_in_use, torch_uses_gpukeeper
+from gpukeeper.frameworks.torch_adapter import (
+    TorchAdapter,
+    loaded_torch,
+    torch_cuda,
+    torch_in_use,
+    torch_uses_gpukeeper,
+)
 
 __all__ = [
     "ADAPTERS",
@@ -81,6 +87,7 @@ __all__ = [
     "reset_host_pool_peak",
     "reset_peaks",
     "synchronize_all",
+    "torch_cuda",
     "torch_in_use",
     "torch_uses_gpukeeper",
 ]

@@ -42,6 +42,7 @@ from gpukeeper import frameworks
 from gpukeeper.checks import check_int, check_positive
 from gpukeeper.devices import DeviceSpec
 from gpukeeper.errors import GpuError, InvalidInputError
+from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.progress import ProgressBar, progress_wanted
 from gpukeeper.timing.l2 import L2Flusher
 from gpukeeper.timing.plans import HostSync, MemorySampler, host_sync_plan, jax_plan
@@ -87,6 +88,7 @@ def benchmark_function(
     hide_launch_latency: Optional[bool] = None,
     gate_timeout_ms: Optional[float] = None,
     synchronize: Optional[Callable[[], Any]] = None,
+    barrier: Any = None,
     **kwargs: Any,
 ) -> BenchmarkResult:
     """Times ``fn(*args, **kwargs)`` call by call and returns a ``BenchmarkResult``.
@@ -134,11 +136,21 @@ def benchmark_function(
       with a warning). ``work``, ``timing_method`` and ``synchronized`` in the result say
       what was timed and how.
 
+    - ``barrier``: under torch.distributed, a ``ProcessGroup`` (or True for the default
+      group) whose ranks are put in step before each measured call, so that a function
+      with collectives is timed as it runs in training rather than waiting for a late
+      peer. Every rank of the group must call ``benchmark_function`` with the same
+      arguments. The ranks also stop together: each measures until its own stopping rule
+      is met and then keeps stepping (and measuring) until every rank's is, so all call
+      ``fn`` the same number of times. The step is an ``all_reduce`` of one integer
+      followed by a wait on the host, outside the timed region. Combine the ranks'
+      results with :func:`gpukeeper.distributed.aggregate`.
+
     Exceptions raised by ``fn`` propagate unchanged. Bad arguments raise
     ``InvalidInputError``.
     """
     opts = _check_options(fn, name, n_calls, warmup, l2_flush, min_time_s, max_noise,
-                          hide_launch_latency, gate_timeout_ms, synchronize)
+                          hide_launch_latency, gate_timeout_ms, synchronize, barrier)
     run = _prepare(fn, args, kwargs, device, opts)
     _warm_up(run, opts)
     watch = _Watch(run)
@@ -163,11 +175,13 @@ class _Options:
     hide: Optional[bool]
     gate_timeout: Optional[float]
     synchronize: Optional[Callable[[], Any]]
+    in_step: bool = False  # put the ranks of barrier_group in step before each call
+    barrier_group: Any = None  # None with in_step: the default group
 
 
 def _check_options(
     fn: Any, name: Any, n_calls: Any, warmup: Any, l2_flush: Any, min_time_s: Any, max_noise: Any,
-    hide_launch_latency: Any, gate_timeout_ms: Any, synchronize: Any,
+    hide_launch_latency: Any, gate_timeout_ms: Any, synchronize: Any, barrier: Any = None,
 ) -> _Options:
     """The arguments checked, in this order; ``InvalidInputError`` for the first bad one."""
     if not callable(fn):
@@ -185,9 +199,19 @@ def _check_options(
     fixed_timeout = None if gate_timeout_ms is None else check_gate_timeout(gate_timeout_ms)
     if synchronize is not None and not callable(synchronize):
         raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
+    in_step, group = _check_barrier(barrier)
     label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
     return _Options(label, n_calls, warmup, min_time, noise_limit, l2_flush, hide_launch_latency,
-                    fixed_timeout, synchronize)
+                    fixed_timeout, synchronize, in_step, group)
+
+
+def _check_barrier(barrier: Any) -> Tuple[bool, Any]:
+    """``barrier`` as (whether to step the ranks, the group: None for the default)."""
+    if barrier is None or barrier is False:
+        return False, None
+    if barrier is True:
+        return True, check_group(None, "benchmark_function(barrier=True)")
+    return True, check_group(barrier, "benchmark_function(barrier=...)")
 
 
 # --------------------------------------------------------------------- set-up
@@ -207,6 +231,7 @@ class _Run:
     flusher: Optional[L2Flusher] = None
     hide: bool = False  # gate the calls (a GPU backend with the gate kernel, asked for)
     timer: Optional[CUDATimer] = None  # set for GPU events; None: the host clock
+    ranks: Optional[RankStep] = None  # barrier=: the ranks stepped before each call
 
 
 def _prepare(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], device: Any,
@@ -218,6 +243,8 @@ def _prepare(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, An
     if plan is not None:
         spec = DeviceSpec("cuda", plan.index)
     run = _Run(fn, args, kwargs, spec, backend, plan)
+    if opts.in_step:
+        run.ranks = RankStep(opts.barrier_group)
     if opts.l2_flush:
         run.flusher = _l2_flusher(run)
     events = backend.is_gpu and plan is None
@@ -370,7 +397,9 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
         step = _cpu_step(run, opts, samples)
     stop = StopRule(opts.n_calls, opts.min_time, opts.noise_limit, run.warnings)
     add = stop.add
-    if progress_wanted(None):
+    if run.ranks is not None:
+        reason = _measure_in_step(step, stop, run.ranks)
+    elif progress_wanted(None):
         reason = _measure_with_progress(step, stop, opts.n_calls)
     else:
         while True:
@@ -383,6 +412,24 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
     samples.stop_reason = reason
     samples.total_s = stop.wall_s()
     return samples
+
+
+def _in_step_text(ranks: Optional[RankStep]) -> str:
+    return "" if ranks is None else f"; the {ranks.world_size} ranks put in step before each call"
+
+
+def _measure_in_step(step: Callable[[], Optional[float]], stop: StopRule, ranks: RankStep) -> str:
+    """The measured loop of ``barrier=``: the ranks step together before each call and
+    leave together, once every rank's own stopping rule is met (its first reason is the
+    one reported; a rank done before the others measures on until they are)."""
+    reason: Optional[str] = None
+    ranks_step = ranks.step
+    add = stop.add
+    while not ranks_step(reason is not None):
+        t = step()
+        if t is not None and reason is None:
+            reason = add(t)  # once met, the rule is asked no more: its warnings stay single
+    return reason if reason is not None else "n_calls"
 
 
 #: A benchmark shows a progress bar (on a terminal) once it has measured for this long.
@@ -566,7 +613,7 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         warnings=run.warnings,
         clocks=watch.clocks.clocks if watch.clocks is not None else {},
         work="gpu" if (on_gpu or plan is not None) else "cpu",
-        timing_method=_timing_method(plan, on_gpu, run.backend.name, hidden),
+        timing_method=_timing_method(plan, on_gpu, run.backend.name, hidden) + _in_step_text(run.ranks),
         synchronized=plan.synchronized if plan is not None else True,
     )
     limit = opts.noise_limit if opts.noise_limit is not None else NOISY_THRESHOLD

@@ -9,13 +9,13 @@ with ``~`` a speedup that ``within_noise`` finds inside the noise.
 
 from __future__ import annotations
 
-import io
 import math
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.htmltable import html_table
+from gpukeeper.texttable import text_table
 from gpukeeper.plotting import PathLike
 from gpukeeper.timing.benchmark import benchmark_function
 from gpukeeper.timing.result import BenchmarkResult
@@ -154,22 +154,8 @@ def format_comparison_table(
 ) -> str:
     """The table ``print_comparison_table`` prints, as a string."""
     header, body, any_close = _table_rows(results)
-    widths = [max(len(h), *(len(row[c]) for row in body)) for c, h in enumerate(header)]
-
-    def line(cells: Iterable[str]) -> str:
-        out = []
-        for c, cell in enumerate(cells):
-            out.append(cell.ljust(widths[c]) if c == 0 else cell.rjust(widths[c]))
-        return "  ".join(out).rstrip()
-
-    out = io.StringIO()
-    out.write(line(header) + "\n")
-    out.write("  ".join("-" * w for w in widths) + "\n")
-    for row in body:
-        out.write(line(row) + "\n")
-    if any_close:
-        out.write(_NOISE_NOTE + "\n")
-    return out.getvalue()
+    text = text_table(header, body)
+    return text + _NOISE_NOTE + "\n" if any_close else text
 
 
 def print_comparison_table(

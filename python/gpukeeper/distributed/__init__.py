@@ -1,0 +1,52 @@
+"""gpukeeper under torch.distributed: memory and timings across ranks, and OOM forensics.
+
+torch.distributed is the engine (``gather_object``, ``all_gather_object``,
+``all_reduce``); these functions are collectives over a group (None: the default group)
+that every rank of it must call. Nothing here starts a process group: call
+``torch.distributed.init_process_group()`` first, under ``torchrun`` or your launcher.
+
+- :func:`gather_memory_reports` and :func:`format_rank_table`: every rank's
+  :func:`gpukeeper.memory_report` on one rank, and one table (min, max, sum, outlier).
+- :func:`aggregate`: one ``BenchmarkResult`` or ``TrajectoryResult`` per rank combined
+  (spread across ranks, the slowest rank, ns/day per replica and in total).
+  ``benchmark_function(..., barrier=group)`` puts the ranks in step before each call.
+- :func:`enable_oom_snapshots`: a per-rank snapshot file on an out-of-memory error.
+- :func:`rank_info`: this process's rank, from the process group or the launcher.
+
+``GPUContext`` reports and the exit guard know the rank without this module.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from gpukeeper.distributed.memory import RankMemory, format_rank_table, gather_memory_reports
+from gpukeeper.distributed.oom_snapshots import (
+    disable_oom_snapshots,
+    enable_oom_snapshots,
+    oom_snapshots_enabled,
+    write_oom_snapshot,
+)
+from gpukeeper.distributed.timings import RankAggregate, RankTiming, aggregate
+from gpukeeper.frameworks.ranks import RankInfo, current_rank
+
+__all__ = [
+    "RankAggregate",
+    "RankInfo",
+    "RankMemory",
+    "RankTiming",
+    "aggregate",
+    "disable_oom_snapshots",
+    "enable_oom_snapshots",
+    "format_rank_table",
+    "gather_memory_reports",
+    "oom_snapshots_enabled",
+    "rank_info",
+    "write_oom_snapshot",
+]
+
+
+def rank_info() -> Optional[RankInfo]:
+    """This process's rank and world size: from the initialised process group, else from
+    a launcher's RANK/WORLD_SIZE variables (torchrun sets them), else None."""
+    return current_rank()

@@ -1,0 +1,193 @@
+"""Timings across ranks: one ``BenchmarkResult`` or ``TrajectoryResult`` per rank, combined.
+
+>>> result = benchmark_function(step, barrier=True)   # every rank
+>>> summary = aggregate(result)                       # a collective; every rank gets it
+>>> if summary.rank == 0:
+...     print(summary)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.frameworks import ranks
+from gpukeeper.md.result import TrajectoryResult
+from gpukeeper.texttable import text_table
+from gpukeeper.timing.result import BenchmarkResult
+
+__all__ = ["RankAggregate", "RankTiming", "aggregate"]
+
+Result = Union[BenchmarkResult, TrajectoryResult]
+
+
+def _finite(x: Optional[float]) -> Optional[float]:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """One rank's result, in the figures that are compared across ranks (ms, per call
+    or per step). A fixed payload: the per-call samples stay on their rank."""
+
+    rank: int
+    hostname: str
+    kind: str  # "benchmark" or "trajectory"
+    name: str
+    device: str
+    n: int
+    median_ms: float
+    mean_ms: float
+    std_ms: Optional[float]
+    min_ms: float
+    max_ms: float
+    p95_ms: float
+    ns_per_day: Optional[float] = None
+    steps_per_s: Optional[float] = None
+    noisy: bool = False
+    warnings: int = 0
+
+    @classmethod
+    def of(cls, result: Result, rank: int, hostname: Optional[str] = None) -> "RankTiming":
+        host = hostname if hostname is not None else socket.gethostname()
+        if isinstance(result, BenchmarkResult):
+            return cls(rank, host, "benchmark", result.name, result.device, result.n_calls,
+                       result.median_ms, result.mean_ms, _finite(result.std_ms), result.min_ms,
+                       result.max_ms, result.p95_ms, None, _finite(result.calls_per_s),
+                       bool(result.noisy), len(result.warnings))
+        if isinstance(result, TrajectoryResult):
+            return cls(rank, host, "trajectory", result.name, result.device, len(result.times_ms),
+                       result.median_ms, result.mean_ms, _finite(result.std_ms), result.min_ms,
+                       result.max_ms, result.p95_ms, _finite(result.ns_per_day),
+                       _finite(result.steps_per_s), False, len(result.warnings))
+        raise InvalidInputError(
+            f"aggregate: result must be a BenchmarkResult or a TrajectoryResult, got {type(result).__name__}"
+        )
+
+
+@dataclass
+class RankAggregate:
+    """Every rank's timing of one function or trajectory, and the spread across ranks.
+
+    ``per_rank``: one :class:`RankTiming` per rank, in rank order. ``median_ms``: the
+    min, median and max across ranks of the ranks' median times; ``slowest_rank``: the
+    rank with the largest median (the one the others wait for at every collective);
+    ``imbalance``: slowest median / fastest median - 1. For trajectories,
+    ``ns_per_day_per_replica`` (one replica per rank) and ``ns_per_day_total`` (their
+    sum: the ensemble's throughput; None when a rank has no ns/day). ``rank``: the rank
+    this object lives on (None when aggregated outside a process group).
+    """
+
+    kind: str
+    name: str
+    per_rank: List[RankTiming]
+    median_ms: Dict[str, float]
+    slowest_rank: int
+    fastest_rank: int
+    imbalance: float
+    ns_per_day_per_replica: Optional[List[Optional[float]]] = None
+    ns_per_day_total: Optional[float] = None
+    rank: Optional[int] = None
+    warnings: List[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.per_rank)
+
+    def to_dict(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["world_size"] = self.world_size
+        return d
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self) -> str:
+        """A row per rank and the spread across ranks, as text."""
+        trajectory = self.kind == "trajectory"
+        header = ["rank", "host", "device", "n", "median ms", "mean ms", "min ms", "max ms", "p95 ms"]
+        if trajectory:
+            header.append("ns/day")
+        body = []
+        for t in self.per_rank:
+            row = [str(t.rank) + (" (slowest)" if t.rank == self.slowest_rank and self.world_size > 1 else ""),
+                   t.hostname, t.device, str(t.n), f"{t.median_ms:.4f}", f"{t.mean_ms:.4f}",
+                   f"{t.min_ms:.4f}", f"{t.max_ms:.4f}", f"{t.p95_ms:.4f}"]
+            if trajectory:
+                row.append("?" if t.ns_per_day is None else f"{t.ns_per_day:.3f}")
+            body.append(row)
+        lines = [f"{self.kind} {self.name!r} across {self.world_size} ranks",
+                 text_table(header, body, left=3).rstrip("\n"),
+                 f"median across ranks: min {self.median_ms['min']:.4f} ms, median "
+                 f"{self.median_ms['median']:.4f} ms, max {self.median_ms['max']:.4f} ms; slowest rank "
+                 f"{self.slowest_rank} ({self.imbalance * 100:.1f} % slower than rank {self.fastest_rank})"]
+        if trajectory:
+            total = "?" if self.ns_per_day_total is None else f"{self.ns_per_day_total:.3f}"
+            lines.append(f"ensemble: {total} ns/day in total over {self.world_size} replicas")
+        lines.extend(f"warning: {w}" for w in self.warnings)
+        return "\n".join(lines) + "\n"
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _combine(timings: Sequence[RankTiming], rank: Optional[int]) -> RankAggregate:
+    kinds = {t.kind for t in timings}
+    if len(kinds) != 1:
+        raise InvalidInputError(f"aggregate: the ranks' results are of different kinds: {sorted(kinds)}")
+    kind = kinds.pop()
+    names = sorted({t.name for t in timings})
+    warnings: List[str] = []
+    if len(names) > 1:
+        warnings.append(f"the ranks timed differently named functions: {names}")
+    medians = [t.median_ms for t in timings]
+    slowest = max(timings, key=lambda t: t.median_ms)
+    fastest = min(timings, key=lambda t: t.median_ms)
+    imbalance = slowest.median_ms / fastest.median_ms - 1.0 if fastest.median_ms > 0 else math.inf
+    noisy = [t.rank for t in timings if t.noisy]
+    if noisy:
+        warnings.append(f"noisy on rank(s) {noisy}: their medians are less certain than the spread suggests")
+    out = RankAggregate(
+        kind=kind, name=names[0], per_rank=sorted(timings, key=lambda t: t.rank),
+        median_ms={"min": min(medians), "median": statistics.median(medians), "max": max(medians)},
+        slowest_rank=slowest.rank, fastest_rank=fastest.rank, imbalance=imbalance, rank=rank,
+        warnings=warnings,
+    )
+    if kind == "trajectory":
+        per = [t.ns_per_day for t in out.per_rank]
+        out.ns_per_day_per_replica = per
+        out.ns_per_day_total = None if any(v is None for v in per) else float(sum(per))  # type: ignore[arg-type]
+    return out
+
+
+def aggregate(result: Union[Result, Sequence[Result]], group: Any = None) -> RankAggregate:
+    """Combines one timing result per rank: per-rank statistics, the min, median and max
+    across ranks, the slowest rank, and for trajectories ns/day per replica and in total.
+
+    ``result``: this rank's ``BenchmarkResult`` or ``TrajectoryResult``. Then
+    ``aggregate`` is a collective over ``group`` (None: the default group): every rank
+    of it calls, and every rank gets the same answer. Only a fixed handful of figures per
+    rank travels (:class:`RankTiming`), never the samples.
+
+    A list of results instead (one per rank, in rank order, e.g. loaded from per-rank
+    JSON) is combined here, without a process group.
+
+    Raises ``InvalidInputError`` for results of another type, a mix of benchmark and
+    trajectory results, an empty list, or a collective call without a process group.
+    """
+    if isinstance(result, (list, tuple)):
+        if not result:
+            raise InvalidInputError("aggregate: no results")
+        return _combine([RankTiming.of(r, i) for i, r in enumerate(result)], None)
+    group = ranks.check_group(group, "aggregate")
+    info = ranks.current_rank()
+    me = info.rank if info is not None else 0
+    mine = RankTiming.of(result, me)  # a bad result fails on its own rank, before the collective
+    gathered = ranks.gather_objects(asdict(mine), group, None)
+    assert gathered is not None
+    return _combine([RankTiming(**d) for d in gathered], me)

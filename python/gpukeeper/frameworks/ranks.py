@@ -1,0 +1,246 @@
+"""torch.distributed as gpukeeper sees it: this process's rank, the group a caller names,
+and the few collectives gpukeeper makes (a joint decision, gathering Python objects,
+tearing a process group down without hanging).
+
+torch.distributed is the engine; nothing here opens a socket or a file of its own.
+Like the other adapters this module never imports torch: a process that has not
+imported it has no process group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from gpukeeper.errors import InvalidInputError
+
+__all__ = [
+    "RankInfo",
+    "RankStep",
+    "check_dst",
+    "check_group",
+    "current_rank",
+    "gather_objects",
+    "group_ranks",
+    "launcher_rank",
+    "loaded_dist",
+    "process_group_active",
+    "shutdown_process_group",
+]
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where this process stands among its peers.
+
+    ``source`` says how it was found: ``"torch.distributed"`` (an initialised process
+    group) or ``"environment"`` (a launcher's RANK/WORLD_SIZE variables, before
+    ``init_process_group``).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: Optional[int]
+    backend: Optional[str]
+    source: str
+
+    def label(self) -> str:
+        """``"rank 3 of 8"``."""
+        return f"rank {self.rank} of {self.world_size}"
+
+
+def loaded_dist() -> Any:
+    """``torch.distributed`` when torch is imported and built with it, else None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = getattr(torch, "distributed", None)
+    try:
+        return dist if dist is not None and dist.is_available() else None
+    except Exception:
+        return None
+
+
+def process_group_active() -> bool:
+    """Whether the default process group is initialised in this process."""
+    dist = loaded_dist()
+    try:
+        return bool(dist is not None and dist.is_initialized())
+    except Exception:
+        return False
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name)
+    if value is None or not value.strip().lstrip("-").isdigit():
+        return None
+    return int(value)
+
+
+def launcher_rank() -> Optional[RankInfo]:
+    """The rank a launcher (torchrun, or anything that sets RANK and WORLD_SIZE) gave this
+    process, before or without a process group; None outside one."""
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if rank is None or world is None or world < 1 or not 0 <= rank < world:
+        return None
+    return RankInfo(rank, world, _env_int("LOCAL_RANK"), None, "environment")
+
+
+def current_rank() -> Optional[RankInfo]:
+    """This process's rank in the default process group when one is initialised, else the
+    launcher's (environment), else None. Never initialises anything."""
+    if process_group_active():
+        dist = loaded_dist()
+        try:
+            return RankInfo(
+                int(dist.get_rank()), int(dist.get_world_size()), _env_int("LOCAL_RANK"),
+                str(dist.get_backend()), "torch.distributed",
+            )
+        except Exception:
+            pass  # torn down between the two calls: the environment still says who we are
+    return launcher_rank()
+
+
+def check_group(group: Any, what: str) -> Any:
+    """``group`` checked for a collective: None or a ``ProcessGroup`` with an initialised
+    default group. Raises ``InvalidInputError`` (naming ``what``) otherwise."""
+    dist = loaded_dist()
+    if dist is None or not process_group_active():
+        raise InvalidInputError(
+            f"{what}: torch.distributed has no process group in this process; call "
+            "torch.distributed.init_process_group() first (under torchrun, or with "
+            "MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set)"
+        )
+    if group is None:
+        return None
+    process_group = getattr(dist, "ProcessGroup", None)
+    if process_group is not None and not isinstance(group, process_group):
+        raise InvalidInputError(
+            f"{what}: group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
+        )
+    return group
+
+
+def _collective_device(dist: Any, group: Any) -> Any:
+    """Where a collective's tensor must live: the current CUDA device for NCCL (it moves
+    device tensors only), the CPU for gloo and the others."""
+    torch = sys.modules["torch"]
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and "cpu:" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class RankStep:
+    """Puts the ranks of a group in step and lets them decide together when to stop.
+
+    ``step(done)`` is a collective: every rank of the group calls it the same number of
+    times. It returns when every rank has called it (a barrier) and answers True once
+    *every* rank says ``done``: a rank that is done keeps stepping while another is not,
+    so collective-heavy functions never wait on a peer that has left the loop.
+    """
+
+    def __init__(self, group: Any) -> None:
+        dist = loaded_dist()
+        self._dist = dist
+        self.group = group
+        self.world_size = int(dist.get_world_size(group))
+        torch = sys.modules["torch"]
+        # Made once: a tensor per step would show in the allocator counters being measured.
+        self._flag = torch.zeros(1, dtype=torch.int32, device=_collective_device(dist, group))
+        self._max = dist.ReduceOp.MAX
+
+    def step(self, done: bool) -> bool:
+        """True when every rank of the group is done; returns once all have called."""
+        flag = self._flag
+        flag.fill_(0 if done else 1)
+        self._dist.all_reduce(flag, op=self._max, group=self.group)
+        # .item() waits for the result on the host: for NCCL the reduction runs on the
+        # GPU, and the ranks are only in step once it has completed.
+        return int(flag.item()) == 0
+
+
+def gather_objects(obj: Any, group: Any, dst: Optional[int]) -> Optional[List[Any]]:
+    """Every rank's ``obj`` (picklable) in rank order: on ``dst`` (a global rank) only,
+    None elsewhere; on every rank when ``dst`` is None. A collective over ``group``."""
+    dist = loaded_dist()
+    size = int(dist.get_world_size(group))
+    if dst is None:
+        out: List[Any] = [None] * size
+        dist.all_gather_object(out, obj, group=group)
+        return out
+    me = int(dist.get_rank())
+    out_or_none = [None] * size if me == dst else None
+    dist.gather_object(obj, out_or_none, dst=dst, group=group)
+    return out_or_none
+
+
+def check_dst(dst: Any, group: Any, what: str) -> Optional[int]:
+    """``dst`` checked: None, or a global rank that is a member of ``group``."""
+    if dst is None:
+        return None
+    if isinstance(dst, bool) or not isinstance(dst, int):
+        raise InvalidInputError(f"{what}: dst must be a rank (int) or None, got {dst!r}")
+    dist = loaded_dist()
+    world = int(dist.get_world_size())
+    if not 0 <= dst < world:
+        raise InvalidInputError(f"{what}: dst={dst} is not a rank of this job (world size {world})")
+    if group is not None:
+        try:
+            ranks = dist.get_process_group_ranks(group)
+        except Exception:
+            ranks = None
+        if ranks is not None and dst not in ranks:
+            raise InvalidInputError(f"{what}: dst={dst} is not in the group (its ranks: {sorted(ranks)})")
+    return dst
+
+
+def group_ranks(group: Any) -> List[int]:
+    """The global ranks of ``group`` (None: the default group) in group-rank order."""
+    dist = loaded_dist()
+    if group is None:
+        return list(range(int(dist.get_world_size())))
+    try:
+        return [int(r) for r in dist.get_process_group_ranks(group)]
+    except Exception:
+        return list(range(int(dist.get_world_size(group))))
+
+
+def shutdown_process_group(timeout_s: float, abort: bool = False) -> Optional[str]:
+    """Tears the default process group down, bounded by ``timeout_s``: what an ending
+    process does so that NCCL's communicators do not hang its exit.
+
+    A peer that died or stopped leaves collectives pending; destroying NCCL's
+    communicators then can block, so the teardown runs in a daemon thread and the caller
+    waits at most ``timeout_s``. ``abort``: abort NCCL's communicators first, where torch
+    offers it (an abort never waits for peers): for a process ended by a signal, whose
+    peers are being ended too. Returns None when done (or when there was no group), else
+    what happened, in words; never raises (it runs on the way out of a process).
+    """
+    dist = loaded_dist()
+    if dist is None or not process_group_active():
+        return None
+    outcome: List[Optional[str]] = []
+
+    def teardown() -> None:
+        try:
+            aborter = getattr(getattr(dist, "distributed_c10d", None), "_abort_process_group", None)
+            backend = str(dist.get_backend()).lower()
+            if abort and aborter is not None and "nccl" in backend:
+                aborter()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            outcome.append(None)
+        except Exception as e:  # an ending process reports and goes on
+            outcome.append(f"process group teardown failed: {type(e).__name__}: {e}")
+
+    worker = threading.Thread(target=teardown, name="gpukeeper-pg-teardown", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return f"process group teardown still blocked after {timeout_s:g} s; left to the process's end"
+    return outcome[0] if outcome else None
+

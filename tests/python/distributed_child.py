@@ -1,0 +1,122 @@
+"""One rank of the gloo tests in test_distributed.py, run under torchrun.
+
+    python -m torch.distributed.run --standalone --nproc_per_node=N distributed_child.py SCENARIO OUT
+
+Each rank writes what it saw to OUT/rank{R}.json; the test reads them. Scenarios:
+``api`` (every function of gpukeeper.distributed), ``sigterm`` (the exit guard when the
+launcher ends the job while one rank waits in a collective).
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import gpukeeper
+from gpukeeper import distributed as gkd
+from gpukeeper.errors import InvalidInputError
+
+
+def api(out: Path) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    seen: dict = {"rank": rank, "world": world}
+    info = gkd.rank_info()
+    seen["rank_info"] = [info.rank, info.world_size, info.source]
+
+    # Memory: to rank 0, to everyone in summary form, within a sub-group to its last rank.
+    keep = torch.ones(256 * 1024 * (rank + 1))  # unequal host tensors: the table differs by rank
+    reports = gkd.gather_memory_reports()
+    if rank == 0:
+        seen["reports"] = [[r.rank, r.world_size, r.pid, type(r).__name__] for r in reports]
+        seen["table"] = gkd.format_rank_table(reports)
+    else:
+        seen["reports"] = reports
+    summaries = gkd.gather_memory_reports(dst=None, summary=True)
+    seen["summaries"] = [[s.rank, s.pid, type(s).__name__] for s in summaries]
+    seen["summary_table"] = gkd.format_rank_table(summaries)
+    pair = dist.new_group([0, 1])
+    if rank in (0, 1):
+        got = gkd.gather_memory_reports(group=pair, dst=1, summary=True)
+        seen["pair"] = None if got is None else [s.rank for s in got]
+    errors = {}
+    for label, call in {
+        "dst_outside": lambda: gkd.gather_memory_reports(dst=world),
+        "dst_type": lambda: gkd.gather_memory_reports(dst="0"),
+        "group_type": lambda: gkd.gather_memory_reports(group="world"),
+        "aggregate_type": lambda: gkd.aggregate(42),
+        "barrier_type": lambda: gpukeeper.benchmark_function(lambda: None, barrier="yes"),
+    }.items():
+        try:
+            call()
+            errors[label] = None
+        except InvalidInputError as e:
+            errors[label] = str(e)
+    seen["errors"] = errors
+    del keep
+
+    # Timings: a function with a collective, ranks stopping at different points; the last
+    # rank is slower. Every call is counted: a mismatch would hang the all_reduce.
+    calls = {"n": 0}
+    flag = torch.zeros(1)
+
+    def step():
+        calls["n"] += 1
+        dist.all_reduce(flag)
+        if rank == world - 1:
+            time.sleep(0.004)
+
+    result = gpukeeper.benchmark_function(step, n_calls=5 + 5 * rank, warmup=2, barrier=True, name="allreduce")
+    seen["bench"] = {"n_calls": result.n_calls, "calls": calls["n"], "stop_reason": result.stop_reason,
+                     "timing_method": result.timing_method, "median_ms": result.median_ms}
+    agg = gkd.aggregate(result)
+    seen["aggregate"] = agg.to_dict()
+    seen["aggregate_text"] = agg.table()
+
+    sub = dist.new_group(list(range(world)))
+    result2 = gpukeeper.benchmark_function(step, n_calls=4, warmup=1, barrier=sub)
+    seen["bench_group"] = result2.n_calls
+
+    def md_step(_positions):
+        time.sleep(0.001 * (1 + rank))
+
+    traj = gpukeeper.benchmark_md_trajectory(md_step, [None] * 22, warmup_steps=2, timestep_fs=2.0, n_atoms=100)
+    tagg = gkd.aggregate(traj)
+    seen["trajectory"] = tagg.to_dict()
+
+    # GPUContext knows the rank; OOM snapshots go to one file per rank.
+    with gpukeeper.GPUContext() as ctx:
+        pass
+    seen["context"] = [ctx.report.rank, ctx.report.world_size, ctx.report.summary()]
+    snap = gkd.write_oom_snapshot(out / "oom", MemoryError("test"))
+    seen["oom_file"] = snap.name
+    seen["oom"] = json.loads(snap.read_text())["rank"]
+    dist.barrier()
+    return seen
+
+
+def sigterm(out: Path) -> dict:
+    rank = dist.get_rank()
+    gpukeeper.install_exit_guard(exit_timeout=5.0)
+    (out / f"pid{rank}").write_text(str(os.getpid()))
+    if rank == 0:
+        flag = torch.zeros(1)
+        dist.all_reduce(flag)  # waits for rank 1, which never comes
+    else:
+        time.sleep(120)
+    return {}
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    seen = {"api": api, "sigterm": sigterm}[scenario](out)
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen, default=str))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

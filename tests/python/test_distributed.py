@@ -1,0 +1,287 @@
+"""gpukeeper.distributed under torchrun with the gloo backend (CPU processes), and its
+pieces that need no process group (the rank table, aggregating loaded results, OOM
+snapshots, the checks before any collective)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("this torch has no torch.distributed", allow_module_level=True)
+
+import gpukeeper  # noqa: E402
+from gpukeeper import distributed as gkd  # noqa: E402
+from gpukeeper.errors import InvalidInputError  # noqa: E402
+
+CHILD = Path(__file__).with_name("distributed_child.py")
+MiB = 1 << 20
+
+
+def torchrun(n: int, scenario: str, out: Path, timeout: float = 120, **popen):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+           str(CHILD), scenario, str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if popen:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                **popen)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def api_run(request, tmp_path_factory):
+    n = request.param
+    out = tmp_path_factory.mktemp(f"dist{n}")
+    proc = torchrun(n, "api", out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return n, out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def test_rank_info_from_the_process_group(api_run):
+    n, _, seen = api_run
+    for r, s in enumerate(seen):
+        assert s["rank_info"] == [r, n, "torch.distributed"]
+
+
+def test_memory_reports_gathered_to_rank_0(api_run):
+    n, _, seen = api_run
+    assert [row[0] for row in seen[0]["reports"]] == list(range(n))
+    assert all(row[1] == n and row[3] == "DevicesReport" for row in seen[0]["reports"])
+    assert len({row[2] for row in seen[0]["reports"]}) == n  # one process per rank
+    assert all(s["reports"] is None for s in seen[1:])
+
+
+def test_summaries_gathered_to_every_rank(api_run):
+    n, _, seen = api_run
+    pids = [row[1] for row in seen[0]["summaries"]]
+    for s in seen:
+        assert [row[0] for row in s["summaries"]] == list(range(n))
+        assert [row[1] for row in s["summaries"]] == pids
+        assert all(row[2] == "RankMemory" for row in s["summaries"])
+
+
+def test_subgroup_gathers_to_its_destination(api_run):
+    _, _, seen = api_run
+    assert seen[0]["pair"] is None
+    assert seen[1]["pair"] == [0, 1]
+
+
+def test_rank_table_has_every_rank_and_the_spread(api_run):
+    n, _, seen = api_run
+    lines = seen[0]["table"].splitlines()
+    assert lines[0] == f"gpukeeper memory across ranks ({n} of {n})"
+    first_cells = [line.split()[0] for line in lines[3:]]
+    assert first_cells == [str(r) for r in range(n)] + ["min", "max", "sum", "outlier"]
+
+
+def test_bad_arguments_are_typed_before_any_collective(api_run):
+    n, _, seen = api_run
+    errors = seen[0]["errors"]
+    assert f"dst={n} is not a rank" in errors["dst_outside"]
+    assert "dst must be a rank" in errors["dst_type"]
+    assert "group must be a torch.distributed ProcessGroup" in errors["group_type"]
+    assert "BenchmarkResult or a TrajectoryResult" in errors["aggregate_type"]
+    assert "group must be a torch.distributed ProcessGroup" in errors["barrier_type"]
+
+
+def test_barrier_keeps_ranks_calling_together(api_run):
+    n, _, seen = api_run
+    # Rank r asked for 5 + 5r calls: all measure until the last rank is done, so every
+    # rank calls fn (and its all_reduce) equally often.
+    want = 5 + 5 * (n - 1)
+    for s in seen:
+        assert s["bench"]["n_calls"] == want
+        assert s["bench"]["calls"] == want + 2  # plus the warm-up
+        assert f"the {n} ranks put in step" in s["bench"]["timing_method"]
+        assert s["bench_group"] == 4
+    assert seen[0]["bench"]["stop_reason"] == "n_calls"
+
+
+def test_aggregate_names_the_slowest_rank(api_run):
+    n, _, seen = api_run
+    agg = seen[0]["aggregate"]
+    assert all(s["aggregate"] == agg for s in seen[1:]) or all(
+        s["aggregate"]["per_rank"] == agg["per_rank"] for s in seen[1:])
+    assert agg["world_size"] == n
+    assert [t["rank"] for t in agg["per_rank"]] == list(range(n))
+    assert agg["slowest_rank"] == n - 1  # the one that sleeps 4 ms per call
+    assert agg["median_ms"]["max"] >= 4.0 > agg["median_ms"]["min"]
+    assert agg["imbalance"] > 0.5
+    assert "slowest rank" in seen[0]["aggregate_text"]
+
+
+def test_aggregate_trajectories_sum_ns_per_day(api_run):
+    n, _, seen = api_run
+    t = seen[0]["trajectory"]
+    per = t["ns_per_day_per_replica"]
+    assert len(per) == n and all(v is not None and v > 0 for v in per)
+    assert t["ns_per_day_total"] == pytest.approx(sum(per))
+    assert per[0] > per[-1]  # rank r sleeps (1 + r) ms per step
+    assert t["slowest_rank"] == n - 1
+
+
+def test_gpu_context_report_carries_the_rank(api_run):
+    n, _, seen = api_run
+    for r, s in enumerate(seen):
+        rank, world, summary = s["context"]
+        assert (rank, world) == (r, n)
+        assert summary.startswith(f"rank {r} of {n}: ")
+
+
+def test_oom_snapshot_per_rank(api_run):
+    n, out, seen = api_run
+    names = sorted(p.name for p in (out / "oom").glob("*.json"))
+    assert len(names) == n
+    for r, s in enumerate(seen):
+        assert s["oom_file"].startswith(f"oom-rank{r}-pid")
+        assert s["oom"] == r
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purpose: it holds nothing but its exit status
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_from_the_launcher_ends_every_rank(tmp_path):
+    """torchrun forwards SIGTERM to the ranks; one waits in a collective for a peer that
+    never comes. Every rank must be gone well before torchrun's own 30 s SIGKILL."""
+    proc = torchrun(2, "sigterm", tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not all((tmp_path / f"pid{r}").exists() for r in range(2)):
+            time.sleep(0.2)
+        pids = [int((tmp_path / f"pid{r}").read_text()) for r in range(2)]
+        time.sleep(1.0)  # rank 0 is inside the all_reduce by now
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = proc.stdout.read()
+    assert proc.returncode != 0, output[-3000:]
+    assert not any(_alive(p) for p in pids), output[-3000:]
+    assert took < 20, f"the ranks took {took:.1f} s to end\n{output[-3000:]}"
+
+
+# ------------------------------------------------------------------ no process group
+
+
+def _result(name, median_ms, rank_shift=0.0):
+    return gpukeeper.BenchmarkResult(name=name, times_ms=[median_ms + rank_shift + d for d in (-0.1, 0.0, 0.1)])
+
+
+def test_aggregate_of_loaded_results_needs_no_group():
+    agg = gkd.aggregate([_result("f", 1.0), _result("f", 3.0), _result("f", 2.0)])
+    assert agg.slowest_rank == 1 and agg.fastest_rank == 0
+    assert agg.median_ms == {"min": 1.0, "median": 2.0, "max": 3.0}
+    assert agg.imbalance == pytest.approx(2.0)
+    assert agg.rank is None
+    text = agg.table()
+    assert "1 (slowest)" in text and "200.0 % slower than rank 0" in text
+
+
+def test_aggregate_rejects_mixed_and_empty():
+    with pytest.raises(InvalidInputError, match="no results"):
+        gkd.aggregate([])
+    with pytest.raises(InvalidInputError, match="BenchmarkResult or a TrajectoryResult"):
+        gkd.aggregate([_result("f", 1.0), "x"])
+
+
+def test_collectives_without_a_process_group_are_typed():
+    for call in (gkd.gather_memory_reports, lambda: gkd.aggregate(_result("f", 1.0)),
+                 lambda: gpukeeper.benchmark_function(lambda: None, barrier=True)):
+        with pytest.raises(InvalidInputError, match="no process group"):
+            call()
+
+
+def _row(rank, allocated, reserved=None, peak=None, context=0):
+    return gkd.RankMemory(rank=rank, world_size=4, hostname="h", pid=100 + rank, devices=[rank],
+                          allocated=allocated, reserved=reserved if reserved is not None else allocated,
+                          peak=peak if peak is not None else allocated, context=context, process=None)
+
+
+def test_rank_table_names_the_outlier_and_sums():
+    rows = [_row(0, 1000 * MiB), _row(1, 1010 * MiB), _row(2, 3000 * MiB), _row(3, 990 * MiB)]
+    text = gkd.format_rank_table(rows)
+    body = {line.split()[0]: line for line in text.splitlines()[3:]}
+    assert "rank 2" in body["outlier"]
+    assert "5.9 GiB" in body["sum"]  # 6000 MiB
+    assert "990.0 MiB" in body["min"] and "2.9 GiB" in body["max"]
+
+
+def test_rank_table_no_outlier_within_noise_and_unknowns():
+    rows = [_row(0, 1000 * MiB), _row(1, 1010 * MiB, context=None)]
+    text = gkd.format_rank_table(rows)
+    body = {line.split()[0]: line for line in text.splitlines()[3:]}
+    assert "rank" not in body["outlier"]
+    assert body["sum"].rstrip().endswith("?")  # one rank's context is unknown
+
+
+def test_rank_table_bad_input():
+    with pytest.raises(InvalidInputError, match="no reports"):
+        gkd.format_rank_table([])
+    with pytest.raises(InvalidInputError, match=r"reports\[1\] is a str"):
+        gkd.format_rank_table([_row(0, 1), "x"])
+    with pytest.raises(InvalidInputError, match="must be a list"):
+        gkd.format_rank_table("abc")
+
+
+def test_rank_table_from_devices_reports_without_ranks():
+    reports = [gpukeeper.memory_report(), gpukeeper.memory_report()]
+    text = gkd.format_rank_table(reports)
+    assert [line.split()[0] for line in text.splitlines()[3:5]] == ["0", "1"]
+
+
+def test_oom_snapshot_on_uncaught_oom(tmp_path):
+    gkd.enable_oom_snapshots(tmp_path, max_snapshots=2)
+    try:
+        assert gkd.oom_snapshots_enabled()
+        for _ in range(3):  # the third is over the budget
+            sys.excepthook(MemoryError, MemoryError("out of memory here"), None)
+        sys.excepthook(ValueError, ValueError("not an OOM"), None)
+    finally:
+        assert gkd.disable_oom_snapshots()
+    assert not gkd.disable_oom_snapshots()
+    files = sorted(tmp_path.glob("oom-norank-pid*.json"))
+    assert len(files) == 2
+    snap = json.loads(files[0].read_text())
+    assert snap["error"]["type"] == "MemoryError" and snap["rank"] is None
+    assert snap["memory_report"]["devices"] and "total" in snap["memory_report"]
+    assert isinstance(snap["largest_live_blocks"], list)
+
+
+def test_oom_snapshot_settings_are_typed(tmp_path):
+    with pytest.raises(InvalidInputError, match="max_snapshots"):
+        gkd.enable_oom_snapshots(tmp_path, max_snapshots=0)
+    with pytest.raises(InvalidInputError, match="directory"):
+        gkd.enable_oom_snapshots(None)
+    with pytest.raises(InvalidInputError, match="no directory"):
+        gkd.write_oom_snapshot()
+    assert not gkd.oom_snapshots_enabled()
+
+
+def test_rank_from_the_launcher_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    info = gkd.rank_info()
+    assert (info.rank, info.world_size, info.local_rank, info.source) == (3, 8, 1, "environment")
+    monkeypatch.setenv("RANK", "9")  # not below WORLD_SIZE: no rank
+    assert gkd.rank_info() is None
