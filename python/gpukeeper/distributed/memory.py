@@ -119,7 +119,8 @@ def gather_memory_reports(
 
 # ------------------------------------------------------------------------ the table
 
-_COLUMNS = (("allocated", "allocated"), ("reserved", "reserved"), ("peak", "peak"), ("context", "context"))
+_COLUMNS = (("allocated", "allocated"), ("reserved", "reserved"), ("peak", "peak"), ("context", "context"),
+            ("process", "process"))
 
 #: A rank is the outlier of a column when it is this far from the median of the others
 #: (and at least OUTLIER_MIN_BYTES away): ranks of one job usually differ by a few
@@ -164,7 +165,8 @@ def outlier(rows: Sequence[RankMemory], column: str) -> Optional[RankMemory]:
 
 def format_rank_table(reports: Sequence[Union[DevicesReport, RankMemory]]) -> str:
     """One table of memory across ranks: a row per rank (allocated, reserved, peak,
-    context, in totals over the rank's devices), then min, max and sum of each column,
+    context and the process's own figure, NVML's or in CPU mode its RSS, in totals over
+    the rank's devices), then min, max and sum of each column,
     and the outlier rank of each column: the one furthest from the median, named when it
     is at least 10 % and 64 MiB away from it ("-" when no rank stands out).
 
