@@ -1,10 +1,11 @@
 """One rank of the gloo tests in test_distributed.py, run under torchrun.
 
-    python -m torch.distributed.run --standalone --nproc_per_node=N distributed_child.py SCENARIO OUT
+    python -m torch.distributed.run --standalone --nproc_per_node=N distributed_child.py SCENARIO OUT [BACKEND]
 
 Each rank writes what it saw to OUT/rank{R}.json; the test reads them. Scenarios:
 ``api`` (every function of gpukeeper.distributed), ``sigterm`` (the exit guard when the
-launcher ends the job while one rank waits in a collective).
+launcher ends the job while one rank waits in a collective). BACKEND: gloo (default, CPU
+tensors) or nccl (one GPU per rank, CUDA tensors).
 """
 
 import json
@@ -21,6 +22,9 @@ from gpukeeper import distributed as gkd
 from gpukeeper.errors import InvalidInputError
 
 
+DEVICE = "cpu"
+
+
 def api(out: Path) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     seen: dict = {"rank": rank, "world": world}
@@ -28,7 +32,7 @@ def api(out: Path) -> dict:
     seen["rank_info"] = [info.rank, info.world_size, info.source]
 
     # Memory: to rank 0, to everyone in summary form, within a sub-group to its last rank.
-    keep = torch.ones(256 * 1024 * (rank + 1))  # unequal host tensors: the table differs by rank
+    keep = torch.ones(256 * 1024 * (rank + 1), device=DEVICE)  # unequal host tensors: the table differs by rank
     reports = gkd.gather_memory_reports()
     if rank == 0:
         seen["reports"] = [[r.rank, r.world_size, r.pid, type(r).__name__] for r in reports]
@@ -61,7 +65,7 @@ def api(out: Path) -> dict:
     # Timings: a function with a collective, ranks stopping at different points; the last
     # rank is slower. Every call is counted: a mismatch would hang the all_reduce.
     calls = {"n": 0}
-    flag = torch.zeros(1)
+    flag = torch.zeros(1, device=DEVICE)
 
     def step():
         calls["n"] += 1
@@ -103,16 +107,22 @@ def sigterm(out: Path) -> dict:
     gpukeeper.install_exit_guard(exit_timeout=5.0)
     (out / f"pid{rank}").write_text(str(os.getpid()))
     if rank == 0:
-        flag = torch.zeros(1)
+        flag = torch.zeros(1, device=DEVICE)
         dist.all_reduce(flag)  # waits for rank 1, which never comes
+        flag.cpu()  # NCCL's all_reduce returns at once; the wait is here
     else:
         time.sleep(120)
     return {}
 
 
 def main() -> None:
+    global DEVICE
     scenario, out = sys.argv[1], Path(sys.argv[2])
-    dist.init_process_group("gloo")
+    backend = sys.argv[3] if len(sys.argv) > 3 else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        DEVICE = f"cuda:{torch.cuda.current_device()}"
+    dist.init_process_group(backend)
     seen = {"api": api, "sigterm": sigterm}[scenario](out)
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen, default=str))
     dist.destroy_process_group()

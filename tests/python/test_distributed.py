@@ -25,9 +25,9 @@ CHILD = Path(__file__).with_name("distributed_child.py")
 MiB = 1 << 20
 
 
-def torchrun(n: int, scenario: str, out: Path, timeout: float = 120, **popen):
+def torchrun(n: int, scenario: str, out: Path, backend: str = "gloo", timeout: float = 120, **popen):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           str(CHILD), scenario, str(out)]
+           str(CHILD), scenario, str(out), backend]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if popen:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -35,11 +35,22 @@ def torchrun(n: int, scenario: str, out: Path, timeout: float = 120, **popen):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def _gpus() -> int:
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+NCCL = pytest.mark.skipif(_gpus() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL")
+
+
+@pytest.fixture(scope="module", params=[(2, "gloo"), (4, "gloo"), pytest.param((2, "nccl"), marks=NCCL)],
+                ids=["2-ranks-gloo", "4-ranks-gloo", "2-ranks-nccl"])
 def api_run(request, tmp_path_factory):
-    n = request.param
-    out = tmp_path_factory.mktemp(f"dist{n}")
-    proc = torchrun(n, "api", out)
+    n, backend = request.param
+    out = tmp_path_factory.mktemp(f"dist{n}{backend}")
+    proc = torchrun(n, "api", out, backend)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return n, out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
 
@@ -156,10 +167,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_sigterm_from_the_launcher_ends_every_rank(tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=NCCL)])
+def test_sigterm_from_the_launcher_ends_every_rank(tmp_path, backend):
     """torchrun forwards SIGTERM to the ranks; one waits in a collective for a peer that
     never comes. Every rank must be gone well before torchrun's own 30 s SIGKILL."""
-    proc = torchrun(2, "sigterm", tmp_path, start_new_session=True)
+    proc = torchrun(2, "sigterm", tmp_path, backend, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not all((tmp_path / f"pid{r}").exists() for r in range(2)):
