@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         torch_err = None
 
     cuda = gpukeeper.cuda_available()
-    device = args.device if cuda else None
+    device = args.device if cuda else "cpu"  # one device's report either way
     keep = []  # live objects, so every framework has something to report
     notes = []
     torch_cuda = bool(torch is not None and cuda and torch.cuda.is_available())

@@ -46,6 +46,7 @@ from gpukeeper.md import TrajectoryResult, benchmark_md_trajectory
 from gpukeeper.memory import BufferBatch, ManagedBuffer, MemoryPool, PoolStats, Precision
 from gpukeeper.oom import retry_on_oom
 from gpukeeper.report import MemoryReport, memory_report, memory_reports
+from gpukeeper.report_devices import DevicesReport
 from gpukeeper.runtime import CudaAvailability, build_info, cuda_available
 from gpukeeper.timing import (
     BenchmarkResult,
@@ -103,6 +104,7 @@ __all__ = [
     "create_faiss_gpu_resources",
     "create_faiss_index",
     "get_gpu_memory_manager",
+    "DevicesReport",
     "memory_report",
     "memory_reports",
     "retry_on_oom",

@@ -150,12 +150,16 @@ def _check_cleanup() -> "tuple[str, Dict[str, Any]]":
 def _check_report() -> "tuple[str, Dict[str, Any]]":
     from gpukeeper.report import memory_report
 
-    report = memory_report()
+    report = memory_report()  # every visible device (the host in CPU mode)
     data = report.to_dict()
-    _expect(report.total_bytes is not None and report.total_bytes > 0, "report has no total")
-    if report.free_bytes is not None:
-        _expect(report.free_bytes <= report.total_bytes, "free exceeds total")
-    return f"{report.mode} report, NVML: {report.nvml}", {"report": data}
+    _expect(len(report) > 0, "the report covers no device")
+    for device in report:
+        where = "the host" if device.device is None else f"CUDA device {device.device}"
+        _expect(device.total_bytes > 0, f"the report of {where} has no total")
+        _expect(device.free_bytes <= device.total_bytes, f"free exceeds total on {where}")
+    _expect(report.total_bytes == sum(d.total_bytes for d in report), "the total is not the devices' sum")
+    count = f"{len(report)} device{'s' if len(report) != 1 else ''}"
+    return f"{report.mode} report of {count}, NVML: {report[0].nvml}", {"report": data}
 
 
 # A hidden-latency event pair must read a calibration kernel within this much of the

@@ -1,16 +1,21 @@
 """One account of a device: who holds its memory (``memory_report``).
 
->>> report = memory_report()          # the current CUDA device; host memory in CPU mode
+>>> report = memory_report(0)         # CUDA device 0; memory_report("cpu"): host memory
 >>> print(report)                     # a readable table
 >>> report.frameworks["torch"].reserved
 >>> report.context_and_libraries_bytes
 >>> report.to_json()                  # or to_dict(); MemoryReport.from_dict() reads it back
+>>> everything = memory_report()      # every visible device and their totals
+>>> everything.frameworks_reserved_bytes, everything[1].free_bytes  # (DevicesReport)
 
 The report splits this process's device memory into
 
 * each framework's **allocated** bytes (live tensors, arrays, buffers) and **reserved**
   bytes (held from the driver, cache included): PyTorch, CuPy, JAX and gpukeeper's own
   pools, read through :mod:`gpukeeper.frameworks` (nothing is imported to read it);
+* each framework's **peak** of allocated bytes since ``frameworks.reset_peaks``, where
+  it keeps one (PyTorch, gpukeeper's pools; CuPy does not): ``peaks`` and their sum
+  ``peak_allocated_bytes``;
 * the **CUDA context and libraries**: this process's device memory as NVML sees it minus
   what the frameworks reserved (the context itself, loaded kernels, cuBLAS/cuDNN
   handles and anything allocated behind the frameworks' backs);
@@ -49,9 +54,11 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, overload
 
 from gpukeeper import _core, devices, frameworks, host
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.figures import bytes_text, figure_table, sum_known
 from gpukeeper.frameworks import FrameworkMemory
 from gpukeeper.htmltable import html_table
 from gpukeeper.nvml import (
@@ -66,7 +73,10 @@ from gpukeeper.nvml import (
     text,
 )
 
-__all__ = ["MemoryReport", "ProcessMemory", "memory_report", "memory_reports", "nvml_status"]
+if TYPE_CHECKING:
+    from gpukeeper.report_devices import DevicesReport
+
+__all__ = ["MemoryReport", "ProcessMemory", "framework_rows", "memory_report", "memory_reports", "nvml_status"]
 
 
 # --------------------------------------------------------------------- the report
@@ -101,6 +111,9 @@ class MemoryReport:
     primary_context: Optional[bool] = None
     other_contexts: Optional[int] = None
     contexts_how: str = ""
+    # Each framework's most allocated bytes on the device since frameworks.reset_peaks
+    # (only those that keep a resettable peak: PyTorch, gpukeeper's pools; not CuPy).
+    peaks: Dict[str, int] = field(default_factory=dict)
 
     # ----------------------------------------------------------------- derived figures
 
@@ -112,12 +125,19 @@ class MemoryReport:
     @property
     def frameworks_allocated_bytes(self) -> Optional[int]:
         """Sum of the frameworks' allocated bytes; None if any framework cannot tell."""
-        return _sum(m.allocated for m in self.frameworks.values())
+        return sum_known(m.allocated for m in self.frameworks.values())
 
     @property
     def frameworks_reserved_bytes(self) -> Optional[int]:
         """Sum of the frameworks' reserved bytes; None if any framework cannot tell."""
-        return _sum(m.reserved for m in self.frameworks.values())
+        return sum_known(m.reserved for m in self.frameworks.values())
+
+    @property
+    def peak_allocated_bytes(self) -> Optional[int]:
+        """Sum of the frameworks' peaks of allocated bytes (``peaks``); None when no
+        framework keeps one. Each peak is its own framework's, reached at its own time,
+        so the sum bounds the joint peak from above."""
+        return sum(self.peaks.values()) if self.peaks else None
 
     @property
     def cuda_contexts(self) -> Optional[int]:
@@ -173,7 +193,7 @@ class MemoryReport:
             return 0
         if self.this_process.startswith("unknown"):
             return None
-        return _sum(p.used_bytes for p in self.other_processes)
+        return sum_known(p.used_bytes for p in self.other_processes)
 
     # ----------------------------------------------------------------- conversions
 
@@ -196,6 +216,8 @@ class MemoryReport:
             },
             "frameworks_allocated_bytes": self.frameworks_allocated_bytes,
             "frameworks_reserved_bytes": self.frameworks_reserved_bytes,
+            "peaks": dict(self.peaks),
+            "peak_allocated_bytes": self.peak_allocated_bytes,
             "process_bytes": self.process_bytes,
             "process_source": self.process_source,
             "context_and_libraries_bytes": self.context_and_libraries_bytes,
@@ -221,7 +243,23 @@ class MemoryReport:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "MemoryReport":
-        """Reads back ``to_dict()`` (or parsed ``to_json()``); derived keys are ignored."""
+        """Reads back ``to_dict()`` (or parsed ``to_json()``); derived keys are ignored.
+        Keys added later (the contexts, ``peaks``) may be absent, as in older reports.
+
+        Raises ``InvalidInputError`` naming the first missing key, or when ``data`` is
+        not a dict.
+        """
+        if not isinstance(data, dict):
+            raise InvalidInputError(f"MemoryReport.from_dict takes a dict, got {type(data).__name__}")
+        try:
+            return cls._from_dict(data)
+        except KeyError as exc:
+            raise InvalidInputError(f"MemoryReport.from_dict: the report lacks the key {exc}") from None
+        except (TypeError, AttributeError, ValueError) as exc:
+            raise InvalidInputError(f"MemoryReport.from_dict: malformed report ({exc})") from None
+
+    @classmethod
+    def _from_dict(cls, data: Dict[str, Any]) -> "MemoryReport":
         return cls(
             mode=data["mode"],
             device=data["device"],
@@ -248,6 +286,7 @@ class MemoryReport:
             primary_context=data.get("primary_context"),
             other_contexts=data.get("other_contexts"),
             contexts_how=data.get("contexts_how", ""),
+            peaks={name: int(b) for name, b in (data.get("peaks") or {}).items()},
         )
 
     def _table_parts(self) -> Tuple[str, List[Tuple[str, str, str]], List[str]]:
@@ -257,35 +296,30 @@ class MemoryReport:
             title = "gpukeeper memory report: CPU mode, host memory"
         else:
             title = f"gpukeeper memory report: CUDA device {self.device} ({self.name})"
-        rows: List[Tuple[str, str, str]] = []
-        for name, m in self.frameworks.items():
-            label = "gpukeeper pools" if name == "gpukeeper" else name
-            if self.mode == "cpu" and name == "gpukeeper":
-                label = "gpukeeper host pools"
-            rows.append((f"  {label}", _fmt(m.allocated), _fmt(m.reserved)))
-        if not self.frameworks:
-            rows.append(("  (no framework holds memory)", "", ""))
+        rows = framework_rows(self.frameworks, self.mode)
         allocated, reserved = self.frameworks_allocated_bytes, self.frameworks_reserved_bytes
-        rows.append(("frameworks", _fmt(allocated), _fmt(reserved)))
+        rows.append(("frameworks", bytes_text(allocated), bytes_text(reserved)))
+        if self.peaks:
+            rows.append((f"peak allocated ({', '.join(self.peaks)})", bytes_text(self.peak_allocated_bytes), ""))
         if self.mode == "cuda":
             if self.other_contexts and self.primary_context is not False:
                 # Both exist: NVML's one figure per process cannot be split between them.
-                rows.append(("CUDA contexts + libraries + engines", "", _fmt(self.unaccounted_bytes)))
+                rows.append(("CUDA contexts + libraries + engines", "", bytes_text(self.unaccounted_bytes)))
             else:
-                rows.append(("CUDA context + libraries", "", _fmt(self.context_and_libraries_bytes)))
+                rows.append(("CUDA context + libraries", "", bytes_text(self.context_and_libraries_bytes)))
             if self.other_contexts:
-                rows.append(("other contexts in this process", "", _fmt(self.other_contexts_bytes)))
-            rows.append((f"this process (pid {self.pid}, NVML)", "", _fmt(self.process_bytes)))
+                rows.append(("other contexts in this process", "", bytes_text(self.other_contexts_bytes)))
+            rows.append((f"this process (pid {self.pid}, NVML)", "", bytes_text(self.process_bytes)))
             others = f"other processes ({len(self.other_processes)})"
-            rows.append((others, "", _fmt(self.other_processes_bytes)))
+            rows.append((others, "", bytes_text(self.other_processes_bytes)))
             for p in self.other_processes:
-                rows.append((f"  pid {p.pid} {p.name or '?'}", "", _fmt(p.used_bytes)))
+                rows.append((f"  pid {p.pid} {p.name or '?'}", "", bytes_text(p.used_bytes)))
         else:
-            rows.append((f"this process (pid {self.pid}, resident)", "", _fmt(self.process_bytes)))
+            rows.append((f"this process (pid {self.pid}, resident)", "", bytes_text(self.process_bytes)))
         whole = "used (whole device)" if self.mode == "cuda" else "used (whole host)"
-        rows.append((whole, "", _fmt(self.used_bytes)))
-        rows.append(("free" if self.mode == "cuda" else "available", "", _fmt(self.free_bytes)))
-        rows.append(("total", "", _fmt(self.total_bytes)))
+        rows.append((whole, "", bytes_text(self.used_bytes)))
+        rows.append(("free" if self.mode == "cuda" else "available", "", bytes_text(self.free_bytes)))
+        rows.append(("total", "", bytes_text(self.total_bytes)))
         lines = [f"NVML: {self.nvml}; free/total from {self.memory_source}"]
         if self.mode == "cuda":
             lines.append(f"this process in NVML's list: {self.this_process}")
@@ -298,10 +332,7 @@ class MemoryReport:
     def table(self) -> str:
         """A readable table: one row per holder, then used, free and total."""
         title, rows, footer = self._table_parts()
-        width = max(len(r[0]) for r in rows) + 2
-        lines = [title, f"{'':<{width}}{'allocated':>12}{'reserved':>12}"]
-        lines += [f"{a:<{width}}{b:>12}{c:>12}" for a, b, c in rows]
-        return "\n".join(lines + footer)
+        return figure_table(title, ("allocated", "reserved"), rows, footer)
 
     def _repr_html_(self) -> str:
         """The same table as ``table()``, as compact HTML for Jupyter."""
@@ -314,24 +345,19 @@ class MemoryReport:
         return self.table()
 
 
-def _sum(values: Any) -> Optional[int]:
-    total = 0
-    for v in values:
-        if v is None:
-            return None
-        total += v
-    return total
-
-
-def _fmt(n: Optional[int]) -> str:
-    if n is None:
-        return "unknown"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{sign}{n / scale:.2f} {unit}"
-    return f"{sign}{n} B"
+def framework_rows(memory: Dict[str, FrameworkMemory], mode: str) -> List[Tuple[str, str, str]]:
+    """The table rows (label, allocated, reserved) of each framework, indented under the
+    "frameworks" row; one row saying so when none holds memory. ``mode`` ("cuda" or
+    "cpu") names gpukeeper's pools: host pools stand for the device in CPU mode."""
+    rows: List[Tuple[str, str, str]] = []
+    for name, m in memory.items():
+        label = name
+        if name == "gpukeeper":
+            label = "gpukeeper host pools" if mode == "cpu" else "gpukeeper pools"
+        rows.append((f"  {label}", bytes_text(m.allocated), bytes_text(m.reserved)))
+    if not memory:
+        rows.append(("  (no framework holds memory)", "", ""))
+    return rows
 
 
 # --------------------------------------------------------------------- gathering
@@ -355,12 +381,18 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
     host = _host_section()
     pools = [p for p in frameworks.live_pools() if getattr(p, "kind", "") in ("host", "pinned")]
     framework_memory: Dict[str, FrameworkMemory] = {}
+    peaks: Dict[str, int] = {}
     if pools:
         framework_memory["gpukeeper"] = FrameworkMemory(
             "gpukeeper",
             host["gpukeeper_pools_allocated_bytes"],
             host["gpukeeper_pools_reserved_bytes"],
         )
+        # The host pools stand for the device in CPU mode, so their peak is the report's
+        # (peak_by_framework asks of device pools only, and a CPU-only build has none).
+        peak = frameworks.host_pool_peak()
+        if peak is not None:
+            peaks["gpukeeper"] = int(peak)
     return MemoryReport(
         mode="cpu",
         device=None,
@@ -376,6 +408,7 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
         nvml=nvml_status() if use_nvml else "disabled (use_nvml=False)",
         host=host,
         notes=[f"CPU mode ({reason}): figures are host memory"],
+        peaks=peaks,
     )
 
 
@@ -418,12 +451,15 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
         primary_context=primary,
         other_contexts=other,
         contexts_how=census.how,
+        # One more counter read per framework that keeps a peak: PyTorch's raw stats
+        # call (13-19 us on an H100 host), the pools' stats (well under that).
+        peaks=frameworks.peak_by_framework(device),
     )
 
 
 def _framework_section(device: int, notes: List[str]):
     framework_memory = frameworks.memory_by_framework(device)
-    reserved_known = _sum(m.reserved for m in framework_memory.values())
+    reserved_known = sum_known(m.reserved for m in framework_memory.values())
     if reserved_known is None:
         unknown = [n for n, m in framework_memory.items() if m.reserved is None]
         notes.append(f"reserved bytes unknown for {', '.join(unknown)}: no context figure")
@@ -488,8 +524,8 @@ def _this_process_reading(device: int, pid: int, processes, reserved_known, nvml
         # someone else: a host PID that equals ours inside a container.
         process_bytes, others = None, processes
         this_process = (
-            f"unknown: NVML lists pid {pid} with {_fmt(mine[0].used_bytes)}, less than the "
-            f"{_fmt(reserved_known)} its frameworks reserved (another PID namespace's pid?)"
+            f"unknown: NVML lists pid {pid} with {bytes_text(mine[0].used_bytes)}, less than the "
+            f"{bytes_text(reserved_known)} its frameworks reserved (another PID namespace's pid?)"
         )
     elif mine:
         process_bytes = mine[0].used_bytes
@@ -537,20 +573,36 @@ def _torch_name(device: int) -> Optional[str]:
     return None
 
 
-def memory_report(device: Any = None, *, use_nvml: bool = True) -> MemoryReport:
-    """Who holds the memory of one device, as a :class:`MemoryReport`.
+@overload
+def memory_report(device: None = None, *, use_nvml: bool = True) -> "DevicesReport": ...
 
-    ``device``: None for the current device (PyTorch's current device once it has
-    initialised CUDA, else CuPy's, else 0), or the CPU-mode report without CUDA; an
-    index, ``"cuda:N"`` or a ``torch.device``; ``"cpu"`` for a host-memory report
-    (spellings: :mod:`gpukeeper.devices`). Use :func:`memory_reports` for all devices.
+
+@overload
+def memory_report(device: Any, *, use_nvml: bool = True) -> MemoryReport: ...
+
+
+def memory_report(device: Any = None, *, use_nvml: bool = True) -> "Union[MemoryReport, DevicesReport]":
+    """Who holds the memory of every visible device, or of one.
+
+    ``device=None``: a :class:`~gpukeeper.report_devices.DevicesReport` of the whole
+    process: one :class:`MemoryReport` per visible CUDA device, with totals (the single
+    CPU-mode report without CUDA). Any other spelling gives the :class:`MemoryReport` of
+    that one device: an index, ``"cuda:N"`` or a ``torch.device``; ``"cuda"`` or
+    ``"auto"`` for the current device (PyTorch's current device once it has initialised
+    CUDA, else CuPy's, else 0; the host without CUDA); ``"cpu"`` for a host-memory report
+    (spellings: :mod:`gpukeeper.devices`).
 
     ``use_nvml=False`` skips NVML (faster; no process split, no other processes).
 
     Raises ``InvalidInputError`` for a malformed or nonexistent device, or a CUDA device
-    where CUDA is unusable; a missing or
-    failing NVML never raises (the ``nvml`` field says why).
+    where CUDA is unusable; a missing or failing NVML never raises (the ``nvml`` field
+    says why).
     """
+    if device is None:
+        # Imported here: report_devices builds on MemoryReport, so it imports this module.
+        from gpukeeper.report_devices import DevicesReport
+
+        return DevicesReport(devices=_every_device(use_nvml))
     spec = devices.resolve_device(device)
     if spec.index is None:
         return _cpu_report(spec.reason, use_nvml)
@@ -558,7 +610,12 @@ def memory_report(device: Any = None, *, use_nvml: bool = True) -> MemoryReport:
 
 
 def memory_reports(*, use_nvml: bool = True) -> List[MemoryReport]:
-    """One report per visible CUDA device; one CPU-mode report without CUDA."""
+    """The per-device list: ``list(memory_report())``, one :class:`MemoryReport` per
+    visible CUDA device (one CPU-mode report without CUDA), without the totals."""
+    return _every_device(use_nvml)
+
+
+def _every_device(use_nvml: bool) -> List[MemoryReport]:
     count, reason = devices.cuda_status()
     if count == 0:
         return [_cpu_report(f"CUDA unavailable: {reason}", use_nvml)]

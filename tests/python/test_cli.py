@@ -115,8 +115,12 @@ def test_driver_message_tells_missing_driver_apart() -> None:
 def test_report_every_device_and_json() -> None:
     done = gk("report")
     assert done.returncode == 0 and "memory report" in done.stdout
-    reports = json.loads(gk("report", "--json", "-").stdout)
-    assert isinstance(reports, list) and reports and "total_bytes" in reports[0]
+    assert "\ntotal over CUDA device" in done.stdout or "\ntotal (CPU mode" in done.stdout
+    everything = json.loads(gk("report", "--json", "-").stdout)
+    assert everything["devices"] and "total_bytes" in everything["devices"][0]
+    assert everything["total"]["total_bytes"] == sum(d["total_bytes"] for d in everything["devices"])
+    one = json.loads(gk("report", "--device", "cpu", "--json", "-").stdout)
+    assert one["mode"] == "cpu" and "devices" not in one  # one device: its MemoryReport
 
 
 def test_report_bad_device_is_a_one_line_error() -> None:

@@ -213,6 +213,16 @@ def test_memory_report_html_holds_the_table() -> None:
         assert html_escape(note) in html
 
 
+def test_devices_report_html_holds_each_section_and_the_total() -> None:
+    everything = memory_report()  # every device: the host's one report without CUDA
+    html = _checked_html(everything)
+    for device in everything:
+        assert device._repr_html_() in html  # each device's own table, unchanged
+    total_title = everything.table().split("\n\n")[-1].splitlines()[0]
+    assert html_escape(total_title) in html
+    assert html_escape(f"host {everything.hostname}") in html
+
+
 def test_cleanup_report_html_held_memory(leaked_cleanup: CleanupReport) -> None:
     report = leaked_cleanup
     assert report.held == {"host": {"gpukeeper": 4 * MiB}}

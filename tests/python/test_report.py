@@ -108,7 +108,9 @@ def test_table_is_readable(pools):
 
 @pytest.mark.skipif(bool(CUDA), reason="checks the CPU-mode report of a machine without CUDA")
 def test_without_cuda_every_device_is_cpu_mode():
-    r = memory_report()
+    everything = memory_report()
+    assert everything.mode == "cpu" and len(everything) == 1
+    r = memory_report("auto")  # the current device: the host here
     assert r.mode == "cpu"
     assert any("CPU mode" in n and "CUDA unavailable" in n for n in r.notes)
     with pytest.raises(InvalidInputError, match="CUDA is unusable"):
@@ -232,7 +234,7 @@ def install(monkeypatch, fake: FakeNvml) -> FakeNvml:
 def test_context_is_process_memory_minus_frameworks_reserved(monkeypatch, fake_cuda):
     me = os.getpid()
     fake = install(monkeypatch, FakeNvml([proc(me, 1200 * MiB), proc(1, 5 * GiB)]))
-    r = memory_report()
+    r = memory_report("cuda")  # the current device
     assert r.mode == "cuda" and r.device == 0 and r.name == "Fake GPU"
     assert r.nvml == "ok (driver 999.99)"
     assert (r.total_bytes, r.free_bytes, r.memory_source) == (fake.total, fake.free, "nvml")
@@ -368,6 +370,9 @@ def test_all_devices(monkeypatch, fake_cuda):
     install(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
     reports = memory_reports()
     assert [r.device for r in reports] == [0, 1]
+    everything = memory_report()  # the same devices, with their totals
+    assert [r.device for r in everything] == [0, 1] and everything.mode == "cuda"
+    assert everything.process_bytes == 2 * GiB  # NVML's 1 GiB on each of the two devices
 
 
 def test_device_spellings(monkeypatch, fake_cuda):

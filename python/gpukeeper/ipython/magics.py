@@ -231,14 +231,16 @@ class GPUKeeperMagics(Magics):
 
     @line_magic
     def gpu_report(self, line: str) -> None:
-        """Shows ``gpukeeper.memory_report()``: who holds the device's memory.
+        """Shows ``gpukeeper.memory_report()``: who holds the devices' memory.
 
         Usage::
 
             %gpu_report [-d DEVICE] [--json]
 
-        ``-d DEVICE``: ``cuda:N``, ``N`` or ``cpu`` (default: the current CUDA device,
-        else the host). ``--json``: the report as JSON (``MemoryReport.to_json()``).
+        Without ``-d``: every visible device, one section each, and their total (a
+        ``DevicesReport``; the host without CUDA). ``-d DEVICE``: that one device's
+        ``MemoryReport``: ``cuda:N``, ``N``, ``cuda`` (the current one) or ``cpu``.
+        ``--json``: the report as JSON (its ``to_json()``).
         """
         magic = "%gpu_report"
         opts, rest = parse_line(magic, line, _REPORT_OPTIONS)
