@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence
 
-__all__ = ["bytes_text", "figure_table", "sum_known"]
+__all__ = ["bytes_text", "figure_table", "fmt_bytes", "sum_known"]
 
 
 def sum_known(values: Iterable[Optional[int]]) -> Optional[int]:
@@ -33,6 +33,21 @@ def sum_known(values: Iterable[Optional[int]]) -> Optional[int]:
             return None
         total += v
     return total
+
+
+def fmt_bytes(n: Optional[int]) -> str:
+    """``n`` bytes as short text with one decimal (``"1.5 GiB"``, ``"512 B"``), ``"?"``
+    for None: the compact form of tables and one-line messages (cleanup reports, the
+    rank table); :func:`bytes_text` is the reports' form."""
+    if n is None:
+        return "?"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{sign}{n} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    return f"{sign}{n} B"  # unreachable
 
 
 def bytes_text(n: Optional[int]) -> str:

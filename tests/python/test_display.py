@@ -31,7 +31,7 @@ from gpukeeper import (
     memory_report,
 )
 from gpukeeper.cleanup import CleanupReport, LeakedArray
-from gpukeeper.cleanup.report import fmt_bytes
+from gpukeeper.figures import fmt_bytes
 from gpukeeper.htmltable import html_fields, html_table
 from gpukeeper.timing import format_comparison_table
 from gpukeeper.timing.regression import Comparison, compare_runs, comparisons_html

@@ -43,7 +43,8 @@ from gpukeeper.cleanup import exit_guard
 from gpukeeper.cleanup.frames import frame_locals
 from gpukeeper.cleanup.measure import (
     HOST, devices_in_use, held_above, level_of, measure, release_caches, synchronize_devices)
-from gpukeeper.cleanup.report import Snapshot, fmt_bytes
+from gpukeeper.cleanup.report import Snapshot
+from gpukeeper.figures import fmt_bytes
 
 # Quiet time after a partial death before the caches are released, and the longest a
 # stream of deaths may postpone that release.

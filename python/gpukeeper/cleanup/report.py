@@ -9,22 +9,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper.frameworks import FrameworkMemory
+from gpukeeper.figures import fmt_bytes
 from gpukeeper.htmltable import html_table
 
 # location ("cuda:0", "host") -> framework name -> its memory
 Snapshot = Dict[str, Dict[str, FrameworkMemory]]
-
-
-def fmt_bytes(n: Optional[int]) -> str:
-    if n is None:
-        return "?"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{sign}{n} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    return f"{sign}{n} B"  # unreachable
 
 
 @dataclass(frozen=True)

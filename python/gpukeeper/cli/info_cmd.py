@@ -74,7 +74,7 @@ def environment() -> Dict[str, Any]:
 def _table(info: Dict[str, Any]) -> Any:
     from rich.table import Table
 
-    from gpukeeper.cleanup.report import fmt_bytes
+    from gpukeeper.figures import fmt_bytes
 
     table = Table(title="gpukeeper info", show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")

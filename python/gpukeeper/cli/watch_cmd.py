@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bytes(n: Optional[int]) -> str:
-    from gpukeeper.cleanup.report import fmt_bytes
+    from gpukeeper.figures import fmt_bytes
 
     return "?" if n is None else fmt_bytes(n)
 

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from gpukeeper.cleanup.report import fmt_bytes
+from gpukeeper.figures import fmt_bytes
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.frameworks import ranks
 from gpukeeper.report import memory_report

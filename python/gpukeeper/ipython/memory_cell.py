@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Set, Tuple
 
 from gpukeeper.cleanup import CleanupReport
 from gpukeeper.cleanup.measure import HOST
-from gpukeeper.cleanup.report import fmt_bytes
+from gpukeeper.figures import fmt_bytes
 from gpukeeper.memory import ManagedBuffer
 
 __all__ = ["BufferWatch", "CellMemory"]

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from gpukeeper.cleanup.report import fmt_bytes
+from gpukeeper.figures import fmt_bytes
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.htmltable import html_fields
 from gpukeeper.plotting import PathLike

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from gpukeeper.cleanup.measure import devices_in_use, level_of, measure, peaks, reset_peaks
-from gpukeeper.cleanup.report import Snapshot, fmt_bytes
+from gpukeeper.cleanup.report import Snapshot
+from gpukeeper.figures import fmt_bytes
 from gpukeeper.timing.timer import CUDATimer, timing_device
 
 __all__ = ["MemoryRow", "RegionProbe", "format_rows"]
