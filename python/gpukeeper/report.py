@@ -60,6 +60,7 @@ from gpukeeper import _core, devices, frameworks, host
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.figures import bytes_text, figure_table, sum_known
 from gpukeeper.frameworks import FrameworkMemory
+from gpukeeper.frameworks.ranks import current_rank
 from gpukeeper.htmltable import html_table
 from gpukeeper.nvml import (
     NVML,
@@ -586,7 +587,8 @@ def memory_report(device: Any = None, *, use_nvml: bool = True) -> "Union[Memory
 
     ``device=None``: a :class:`~gpukeeper.report_devices.DevicesReport` of the whole
     process: one :class:`MemoryReport` per visible CUDA device, with totals (the single
-    CPU-mode report without CUDA). Any other spelling gives the :class:`MemoryReport` of
+    CPU-mode report without CUDA), tagged with the process's rank under torch.distributed
+    or a launcher such as torchrun. Any other spelling gives the :class:`MemoryReport` of
     that one device: an index, ``"cuda:N"`` or a ``torch.device``; ``"cuda"`` or
     ``"auto"`` for the current device (PyTorch's current device once it has initialised
     CUDA, else CuPy's, else 0; the host without CUDA); ``"cpu"`` for a host-memory report
@@ -602,7 +604,9 @@ def memory_report(device: Any = None, *, use_nvml: bool = True) -> "Union[Memory
         # Imported here: report_devices builds on MemoryReport, so it imports this module.
         from gpukeeper.report_devices import DevicesReport
 
-        return DevicesReport(devices=_every_device(use_nvml))
+        info = current_rank()
+        return DevicesReport(devices=_every_device(use_nvml), rank=None if info is None else info.rank,
+                             world_size=None if info is None else info.world_size)
     spec = devices.resolve_device(device)
     if spec.index is None:
         return _cpu_report(spec.reason, use_nvml)

@@ -67,15 +67,6 @@ class RankMemory:
         return asdict(self)
 
 
-def _local_report(use_nvml: bool) -> DevicesReport:
-    """This rank's report over every device it sees, tagged with its rank."""
-    report = memory_report(use_nvml=use_nvml)
-    info = ranks.current_rank()
-    if info is not None:
-        report.rank, report.world_size = info.rank, info.world_size
-    return report
-
-
 def gather_memory_reports(
     group: Any = None,
     dst: Optional[int] = 0,
@@ -107,7 +98,7 @@ def gather_memory_reports(
         raise InvalidInputError(f"{what}: summary must be a bool, got {summary!r}")
     if not isinstance(use_nvml, bool):
         raise InvalidInputError(f"{what}: use_nvml must be a bool, got {use_nvml!r}")
-    report = _local_report(use_nvml)
+    report = memory_report(use_nvml=use_nvml)  # tagged with this rank
     payload: Any = RankMemory.from_report(report).to_dict() if summary else report.to_dict()
     gathered = ranks.gather_objects(payload, group, dst)
     if gathered is None:

@@ -85,11 +85,7 @@ def _torch_snapshot(path: Path) -> Optional[str]:
 
 def _report_dict() -> Dict[str, Any]:
     try:
-        report = memory_report()
-        info = ranks.current_rank()
-        if info is not None:
-            report.rank, report.world_size = info.rank, info.world_size
-        return report.to_dict()
+        return memory_report().to_dict()
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
 
