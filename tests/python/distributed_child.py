@@ -8,6 +8,7 @@ launcher ends the job while one rank waits in a collective). BACKEND: gloo (defa
 tensors) or nccl (one GPU per rank, CUDA tensors).
 """
 
+import atexit
 import json
 import os
 import sys
@@ -104,6 +105,10 @@ def api(out: Path) -> dict:
 
 def sigterm(out: Path) -> dict:
     rank = dist.get_rank()
+    # Registered before the guard, so it runs after the guard's exit-time cleanup: the
+    # file says the rank unwound through atexit (not a forced os._exit) and whether the
+    # guard left the process group destroyed.
+    atexit.register(lambda: (out / f"atexit{rank}").write_text(str(dist.is_initialized())))
     gpukeeper.install_exit_guard(exit_timeout=5.0)
     (out / f"pid{rank}").write_text(str(os.getpid()))
     if rank == 0:

@@ -191,6 +191,8 @@ def test_sigterm_from_the_launcher_ends_every_rank(tmp_path, backend):
     assert proc.returncode != 0, output[-3000:]
     assert not any(_alive(p) for p in pids), output[-3000:]
     assert took < 20, f"the ranks took {took:.1f} s to end\n{output[-3000:]}"
+    # The sleeping rank ended by SIGTERM through the guard: unwound, group destroyed.
+    assert (tmp_path / "atexit1").read_text() == "False", output[-3000:]
 
 
 # ------------------------------------------------------------------ no process group
