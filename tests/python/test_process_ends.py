@@ -90,7 +90,10 @@ CASES = [
     ("sigint-plain", signal.SIGINT, SIGINT_STATUSES, "KeyboardInterrupt"),
     ("sigint-autograd", signal.SIGINT, SIGINT_STATUSES, "KeyboardInterrupt"),
     ("sigterm", signal.SIGTERM, (128 + signal.SIGTERM,), ""),
-    ("killed-worker", "kill-worker", (1,), "ERROR RuntimeError DataLoader worker"),
+    # torch reports the dead worker ("DataLoader worker (pid N) is killed by signal"), or,
+    # when the parent reads the pipe the worker died writing to first (seen under load),
+    # the torn connection: either way the parent fails and exits.
+    ("killed-worker", "kill-worker", (1,), ("ERROR RuntimeError DataLoader worker", "ERROR ConnectionResetError")),
 ]
 
 
@@ -213,7 +216,8 @@ def test_process_ends_with_its_status_and_leaves_nothing(tmp_path: Path, device,
             proc.wait()
     out = line + out
     assert proc.returncode in statuses, (mode, proc.returncode, err[-2000:])
-    assert expected in (out if mode == "killed-worker" else err), (out, err[-2000:])
+    seen = out if mode == "killed-worker" else err
+    assert any(e in seen for e in (expected if isinstance(expected, tuple) else (expected,))), (out, err[-2000:])
     assert ("DONE" in out) == (mode == "normal")
     left = _wait_gone(family, timeout=10)
     assert not left, f"still running after the child ended: {left}"
