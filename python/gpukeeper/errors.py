@@ -7,7 +7,7 @@ failed CUDA call, naming the call, the error code's name and its message) also a
 
 Of the cleanup (``gpukeeper.cleanup``): ``MemoryLeakError`` (memory still held after a
 ``GPUContext`` with ``raise_on_leak=True``, carrying its report), ``EmptiedObjectError``
-(a module or optimizer emptied by ``cleanup_models()`` used again; also a
+(a module, optimizer or tensor emptied by ``cleanup_models()`` used again; also a
 ``RuntimeError``) and the ``LeakWarning`` warning (a ``UserWarning``).
 
 Of the timing (``gpukeeper.timing``): the ``TimingWarning`` warning (a ``UserWarning``),
@@ -43,7 +43,7 @@ class MemoryLeakError(GpuError):
 
 
 class EmptiedObjectError(GpuError, RuntimeError):
-    """A module or optimizer emptied by ``cleanup_models()`` was used again."""
+    """A module, optimizer or tensor emptied by ``cleanup_models()`` was used again."""
 
 
 class LeakWarning(UserWarning):

@@ -480,6 +480,105 @@ def test_cleanup_models_rejects_other_objects_and_empties_nothing():
         cleanup_models(object())
 
 
+@pytest.mark.parametrize(
+    "bad, where, kind",
+    [
+        ("a string", "argument 1", "str"),
+        (object(), "argument 1", "object"),
+        ((t for t in ()), "argument 1", "generator"),
+        ([torch.ones(2), 3.5], r"argument 1\[1\]", "float"),
+        ({"opt": None, "lr": 1e-3}, r"argument 1\['lr'\]", "float"),
+    ],
+)
+def test_cleanup_models_bad_argument_names_its_place_and_type_and_frees_nothing(bad, where, kind):
+    good = torch.ones(100)
+    with pytest.raises(InvalidInputError, match=rf"{where} \(a {kind}\).*nothing was emptied"):
+        cleanup_models(good, bad)
+    assert good.sum().item() == 100  # the valid argument before it was not touched
+
+
+def _emptied_tensor_ops(t):
+    return {
+        "sum": lambda: t.sum(),
+        "mean": lambda: t.mean(),
+        "index": lambda: t[0],
+        "add": lambda: t + 1,
+        "radd": lambda: torch.ones(1) + t,
+        "matmul": lambda: t @ torch.ones(t.shape[-1] if t.dim() else 1),
+        "cpu": lambda: t.cpu(),
+        "to": lambda: t.to(torch.float64),
+        "numpy": lambda: t.numpy(),
+        "float": lambda: float(t),
+        "bool": lambda: bool(t),
+        "len": lambda: len(t),
+        "iter": lambda: list(t),
+        "tolist": lambda: t.tolist(),
+        "stack": lambda: torch.stack([t, t]),
+        "inplace": lambda: t.mul_(2),
+        "data": lambda: t.data.sum(),
+        "deepcopy": lambda: __import__("copy").deepcopy(t),
+    }
+
+
+def test_an_emptied_tensor_fails_loudly_instead_of_summing_to_zero():
+    t = torch.randn(4, 5)
+    assert cleanup_models(t) == 80
+    for name, op in _emptied_tensor_ops(t).items():
+        with pytest.raises(EmptiedObjectError, match=r"shape \(4, 5\), float32, on cpu\) was emptied") as info:
+            op()
+        assert isinstance(info.value, RuntimeError), name  # existing except clauses still catch it
+    # What remains answers, and says what happened.
+    assert t.shape == (0,) and t.numel() == 0 and t.dtype == torch.float32 and t.device.type == "cpu"
+    assert "emptied by gpukeeper.cleanup_models()" in repr(t) and "shape (4, 5)" in f"{t}"
+    assert isinstance(t, torch.Tensor)
+    assert cleanup_models(t) == 0  # twice is harmless
+
+
+def test_a_view_taken_before_the_cleanup_keeps_working_and_its_memory():
+    t = torch.arange(20.0).reshape(4, 5)
+    view, detached = t[1], t.detach()
+    assert cleanup_models(t) == 0  # the storage lives on in the view: nothing freed
+    assert view.sum().item() == sum(range(5, 10))
+    assert detached.sum().item() == sum(range(20))
+    with pytest.raises(EmptiedObjectError):
+        t.sum()
+
+
+def test_emptied_parameters_buffers_and_optimizer_state_fail_loudly():
+    model, opt = _trained(batchnorm=True)
+    cleanup_models(model, opt)
+    weight, running_mean = model[0].weight, model[1].running_mean
+    assert isinstance(weight, torch.nn.Parameter)
+    with pytest.raises(EmptiedObjectError, match=r"shape \(64, 32\)"):
+        weight.sum()
+    with pytest.raises(EmptiedObjectError, match=r"shape \(64,\)"):
+        running_mean + 1
+    moments = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    assert moments
+    for v in moments:
+        with pytest.raises(EmptiedObjectError):
+            v.sum()
+    with pytest.raises(EmptiedObjectError):
+        model.state_dict()["0.weight"].clone()
+    # Inspecting the model still works: names, printing, zero_grad.
+    model.zero_grad()
+    opt.zero_grad()
+    assert [n for n, _ in model.named_parameters()][:2] == ["0.weight", "0.bias"]
+    assert "Linear" in repr(model)
+
+
+def test_cleanup_models_skips_none_as_the_seed_finally_pattern_needs():
+    model = None
+    try:
+        raise RuntimeError("building the model failed")
+    except RuntimeError:
+        pass
+    finally:
+        assert cleanup_models(model) == 0
+    model, opt = _trained()
+    assert cleanup_models(model, None) > 0  # an optional optimizer left out
+
+
 # ============================================================================ seed 000
 
 

@@ -81,6 +81,13 @@ class _ExitGuard:
         if self.forked:
             return
         try:
+            self._cleanup_at_exit()
+        finally:
+            if _sigint_went_unhandled():
+                _keep_sigint_exit_status()
+
+    def _cleanup_at_exit(self) -> None:
+        try:
             report = self.full_cleanup()
         except Exception as e:  # never turn an exit into a traceback over cleanup
             try:
@@ -149,6 +156,55 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _sigint_went_unhandled() -> bool:
+    """Whether the script is ending with an uncaught KeyboardInterrupt that ``_on_signal``
+    raised (Python kept it in ``sys.last_value`` when it printed the traceback)."""
+    if sys.flags.interactive or hasattr(sys, "ps1"):
+        return False  # a prompt's earlier ^C stays in sys.last_value: not how this ends
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if not isinstance(exc, KeyboardInterrupt):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is _on_signal.__code__:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _keep_sigint_exit_status() -> None:
+    """Makes an uncaught KeyboardInterrupt end the process as SIGINT does (status 130, or
+    killed by SIGINT), as Python intends.
+
+    Python decides that when the main script fails, in a flag it reads only after the
+    interpreter finalized; anything that runs code through ``PyRun_String`` meanwhile (an
+    extension, a library's atexit handler) resets that flag, and the process then exits
+    with status 1 after printing the KeyboardInterrupt. That is what a SIGINT inside
+    torch's autograd looked like on a GPU machine (which code reset it is not known). So
+    the flag is set again here, at the end of the guard's atexit handler: handlers that
+    run after it (registered before the guard) could still reset it. Where it is out of reach
+    (Python 3.12 and later keep it inside the runtime's state), the process ends itself
+    with SIGINT here, after flushing stdout and stderr: atexit handlers registered before
+    the guard then do not run."""
+    try:
+        import ctypes
+
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 1
+        return
+    except (ImportError, ValueError, AttributeError, OSError):
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except (ValueError, OSError):
+        pass  # not the main thread, or no kill: Python's own exit status stands
+
+
 def _after_fork_in_child() -> None:
     """A forked child (e.g. a DataLoader worker) behaves as if no guard were installed:
     the guard's threads did not survive the fork and its pipe belongs to the parent."""
@@ -204,8 +260,11 @@ def install_exit_guard(
 
     On SIGINT: synchronize (bounded) and release, then chain to the previous handler
     (Python's default raises KeyboardInterrupt). No forced exit: an interrupted program
-    may catch KeyboardInterrupt and carry on. A signal ignored before (SIG_IGN) stays
-    ignored.
+    may catch KeyboardInterrupt and carry on. If it does not, the process ends as an
+    interrupted Python process does, killed by SIGINT (a shell shows status 130), also
+    when something during the interpreter's shutdown reset Python's record of the
+    uncaught KeyboardInterrupt (which made it status 1 after a SIGINT inside torch's
+    autograd on a GPU). A signal ignored before (SIG_IGN) stays ignored.
 
     Opt-in and idempotent: returns True when this call installed the guard, False when it
     was installed already (its settings are then updated). Signals can only be handled in

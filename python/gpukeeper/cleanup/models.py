@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Set, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
+from gpukeeper.cleanup.emptied import is_emptied, mark_emptied
 from gpukeeper.cleanup.stuck import device_stuck
 from gpukeeper.errors import EmptiedObjectError, InvalidInputError
 
@@ -76,17 +77,32 @@ def cleanup_models(*objs: Any) -> int:
     Accepts ``torch.nn.Module`` (parameters, buffers, gradients and tensor attributes of
     it and its submodules), ``torch.optim.Optimizer`` (its state: moments, steps), tensors,
     gpukeeper ``ManagedBuffer``s (released: a later use raises ``InvalidInputError``), and
-    lists/tuples/sets/dicts of them; ``None`` is skipped. Anything else raises
-    ``InvalidInputError`` before anything is emptied. Each tensor is swapped for an empty
-    one of the same dtype and device (``tensor.data = torch.empty(0)``), on every device:
-    GPU memory is the point, and CPU objects are emptied too so that the behaviour is the
-    same everywhere. Calling an emptied module (or a submodule) or stepping an emptied
-    optimizer raises ``EmptiedObjectError``; emptying twice is harmless (0 bytes).
+    lists/tuples/sets/dicts of them. ``None`` is skipped, on purpose: seed 000's
+    ``finally: cleanup_models(model)`` must also run when building the model failed
+    (``model = None`` before the ``try``), and an optimizer may be optional. Anything else
+    (a string, a generator such as ``model.parameters()``, a NumPy array) raises
+    ``InvalidInputError`` naming its position and type, before anything is emptied.
 
-    The bytes returned are those of the allocations that died: memory another live
-    object still references (a view kept elsewhere, an autograd graph still holding
-    saved tensors) is not freed, and not counted. Then synchronizes and releases every
-    framework's cache, so that the memory goes back to the driver.
+    Each tensor's data is swapped for an empty one of the same dtype and device, on every
+    device: GPU memory is the point, and CPU objects are emptied too so that the
+    behaviour is the same everywhere. After that, using what was emptied fails loudly:
+    calling an emptied module (or a submodule) or stepping an emptied optimizer raises
+    ``EmptiedObjectError``, and so does any operation that reads, writes or converts an
+    emptied tensor (``t.sum()``, ``t + 1``, ``t[0]``, ``t.cpu()``, ``t.numpy()``,
+    ``float(t)``), including the module's parameters and buffers and the optimizer's state.
+    What remains answers: ``shape`` (now ``(0,)``), ``dtype``, ``device``, ``grad``,
+    ``numel()`` (0), ``repr()`` (says it was emptied), and ``model.zero_grad()``.
+    Emptying twice is harmless (0 bytes).
+
+    What cannot fail loudly: another tensor object sharing the memory (a view ``t[1]``, a
+    ``t.detach()``, a NumPy array from ``t.numpy()``, a tensor an autograd graph saved)
+    taken before the cleanup keeps the memory and its values and works as before; those
+    bytes are not freed, and not counted. Python numbers read out before (``t.item()``)
+    are plain values. Tensor subclasses other than ``nn.Parameter`` are emptied (size 0)
+    but not made to raise, since they may handle operations themselves.
+
+    Then synchronizes and releases every framework's cache, so that the memory goes back
+    to the driver.
     """
     freed, emptied = empty_objects(*objs)
     if emptied and not device_stuck():
@@ -181,30 +197,46 @@ def empty_objects(*objs: Any) -> Tuple[int, bool]:
 
 
 def _empty_tensors(torch: Any, tensors: List[Any]) -> int:
-    """Swaps each tensor's data for an empty tensor; bytes of the storages that died."""
+    """Swaps each tensor's data for an empty tensor and marks it emptied (a later use
+    raises); returns the bytes of the storages that died."""
     try:
         from torch.multiprocessing.reductions import StorageWeakRef
     except Exception:  # pragma: no cover - every torch with storages has it
         StorageWeakRef = None
     watched: Dict[Tuple[str, int], Tuple[Any, int]] = {}
     for t in tensors:
+        if is_emptied(t):
+            continue  # emptied before: nothing left to free
         try:
             storage = t.untyped_storage()
-            if storage.nbytes() == 0:
-                continue  # already empty (emptied before)
             key = (str(t.device), int(storage.data_ptr()))
             if key[1] and key not in watched and StorageWeakRef is not None:
                 watched[key] = (StorageWeakRef(storage), int(storage.nbytes()))
             del storage
         except Exception:
             pass  # sparse and other storage-less layouts: emptied, not counted
-        try:
-            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-        except Exception:
-            # Inference tensors and some subclasses refuse .data: free through the
-            # storage itself (every alias then sees an empty storage).
-            try:
-                t.untyped_storage().resize_(0)
-            except Exception:
-                pass
+        was = (tuple(t.shape), t.dtype, t.device)
+        if _swap_data(torch, t):
+            mark_emptied(torch, t, was)
     return sum(nbytes for ref, nbytes in watched.values() if ref.expired())
+
+
+def _swap_data(torch: Any, t: Any) -> bool:
+    """Points ``t`` (this tensor object only, not other views of its storage) at an empty
+    tensor of its dtype and device; False when torch refuses every way."""
+    empty = torch.empty(0, dtype=t.dtype, device=t.device)
+    try:
+        t.data = empty
+        return True
+    except Exception:
+        pass
+    # Some subclasses refuse .data; inference tensors accept set_ only in inference mode.
+    # Never untyped_storage().resize_(0): every alias would then read a null pointer.
+    for mode in (torch.no_grad, torch.inference_mode):
+        try:
+            with mode():
+                t.set_(empty)
+            return True
+        except Exception:
+            continue
+    return False
