@@ -5,10 +5,11 @@
 # `bash scripts/sanitizers.sh asan-python`; the build folder is $GPUKEEPER_ASAN_PY_BUILD.
 #
 # The interpreter is not instrumented, so libasan is preloaded (it must be the first
-# library of the process), and libstdc++ with it (see below). What is and is not checked, and why:
+# library of the process), and libstdc++ with it (see below). What is checked, and why:
 #   - every ASan or UBSan report fails the run, from pytest or any process a test starts:
-#     reports go to files under a temporary folder (log_path), and any file there is a
-#     failure, printed in full; UBSan is fatal (-fno-sanitize-recover, halt_on_error).
+#     reports go to files under a temporary folder (log_path), printed in full when one
+#     holds anything but the warning named below; UBSan is fatal (-fno-sanitize-recover,
+#     halt_on_error).
 #   - leaks are not checked here (detect_leaks=0): CPython, numpy and torch keep much of
 #     what they allocate until exit, and every gpukeeper allocation made from Python has
 #     the interpreter on its stack, so no suppression could tell theirs from ours. The
@@ -28,7 +29,7 @@
 # expandable segments, OOM retry, cleanup, devices and runtime, the timing core, and
 # DLPack / torch / CuPy interop with the allocator hooks.
 # The rest (the CLI, plugins, notebooks, docs, engines, displays) is Python calling the
-# same entry points, run by the ordinary suite; it would double the time of this step.
+# same entry points, and is left to the ordinary suite to keep this step short.
 # torch: the CPU build of torch imports and runs under the preloaded ASan; the torch tests
 # of these files run here (they skip where torch is missing).
 set -euo pipefail
