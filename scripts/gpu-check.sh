@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole GPU round in one call of the device tool: build, `gpukeeper check`, the C++
-# and Python suites, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
+# suite (plain and under compute-sanitizer), the Python suite, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu-check.sh [--no-bench | --timing-bench | --plugin-bench]
 # Wheels in .whl/ (carried to the machine) are installed first, into /tmp/site; Debian
 # packages in .whl/debs/ are unpacked into /tmp/debroot.
@@ -72,6 +72,46 @@ if cmake -S . -B build/gpu-tests "${GEN[@]}" -DGPUKEEPER_BUILD_TESTS=ON -DGPUKEE
   [ "$rc" = 0 ] || status=1
 else
   tail -30 "$LOG/cpp-configure.txt" "$LOG/cpp-build.txt"; summary "C++: BUILD FAILED"; status=1
+fi
+
+step "C++ tests under compute-sanitizer"
+# memcheck (with the leak check), racecheck and synccheck over the C++ suite built above.
+# memcheck reports every failed CUDA call, out-of-memory included, so the test cases that
+# make the CUDA allocators fail on purpose (asking for a petabyte, or twice the memory
+# there is, to check the AllocationError) carry the tag [cuda_oom] and are left out by
+# it; no report of the tools is muted. The test cases tagged [accuracy] assert timings to
+# a microsecond, which the tools' instrumentation changes by design: they run under every
+# tool too, in a second pass where only the tool's findings count (exit code 86), not the
+# timings. The leak check runs as the process exits: pools free their segments when they
+# die, and the gate-slot pool frees its pinned chunks at exit (timing/stream_gate.cpp).
+# The stress tests run a bounded number of operations, as under ThreadSanitizer.
+# All output goes to compute-sanitizer.txt.
+CS=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+CPP_TESTS=build/gpu-tests/tests/cpp/gpukeeper_cpp_tests
+if [ ! -x "$CS" ]; then
+  summary "compute-sanitizer: NOT FOUND (looked on PATH and at $CS)"; status=1
+elif [ ! -x "$CPP_TESTS" ]; then
+  summary "compute-sanitizer: no C++ test build to run"; status=1
+else
+  for tool in memcheck racecheck synccheck; do
+    args=(--tool "$tool" --error-exitcode 86)
+    [ "$tool" = memcheck ] && args+=(--leak-check full)
+    for spec in "~[cuda_oom]~[accuracy]" "[accuracy]"; do
+      out=$LOG/cs-$tool.txt
+      echo "### compute-sanitizer ${args[*]} $CPP_TESTS '$spec'" >> "$LOG/compute-sanitizer.txt"
+      GPUKEEPER_STRESS_OPS=64000 "$CS" "${args[@]}" "$CPP_TESTS" "$spec" > "$out" 2>&1
+      rc=$?
+      cat "$out" >> "$LOG/compute-sanitizer.txt"
+      # The tool's own summary lines (prefix =========) and Catch's verdict.
+      found=$(grep -E "^========= .*(SUMMARY|[0-9]+ (errors|hazards))" "$out" | tr '\n' ' ')
+      verdict=$(grep -E "All tests passed|test cases:" "$out" | tail -1)
+      summary "compute-sanitizer $tool '$spec': ${found:-no summary line} ${verdict} (rc=$rc)"
+      if [ "$rc" = 86 ] || { [ "$rc" != 0 ] && [ "$spec" != "[accuracy]" ]; }; then
+        status=1; grep -E "^=========" "$out" | head -40
+      fi
+      rm -f "$out"
+    done
+  done
 fi
 
 step "Python tests"

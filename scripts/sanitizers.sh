@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The C++ suite under sanitizers, CPU-only builds (no GPU in CI):
 #   AddressSanitizer + UndefinedBehaviorSanitizer over every C++ test (ctest), and
-#   ThreadSanitizer over the multithreaded stress tests ([stress], bounded).
+#   ThreadSanitizer over the multithreaded stress tests ([stress], bounded);
+# and, as `asan-python` (not part of `all`), the Python module gpukeeper._core built with
+# ASan + UBSan under a part of the Python suite (scripts/lib/asan-python.sh says which).
 # Any finding fails: UBSan is made fatal, ASan and TSan exit non-zero by themselves.
-# Usage: bash scripts/sanitizers.sh [asan|tsan|all]   (default: all)
-# GPUKEEPER_ASAN_BUILD / GPUKEEPER_TSAN_BUILD name the build folders (build/asan, build/tsan);
-# scripts/test-all.sh uses its CPU-only build folder for the ASan build.
+# Usage: bash scripts/sanitizers.sh [asan|tsan|asan-python|all]   (default: all = asan, tsan)
+# GPUKEEPER_ASAN_BUILD / GPUKEEPER_TSAN_BUILD / GPUKEEPER_ASAN_PY_BUILD name the build folders
+# (build/asan, build/tsan, build/asan-py); scripts/test-all.sh uses its CPU-only build folder
+# for the ASan build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
@@ -39,5 +42,9 @@ if [ "$which" = tsan ] || [ "$which" = all ]; then
   # (2 million operations) is left to the plain builds.
   GPUKEEPER_STRESS_OPS=64000 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     "$tsan_dir/tests/cpp/gpukeeper_cpp_tests" "[stress]~stress: small blocks*"
+fi
+if [ "$which" = asan-python ]; then
+  echo "== Python suite (part) over gpukeeper._core under AddressSanitizer + UBSan =="
+  GPUKEEPER_ASAN_PY_BUILD=${GPUKEEPER_ASAN_PY_BUILD:-build/asan-py} bash scripts/lib/asan-python.sh
 fi
 echo "sanitizers: no findings"

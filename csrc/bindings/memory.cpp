@@ -128,6 +128,20 @@ ResourceKind resolve_kind(const std::string& kind) {
   return parse_resource_kind(kind);
 }
 
+
+// A watermark level: anything with __float__ (int, float, numpy scalars), but not a bool or
+// a string; the pool checks the range. pybind11's own conversion would raise a TypeError
+// that names no argument.
+double to_level(const py::handle& obj) {
+  if (!PyBool_Check(obj.ptr()) && !PyUnicode_Check(obj.ptr())) {
+    const double level = PyFloat_AsDouble(obj.ptr());
+    if (!(level == -1.0 && PyErr_Occurred())) return level;
+    PyErr_Clear();
+  }
+  throw InvalidInputError(std::string("watermark level must be a number in (0, 1], got ") +
+                          Py_TYPE(obj.ptr())->tp_name);
+}
+
 }  // namespace
 
 void PyBuffer::require_live(const char* what) const {
@@ -508,7 +522,9 @@ void def_pool_callbacks(PoolClass& pool_class) {
   pool_class
       .def(
           "add_watermark",
-          [](PoolRegistry& reg, const py::handle& device, double level, py::object callback) {
+          [](PoolRegistry& reg, const py::handle& device, const py::handle& level_obj,
+             py::object callback) {
+            const double level = to_level(level_obj);
             auto fn = hold_callable(std::move(callback));
             return pool_for(reg, device)->add_watermark(level, [fn](double pressure) {
               py::gil_scoped_acquire gil;

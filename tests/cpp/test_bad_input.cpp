@@ -74,6 +74,18 @@ TEST_CASE("bad input: zero, negative and absurd sizes", "[bad_input]") {
       REQUIRE_THROWS_AS(pool->allocate(bad), InvalidInputError);
     }
   }
+  GK_REQUIRE_BALANCED(pool, before);
+  busy.still_works();
+}
+
+// Tagged [cuda_oom]: on a GPU these make cudaMalloc, cudaMallocAsync and cudaMallocHost
+// fail on purpose, which compute-sanitizer reports (scripts/gpu-check.sh leaves them out).
+TEST_CASE("bad input: sizes beyond any memory", "[bad_input][cuda_oom]") {
+  GK_FOR_EACH_KIND();
+  BusyPool busy(kind);
+  auto& pool = busy.pool;
+  const Books before(pool->stats());
+
   SECTION("below kMaxRequest but beyond any memory: AllocationError with the size") {
     const std::size_t huge = CachingPool::kMaxRequest;  // 1 PiB: beyond any address space
     const std::string message = thrown_message<AllocationError>([&] { pool->allocate(huge); });

@@ -205,7 +205,7 @@ TEST_CASE("oom: a request beyond the whole memory fails and leaves the pool as i
   pool->deallocate(live);
 }
 
-TEST_CASE("oom: each kind's AllocationError names its memory", "[oom]") {
+TEST_CASE("oom: each kind's AllocationError names its memory", "[oom][cuda_oom]") {
   const ResourceKind kind =
       GENERATE(ResourceKind::host, ResourceKind::device, ResourceKind::async, ResourceKind::pinned);
   INFO("memory kind: " << gpukeeper::to_string(kind));

@@ -216,7 +216,7 @@ TEST_CASE("timing: calibration kernels exist exactly in builds with nvcc", "[tim
 // ---- on a GPU -------------------------------------------------------------------------
 
 TEST_CASE("timing: a GPU timer measures spin kernels of 10 us, 100 us and 1 ms",
-          "[timing][gpu]") {
+          "[timing][gpu][accuracy]") {
   GK_SKIP_UNLESS_GPU();
   GK_SKIP_UNLESS_KERNELS();
   for (std::uint64_t ns : {10'000ull, 100'000ull, 1'000'000ull}) {
@@ -280,7 +280,8 @@ TEST_CASE("timing: GPU timers and logs reuse pooled events once warm", "[timing]
   REQUIRE(pool.created() == created + 10);
 }
 
-TEST_CASE("timing: a GPU event log resolves spin kernels in order", "[timing][gpu]") {
+TEST_CASE("timing: a GPU event log resolves spin kernels in order",
+          "[timing][gpu][accuracy]") {
   GK_SKIP_UNLESS_GPU();
   GK_SKIP_UNLESS_KERNELS();
   EventLog log(0);
@@ -307,7 +308,8 @@ TEST_CASE("timing: a GPU event log resolves spin kernels in order", "[timing][gp
   CHECK(got[2].gpu_ms <= 0.8);
 }
 
-TEST_CASE("timing: a GPU timer's start/stop do not wait for the stream", "[timing][gpu]") {
+TEST_CASE("timing: a GPU timer's start/stop do not wait for the stream",
+          "[timing][gpu][accuracy]") {
   GK_SKIP_UNLESS_GPU();
   GK_SKIP_UNLESS_KERNELS();
   gpukeeper::launch_spin_kernel(0, 0);

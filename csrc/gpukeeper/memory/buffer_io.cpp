@@ -1,6 +1,7 @@
 #include "gpukeeper/memory/buffer_io.hpp"
 
 #include <cstring>
+#include <string>
 
 #include "gpukeeper/core/errors.hpp"
 
@@ -25,6 +26,11 @@ void copy_ordered(int device, stream_t stream, void* dst, const void* src, std::
 void copy_block(ResourceKind kind, int device, stream_t stream, void* dst, const void* src,
                 std::size_t bytes) {
   if (bytes == 0) return;
+  // memcpy from or to nullptr is undefined, and CUDA would fail the call: refuse it first.
+  if (dst == nullptr || src == nullptr) {
+    throw InvalidInputError(std::string("copy_block: ") + (dst == nullptr ? "dst" : "src") +
+                            " is null for a copy of " + std::to_string(bytes) + " bytes");
+  }
   if (kind == ResourceKind::host) {
     std::memcpy(dst, src, bytes);
     return;

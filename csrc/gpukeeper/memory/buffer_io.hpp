@@ -10,6 +10,7 @@ namespace gpukeeper {
 
 // Copies `bytes` between host memory and a block of `kind` on `device` (either way),
 // after the work queued on the block's `stream`, and returns once the copy is complete.
+// InvalidInputError for a null dst or src (with bytes > 0); DeviceError when CUDA fails.
 void copy_block(ResourceKind kind, int device, stream_t stream, void* dst, const void* src,
                 std::size_t bytes);
 

@@ -71,6 +71,9 @@ class CachingPool {
   static constexpr std::size_t kAlignment = 256;
   // Larger requests are refused as input errors: no machine has a petabyte to give.
   static constexpr std::size_t kMaxRequest = std::size_t{1} << 50;
+  // PoolOptions::expandable_range above this is refused: 128 PiB, the user address space of
+  // x86-64 with 5-level paging (larger than any other; rounding it up cannot overflow).
+  static constexpr std::size_t kMaxExpandableRange = std::size_t{1} << 57;
   // Freed blocks that may stay unmerged with their free neighbours at a time.
   static constexpr std::size_t kMergeWindow = 4;
   // Free blocks an expandable class looks through for one already mapped (own_fit).

@@ -16,12 +16,35 @@ using detail::Segment;
 
 void CachingPool::check_options(const PoolOptions& o) {
   auto pow2 = [](std::size_t v) { return v != 0 && (v & (v - 1)) == 0; };
-  if (o.small_size == 0 || o.small_size > o.small_segment || o.small_segment % kAlignment != 0 ||
-      o.large_segment % kAlignment != 0 || o.large_cutoff > o.large_segment ||
-      !pow2(o.segment_granularity) || o.segment_granularity < kAlignment) {
-    throw InvalidInputError(
-        "PoolOptions: need 0 < small_size <= small_segment, large_cutoff <= large_segment, "
-        "segment sizes multiples of 256 and a power-of-two segment_granularity >= 256");
+  auto n = [](std::size_t v) { return std::to_string(v); };
+  // Each message names the field, so that a wrong option is found without the source.
+  auto fail = [](const std::string& why) { throw InvalidInputError("PoolOptions." + why); };
+  if (o.small_size == 0) fail("small_size must be > 0");
+  if (o.small_size > o.small_segment) {
+    fail("small_size (" + n(o.small_size) + ") must be at most small_segment (" +
+         n(o.small_segment) + ")");
+  }
+  if (o.small_segment % kAlignment != 0) {
+    fail("small_segment (" + n(o.small_segment) + ") must be a multiple of 256");
+  }
+  if (o.large_segment % kAlignment != 0) {
+    fail("large_segment (" + n(o.large_segment) + ") must be a multiple of 256");
+  }
+  if (o.large_cutoff > o.large_segment) {
+    fail("large_cutoff (" + n(o.large_cutoff) + ") must be at most large_segment (" +
+         n(o.large_segment) + ")");
+  }
+  if (!pow2(o.segment_granularity) || o.segment_granularity < kAlignment) {
+    fail("segment_granularity (" + n(o.segment_granularity) + ") must be a power of two >= 256");
+  }
+  // Checked whether or not `expandable` is set: a wrong value is wrong either way. NaN
+  // fails the comparison too.
+  if (!(o.expandable_slack >= 0.0 && o.expandable_slack <= 1.0)) {
+    fail("expandable_slack must be in [0, 1], got " + std::to_string(o.expandable_slack));
+  }
+  if (o.expandable_range > kMaxExpandableRange) {
+    fail("expandable_range (" + n(o.expandable_range) + " bytes) is beyond any address space (at most " +
+         n(kMaxExpandableRange) + "; 0 picks twice the memory)");
   }
 }
 

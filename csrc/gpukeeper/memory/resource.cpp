@@ -42,6 +42,11 @@ bool resource_available(ResourceKind kind, int device, std::string* why) {
     if (device != 0) return fail("host memory has one device id, 0; got " + std::to_string(device));
     return true;
   }
+  // A negative id is wrong on every machine: say so before whether CUDA is there.
+  if (device < 0) {
+    return fail(std::string(to_string(kind)) + " memory: device " + std::to_string(device) +
+                " is not a device id (ids start at 0)");
+  }
   CudaStatus status = cuda_status();
   if (!status.available) {
     return fail(std::string(to_string(kind)) + " memory needs CUDA, which is unavailable: " +

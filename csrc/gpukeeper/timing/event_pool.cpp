@@ -13,6 +13,11 @@
 namespace gpukeeper {
 
 EventPool& EventPool::for_device(int device) {
+  // Wrong in every build: an input error before whether CUDA is there.
+  if (device < 0) {
+    throw InvalidInputError("device " + std::to_string(device) +
+                            " is not a CUDA device id (ids start at 0)");
+  }
 #ifdef GPUKEEPER_WITH_CUDA
   static std::mutex mutex;
   static std::vector<EventPool*> pools;  // by device id; never freed (see the header)

@@ -1,6 +1,9 @@
 #include "gpukeeper/timing/stream_gate.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -27,8 +30,12 @@ struct StreamGate::Slot {
   GateSlotPool* pool = nullptr;
 };
 
-// The slots of one device, carved from pinned host-mapped chunks that live until the
-// process ends (a chunk may still be read by a queued kernel at any time before that).
+// The slots of one device, carved from pinned host-mapped chunks of kSlotsPerChunk cells.
+// A chunk may be read by a queued gate kernel at any time until that kernel has written
+// its outcome, and written by the StreamGate that holds a slot: it is freed only when all
+// its slots are idle (release_idle), which happens at process exit (release_all_at_exit
+// below) or when asked (release_idle_gate_slots). The pool object itself is never
+// destroyed, so a StreamGate that outlives the release still finds its pool.
 class GateSlotPool {
  public:
   explicit GateSlotPool(int device) : device_(device) {}
@@ -68,10 +75,50 @@ class GateSlotPool {
     return GateSlotStats{created_, idle_.size(), retiring_.size()};
   }
 
+  // Frees the chunks whose slots are all idle: no gate holds one and every kernel that
+  // used one was seen finished, so neither the host nor the device reads the memory
+  // again. Chunks still in use stay (a gate held by a static object, a kernel still
+  // queued behind other work): freeing them would be a use-after-free; they are the
+  // driver's to reclaim with the context. Returns the slots freed.
+  std::size_t release_idle() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    collect_finished();
+    std::size_t freed = 0;
+    for (std::size_t c = 0; c < chunks_.size();) {
+      const Chunk& chunk = chunks_[c];
+      auto in_chunk = [&chunk](const StreamGate::Slot* s) {
+        const auto first = reinterpret_cast<std::uintptr_t>(chunk.slots.get());
+        const auto at = reinterpret_cast<std::uintptr_t>(s);
+        return at >= first && at < first + kSlotsPerChunk * sizeof(StreamGate::Slot);
+      };
+      if (static_cast<std::size_t>(std::count_if(idle_.begin(), idle_.end(), in_chunk)) !=
+          kSlotsPerChunk) {
+        ++c;
+        continue;
+      }
+      idle_.erase(std::remove_if(idle_.begin(), idle_.end(), in_chunk), idle_.end());
+#ifdef GPUKEEPER_WITH_CUDA
+      // cudaFreeHost waits for nothing here: no queued kernel reads this chunk. Should the
+      // runtime already be unloading, the call fails and the driver frees the memory with
+      // the context: nothing to report at exit.
+      if (cudaFreeHost(chunk.host) != cudaSuccess) detail::clear_cuda_error();
+#endif
+      chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(c));
+      created_ -= kSlotsPerChunk;
+      freed += kSlotsPerChunk;
+    }
+    return freed;
+  }
+
  private:
   static constexpr std::size_t kSlotsPerChunk = 64;
   // Flag and outcome of a slot share one 16-byte cell; cells never share a word.
   static constexpr std::size_t kCellBytes = 16;
+
+  struct Chunk {
+    void* host;  // from cudaHostAlloc, kSlotsPerChunk * kCellBytes bytes
+    std::unique_ptr<StreamGate::Slot[]> slots;
+  };
 
   void collect_finished() {
     for (std::size_t i = 0; i < retiring_.size();) {
@@ -85,42 +132,11 @@ class GateSlotPool {
     }
   }
 
-  void grow() {
-#ifdef GPUKEEPER_WITH_CUDA
-    detail::DeviceGuard guard(device_);
-    void* host = nullptr;
-    GK_CUDA_CHECK(cudaHostAlloc(&host, kSlotsPerChunk * kCellBytes,
-                                cudaHostAllocMapped | cudaHostAllocPortable));
-    void* dev = nullptr;
-    cudaError_t status = cudaHostGetDevicePointer(&dev, host, 0);
-    if (status != cudaSuccess) {
-      (void)cudaFreeHost(host);
-      detail::check_cuda(status, "cudaHostGetDevicePointer");
-    }
-    auto slots = std::make_unique<StreamGate::Slot[]>(kSlotsPerChunk);
-    idle_.reserve(idle_.size() + kSlotsPerChunk);
-    retiring_.reserve(created_ + kSlotsPerChunk);
-    for (std::size_t i = 0; i < kSlotsPerChunk; ++i) {
-      auto* h = reinterpret_cast<std::uint32_t*>(static_cast<char*>(host) + i * kCellBytes);
-      auto* d = reinterpret_cast<std::uint32_t*>(static_cast<char*>(dev) + i * kCellBytes);
-      StreamGate::Slot& s = slots[i];
-      s.host_flag = h;
-      s.host_outcome = h + 1;
-      s.device_flag = d;
-      s.device_outcome = d + 1;
-      s.pool = this;
-      idle_.push_back(&s);
-    }
-    created_ += kSlotsPerChunk;
-    chunks_.push_back(std::move(slots));
-#else
-    throw DeviceError("StreamGate", 0, "unavailable", "gpukeeper was built without CUDA");
-#endif
-  }
+  void grow();
 
   int device_;
   std::mutex mutex_;
-  std::vector<std::unique_ptr<StreamGate::Slot[]>> chunks_;
+  std::vector<Chunk> chunks_;
   std::vector<StreamGate::Slot*> idle_;
   std::vector<StreamGate::Slot*> retiring_;
   std::size_t created_ = 0;
@@ -128,16 +144,97 @@ class GateSlotPool {
 
 namespace {
 
-GateSlotPool& slot_pool(int device) {
-  static std::mutex mutex;
-  static std::vector<GateSlotPool*> pools;  // by device id; never freed (see GateSlotPool)
-  std::lock_guard<std::mutex> lock(mutex);
-  if (pools.size() <= static_cast<std::size_t>(device)) pools.resize(device + 1, nullptr);
-  if (pools[device] == nullptr) pools[device] = new GateSlotPool(device);
-  return *pools[device];
+// The pools by device id. Allocated once and never destroyed: a StreamGate in a static
+// object may hand its slot back during static destruction, after any destructor of ours
+// would have run.
+struct SlotPools {
+  std::mutex mutex;
+  std::vector<GateSlotPool*> by_device;
+};
+
+SlotPools& slot_pools() {
+  static SlotPools* pools = new SlotPools;
+  return *pools;
 }
 
+GateSlotPool& slot_pool(int device) {
+  SlotPools& pools = slot_pools();
+  std::lock_guard<std::mutex> lock(pools.mutex);
+  auto& v = pools.by_device;
+  if (v.size() <= static_cast<std::size_t>(device)) v.resize(device + 1, nullptr);
+  if (v[device] == nullptr) v[device] = new GateSlotPool(device);
+  return *v[device];
+}
+
+#ifdef GPUKEEPER_WITH_CUDA
+// Gives the pinned chunks back at exit, so that a leak check at the end of the process
+// (compute-sanitizer --leak-check full) finds none of ours.
+//
+// Why atexit, and why it runs while the CUDA runtime is still up: handlers registered
+// with atexit and the destructors of static objects run in the reverse order of their
+// registration. The runtime registers its own teardown when it is loaded or initialized;
+// this handler is registered after the first cudaHostAlloc has succeeded, that is after
+// the runtime was initialized, so it runs before that teardown. (A destructor of a
+// function-local static made at the same point would run at the same time; atexit keeps
+// the registration next to the allocation that makes it necessary.) Should the runtime
+// be gone anyway, cudaFreeHost fails and release_idle ignores it: the memory goes with
+// the context. Chunks still in use are kept (see release_idle). In a shared library,
+// glibc ties the handler to the library, so it also runs, before unloading, on dlclose.
+void release_all_at_exit() {
+  SlotPools& pools = slot_pools();
+  std::lock_guard<std::mutex> lock(pools.mutex);
+  for (GateSlotPool* pool : pools.by_device) {
+    if (pool != nullptr) pool->release_idle();
+  }
+}
+#endif
+
 }  // namespace
+
+void GateSlotPool::grow() {
+#ifdef GPUKEEPER_WITH_CUDA
+  detail::DeviceGuard guard(device_);
+  void* host = nullptr;
+  GK_CUDA_CHECK(cudaHostAlloc(&host, kSlotsPerChunk * kCellBytes,
+                              cudaHostAllocMapped | cudaHostAllocPortable));
+  // After the runtime is initialized (see release_all_at_exit). Once per process; should
+  // registration fail, the chunks stay until the context goes, as before.
+  static const bool registered = std::atexit(release_all_at_exit) == 0;
+  (void)registered;
+  void* dev = nullptr;
+  cudaError_t status = cudaHostGetDevicePointer(&dev, host, 0);
+  if (status != cudaSuccess) {
+    (void)cudaFreeHost(host);
+    detail::check_cuda(status, "cudaHostGetDevicePointer");
+  }
+  std::unique_ptr<StreamGate::Slot[]> slots;
+  try {
+    slots = std::make_unique<StreamGate::Slot[]>(kSlotsPerChunk);
+    chunks_.reserve(chunks_.size() + 1);
+    idle_.reserve(idle_.size() + kSlotsPerChunk);
+    retiring_.reserve(created_ + kSlotsPerChunk);  // retire() must never allocate
+  } catch (...) {
+    (void)cudaFreeHost(host);
+    throw;
+  }
+  Chunk chunk{host, std::move(slots)};
+  for (std::size_t i = 0; i < kSlotsPerChunk; ++i) {
+    auto* h = reinterpret_cast<std::uint32_t*>(static_cast<char*>(host) + i * kCellBytes);
+    auto* d = reinterpret_cast<std::uint32_t*>(static_cast<char*>(dev) + i * kCellBytes);
+    StreamGate::Slot& s = chunk.slots[i];
+    s.host_flag = h;
+    s.host_outcome = h + 1;
+    s.device_flag = d;
+    s.device_outcome = d + 1;
+    s.pool = this;
+    idle_.push_back(&s);
+  }
+  created_ += kSlotsPerChunk;
+  chunks_.push_back(std::move(chunk));
+#else
+  throw DeviceError("StreamGate", 0, "unavailable", "gpukeeper was built without CUDA");
+#endif
+}
 
 bool stream_gates_available() noexcept {
   try {
@@ -236,6 +333,11 @@ void StreamGate::reset() noexcept {
 GateSlotStats gate_slot_stats(int device) {
   require_stream_gates(device, "gate_slot_stats");
   return slot_pool(device).stats();
+}
+
+std::size_t release_idle_gate_slots(int device) {
+  require_stream_gates(device, "release_idle_gate_slots");
+  return slot_pool(device).release_idle();
 }
 
 }  // namespace gpukeeper

@@ -290,7 +290,7 @@ class CUDATimer:
         if not isinstance(hide, bool):
             raise InvalidInputError(f"hides_launch_latency must be a bool, got {hide!r}")
         if self._state == "running":
-            raise GpuError(f"CUDATimer {self.name!r} is running; change hides_launch_latency between measurements")
+            raise InvalidInputError(f"CUDATimer {self.name!r} is running; change hides_launch_latency between measurements")
         self._set_hiding(hide)
 
     @property
@@ -325,7 +325,7 @@ class CUDATimer:
         """Records the start mark on the current stream (or the given one); with
         ``hide_launch_latency``, closes the gate on that stream first."""
         if self._state == "running":
-            raise GpuError(f"CUDATimer {self.name!r} is already running; call stop() first")
+            raise InvalidInputError(f"CUDATimer {self.name!r} is already running; call stop() first")
         self._host_start = time.perf_counter_ns()
         stream = self._open_stream()
         try:
@@ -341,7 +341,7 @@ class CUDATimer:
         """Records the stop mark on the start's stream (and opens the gate); does not
         wait for the device."""
         if self._state != "running":
-            raise GpuError(f"CUDATimer {self.name!r} was not started; call start() first")
+            raise InvalidInputError(f"CUDATimer {self.name!r} was not started; call start() first")
         try:
             self._backend.record(self._end, self._stream)
         finally:
@@ -371,7 +371,7 @@ class CUDATimer:
         propagate, with the gate opened and no measurement.
         """
         if self._state == "running":
-            raise GpuError(f"CUDATimer {self.name!r} is already running; call stop() first")
+            raise InvalidInputError(f"CUDATimer {self.name!r} is already running; call stop() first")
         self._state = "idle"
         stream = self._open_stream()
         gate = self._gate
@@ -408,7 +408,7 @@ class CUDATimer:
     def elapsed_ms(self) -> float:
         """Milliseconds from the start mark to the stop mark (waits for the stop mark)."""
         if self._state != "stopped":
-            raise GpuError(
+            raise InvalidInputError(
                 f"CUDATimer {self.name!r} has no measurement yet: "
                 + ("it is still running" if self._state == "running" else "it was never started")
             )
@@ -459,7 +459,7 @@ class CUDATimer:
         """Host milliseconds between the ``start()`` and ``stop()`` calls (after
         ``time_call``: the call's launch plus wait)."""
         if self._state != "stopped":
-            raise GpuError(f"CUDATimer {self.name!r} has no measurement yet")
+            raise InvalidInputError(f"CUDATimer {self.name!r} has no measurement yet")
         return self._host_ns / 1e6
 
     def ready(self) -> bool:
