@@ -24,7 +24,7 @@ _spec.loader.exec_module(soak)
 
 def test_a_short_cpu_soak_is_flat_and_reports_its_figures(tmp_path):
     out = tmp_path / "soak.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), GPUKEEPER_PROGRESS="0")
+    env = dict(os.environ, GPUKEEPER_PROGRESS="0")
     proc = subprocess.run(
         [sys.executable, str(SOAK), "--minutes", "0.25", "--atoms", "64", "--cpu", "--json", str(out)],
         capture_output=True, text=True, timeout=60, env=env, cwd=str(ROOT),
