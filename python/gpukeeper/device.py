@@ -277,7 +277,7 @@ def _device_counts(index: int) -> Tuple[int, int, Dict[str, Dict[str, Optional[i
     # PyTorch; that pool is not a registered MemoryPool, so nothing is counted twice.
     allocated = sum(m.allocated or 0 for m in per.values())
     reserved = sum(m.reserved or 0 for m in per.values())
-    breakdown = {name: {"allocated_bytes": m.allocated, "reserved_bytes": m.reserved} for name, m in per.items()}
+    breakdown = frameworks.memory_dict(per)
     return allocated, reserved, breakdown
 
 

@@ -211,10 +211,7 @@ class MemoryReport:
             "total_bytes": self.total_bytes,
             "free_bytes": self.free_bytes,
             "used_bytes": self.used_bytes,
-            "frameworks": {
-                name: {"allocated_bytes": m.allocated, "reserved_bytes": m.reserved}
-                for name, m in self.frameworks.items()
-            },
+            "frameworks": frameworks.memory_dict(self.frameworks),
             "frameworks_allocated_bytes": self.frameworks_allocated_bytes,
             "frameworks_reserved_bytes": self.frameworks_reserved_bytes,
             "peaks": dict(self.peaks),

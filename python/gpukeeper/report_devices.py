@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 from gpukeeper import devices as device_names
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.figures import bytes_text, figure_table, sum_known
-from gpukeeper.frameworks import FrameworkMemory
+from gpukeeper.frameworks import FrameworkMemory, memory_dict
 from gpukeeper.htmltable import html_fields, html_table
 from gpukeeper.report import MemoryReport, framework_rows
 
@@ -184,10 +184,7 @@ class DevicesReport:
             "total_bytes": self.total_bytes,
             "free_bytes": self.free_bytes,
             "used_bytes": self.used_bytes,
-            "frameworks": {
-                name: {"allocated_bytes": m.allocated, "reserved_bytes": m.reserved}
-                for name, m in self.frameworks.items()
-            },
+            "frameworks": memory_dict(self.frameworks),
             "frameworks_allocated_bytes": self.frameworks_allocated_bytes,
             "frameworks_reserved_bytes": self.frameworks_reserved_bytes,
             "peak_allocated_bytes": self.peak_allocated_bytes,

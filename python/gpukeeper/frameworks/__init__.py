@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
+from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, memory_dict
 from gpukeeper.frameworks.contexts import (
     ENGINE,
     ContextCensus,
@@ -76,6 +76,7 @@ __all__ = [
     "live_array_holders",
     "live_arrays",
     "live_pools",
+    "memory_dict",
     "loaded_frameworks",
     "loaded_torch",
     "memory_by_framework",

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from gpukeeper.devices import DeviceSpec
 
-__all__ = ["CpuBackend", "FrameworkAdapter", "FrameworkMemory", "TimerBackend"]
+__all__ = ["CpuBackend", "FrameworkAdapter", "FrameworkMemory", "TimerBackend", "memory_dict"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,12 @@ class FrameworkMemory:
     name: str
     allocated: Optional[int]
     reserved: Optional[int]
+
+
+def memory_dict(per: Dict[str, FrameworkMemory]) -> Dict[str, Dict[str, Optional[int]]]:
+    """Framework name -> its ``allocated_bytes`` and ``reserved_bytes``: how every report
+    writes a set of ``FrameworkMemory`` to JSON."""
+    return {name: {"allocated_bytes": m.allocated, "reserved_bytes": m.reserved} for name, m in per.items()}
 
 
 class FrameworkAdapter:
