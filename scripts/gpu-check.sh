@@ -2,13 +2,23 @@
 # The whole GPU round in one call of the device tool: build, `gpukeeper check`, the C++
 # suite (plain and under compute-sanitizer), the Python suite, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu-check.sh [--no-bench | --timing-bench | --plugin-bench]
+#        GPUKEEPER_STEPS="install cpp stress" bash scripts/gpu-check.sh --no-bench
 # Wheels in .whl/ (carried to the machine) are installed first, into /tmp/site; Debian
 # packages in .whl/debs/ are unpacked into /tmp/debroot.
 #   --no-bench      build, check and tests only
 #   --timing-bench  and only issue 4's benchmarks (timing accuracy, trajectory overhead)
 #   --plugin-bench  and only the pytest plugin's per-test cost (issue 11)
+# GPUKEEPER_STEPS names the steps to run, so that a round longer than one call of the device
+# tool (10 minutes) is split over calls on the same warm machine; the default is all of
+#   install check cpp stress sanitizer pytest bench
+# and two more that run only when named:
+#   soak-start  starts the 10-minute soak (benchmarks/python/soak.py, torch-geometric's SchNet
+#               under the torch hook) in its own process session, which outlives the call
+#   soak-wait   waits for it and keeps its table and JSON
+# A call that leaves out `install` uses the gpukeeper that an earlier call installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+REPO=$PWD
 OUT=${OUT:-$PWD/gpu-results}
 mkdir -p "$OUT/logs"
 LOG=$OUT/logs
@@ -19,6 +29,9 @@ export PYTHONUNBUFFERED=1
 # test_multi_gpu.py its single-process cases over two devices.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 status=0
+STEPS=" ${GPUKEEPER_STEPS:-install check cpp stress sanitizer pytest bench} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+SOAK_DIR=/tmp/gpukeeper-soak
 step() { echo; echo "=== $* ==="; }
 summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
@@ -50,13 +63,30 @@ if ls .whl/debs/*.deb >/dev/null 2>&1; then
   export LD_LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 
-step "build and install (pip, no isolation)"
-if "$PY" -m pip install --no-build-isolation --no-deps . >"$LOG/pip.txt" 2>&1; then
-  summary "install: ok"
-else
-  tail -40 "$LOG/pip.txt"; summary "install: FAILED"; exit 1
+if want install; then
+  step "build and install (pip, no isolation)"
+  if "$PY" -m pip install --no-build-isolation --no-deps . >"$LOG/pip.txt" 2>&1; then
+    summary "install: ok"
+  else
+    tail -40 "$LOG/pip.txt"; summary "install: FAILED"; exit 1
+  fi
+elif ! (cd /tmp && "$PY" -c "import gpukeeper._core") >/dev/null 2>&1; then
+  summary "install: not in GPUKEEPER_STEPS and no gpukeeper installed"; exit 1
 fi
 
+if want soak-start; then
+  step "soak (started in the background)"
+  rm -rf "$SOAK_DIR"; mkdir -p "$SOAK_DIR"
+  # setsid: the device tool ends a call's processes when it returns, all but those of a new
+  # process session; soak-wait, in a later call, collects it.
+  (cd /tmp && setsid nohup bash -c '"$1" "$2" --minutes "$3" --model schnet --atoms 256 \
+      --json "$4/soak.json" > "$4/soak.txt" 2>&1; echo $? > "$4/rc"' _ \
+      "$PY" "$REPO/benchmarks/python/soak.py" "${GPUKEEPER_SOAK_MINUTES:-10}" "$SOAK_DIR" \
+      >/dev/null 2>&1 < /dev/null &)
+  summary "soak: started ($(date -u +%H:%M:%S), ${GPUKEEPER_SOAK_MINUTES:-10} min)"
+fi
+
+if want check; then
 step "gpukeeper check"
 (cd /tmp && "$PY" -m gpukeeper check --require-gpu --json "$LOG/check.json") 2>&1 | tee "$LOG/check.txt"
 rc=${PIPESTATUS[0]}; summary "gpukeeper check: $(tail -1 "$LOG/check.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
@@ -64,7 +94,10 @@ rc=${PIPESTATUS[0]}; summary "gpukeeper check: $(tail -1 "$LOG/check.txt") (rc=$
 (cd /tmp && COLUMNS=120 "$PY" -m gpukeeper info && COLUMNS=120 "$PY" -m gpukeeper report) > "$LOG/info.txt" 2>&1
 summary "gpukeeper info/report: rc=$? $(grep -E '^NVML' "$LOG/info.txt" | head -1 | cut -c1-100)"
 summary "tmux: $(command -v tmux || echo 'not installed (the watch-under-tmux test skips)')"
+fi
 
+CPP_TESTS=build/gpu-tests/tests/cpp/gpukeeper_cpp_tests
+if want cpp || { { want stress || want sanitizer; } && [ ! -x "$CPP_TESTS" ]; }; then
 step "C++ tests"
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 if cmake -S . -B build/gpu-tests "${GEN[@]}" -DGPUKEEPER_BUILD_TESTS=ON -DGPUKEEPER_BUILD_PYTHON=OFF \
@@ -77,7 +110,22 @@ if cmake -S . -B build/gpu-tests "${GEN[@]}" -DGPUKEEPER_BUILD_TESTS=ON -DGPUKEE
 else
   tail -30 "$LOG/cpp-configure.txt" "$LOG/cpp-build.txt"; summary "C++: BUILD FAILED"; status=1
 fi
+fi
 
+if want stress && [ -x "$CPP_TESTS" ]; then
+  step "full fault stress (${GPUKEEPER_FULL_STRESS_OPS:-10000000} operations per memory kind)"
+  # The fault-injection stress at its full size: 8 threads, every memory kind, expandable
+  # segments on and off; each run prints its counts (allocations, refusals, faults).
+  start=$SECONDS
+  GPUKEEPER_STRESS_OPS=${GPUKEEPER_FULL_STRESS_OPS:-10000000} timeout "${GPUKEEPER_STRESS_TIMEOUT:-400}" \
+    "$CPP_TESTS" "stress: injected upstream faults*" > "$LOG/stress.txt" 2>&1
+  rc=$?
+  grep -E "fault stress \(|All tests passed|test cases:" "$LOG/stress.txt" | sed 's/^ *//' | tee -a "$OUT/summary.txt"
+  summary "full stress: rc=$rc in $((SECONDS - start)) s"
+  [ "$rc" = 0 ] || { status=1; tail -40 "$LOG/stress.txt"; }
+fi
+
+if want sanitizer; then
 step "C++ tests under compute-sanitizer"
 # memcheck (with the leak check), racecheck and synccheck over the C++ suite built above.
 # memcheck reports every failed CUDA call, out-of-memory included, so the test cases that
@@ -91,7 +139,6 @@ step "C++ tests under compute-sanitizer"
 # The stress tests run a bounded number of operations, as under ThreadSanitizer.
 # All output goes to compute-sanitizer.txt.
 CS=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
-CPP_TESTS=build/gpu-tests/tests/cpp/gpukeeper_cpp_tests
 if [ ! -x "$CS" ]; then
   summary "compute-sanitizer: NOT FOUND (looked on PATH and at $CS)"; status=1
 elif [ ! -x "$CPP_TESTS" ]; then
@@ -117,13 +164,32 @@ else
     done
   done
 fi
+fi
 
+if want soak-wait; then
+  step "soak (waiting for it)"
+  if [ ! -d "$SOAK_DIR" ]; then
+    summary "soak: never started (name soak-start in an earlier call)"; status=1
+  else
+    while [ ! -f "$SOAK_DIR/rc" ]; do sleep 5; done
+    mkdir -p "$OUT/bench"; cp "$SOAK_DIR/soak.json" "$OUT/bench/" 2>/dev/null
+    cat "$SOAK_DIR/soak.txt"; cp "$SOAK_DIR/soak.txt" "$LOG/"
+    rc=$(cat "$SOAK_DIR/rc"); summary "soak: rc=$rc $(grep -E '^step:' "$SOAK_DIR/soak.txt")"
+    grep -E "^│" "$SOAK_DIR/soak.txt" >> "$OUT/summary.txt"
+    [ "$rc" = 0 ] || status=1
+  fi
+fi
+
+if want pytest; then
 step "Python tests"
 # GPUKEEPER_PYTEST_ARGS narrows the run (e.g. a few files) when iterating.
 "$PY" -m pytest ${GPUKEEPER_PYTEST_ARGS:-tests/python} -q -p no:cacheprovider -rs 2>&1 | tee "$LOG/pytest.txt"
 rc=${PIPESTATUS[0]}; summary "pytest: $(tail -1 "$LOG/pytest.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
+fi
 
-if [ "${1:-}" = "--timing-bench" ]; then
+if ! want bench; then
+  :
+elif [ "${1:-}" = "--timing-bench" ]; then
   step "timing benchmarks"
   mkdir -p "$OUT/bench"
   { "$PY" benchmarks/python/timing_accuracy_bench.py --json "$OUT/bench/timing_accuracy.json"
@@ -143,7 +209,7 @@ elif [ "${1:-}" != "--no-bench" ]; then
   summary "benchmarks: rc=${PIPESTATUS[0]}"
 fi
 
-tar -czf "$OUT/results.tar.gz" -C "$OUT" logs $( [ -d "$OUT/bench" ] && echo bench ) 2>/dev/null
+tar -czf "$OUT/results${GPUKEEPER_RESULTS_SUFFIX:-}.tar.gz" -C "$OUT" logs $( [ -d "$OUT/bench" ] && echo bench ) 2>/dev/null
 rm -rf "$LOG" "$OUT/bench"
 echo; echo "=== summary ==="; cat "$OUT/summary.txt"
 exit $status

@@ -1,8 +1,10 @@
 """Soak: a real model step after step inside the trajectory profiler; memory must stay flat.
 
-An MLP force field (energy of ``--atoms`` atoms from a per-atom MLP plus a pairwise soft
-repulsion; forces by autograd, as MD codes with learned potentials compute them) runs in
-chunks of ``benchmark_md_trajectory`` for ``--minutes``. On CUDA, PyTorch's allocations go
+A force field runs in chunks of ``benchmark_md_trajectory`` for ``--minutes``. ``--model mlp`` (the default) is
+energy of ``--atoms`` atoms from a per-atom MLP plus a pairwise soft repulsion;
+``--model schnet`` is torch-geometric's SchNet, a learned potential nobody here wrote, over
+the pairs within its cutoff (a new graph, of a new size, every step). Forces come by
+autograd, as MD codes with learned potentials compute them. On CUDA, PyTorch's allocations go
 through gpukeeper's pool (``gpukeeper.integrations.use_torch_allocator``; ``--no-hook``
 leaves PyTorch's own allocator); on the CPU the model and tensors are CPU ones.
 
@@ -54,6 +56,39 @@ def make_forcefield(torch: Any, atoms: int, device: str) -> Tuple[Callable[[Any]
     box = float(atoms) ** (1 / 3) * 1.5
     positions = [torch.rand(atoms, 3, device=device) * box for _ in range(8)]
     return forcefield, positions
+
+
+def make_schnet(torch: Any, atoms: int, device: str) -> Tuple[Callable[[Any], Any], List[Any]]:
+    """torch-geometric's SchNet as the force field. Its default neighbour search needs
+    torch-cluster, which the GPU image lacks, so the graph (every pair within the cutoff)
+    is built here in plain torch; the network is PyG's."""
+    from torch_geometric.nn.models import SchNet
+
+    cutoff = 5.0
+
+    def pairs_within_cutoff(pos: Any, batch: Any) -> Tuple[Any, Any]:
+        d = torch.cdist(pos, pos)
+        close = (d < cutoff) & ~torch.eye(pos.shape[0], dtype=torch.bool, device=pos.device)
+        edge_index = close.nonzero().t()
+        return edge_index, d[edge_index[0], edge_index[1]]
+
+    torch.manual_seed(0)
+    model = SchNet(hidden_channels=64, num_filters=64, num_interactions=3, cutoff=cutoff,
+                   interaction_graph=pairs_within_cutoff).to(device)
+    z = torch.randint(1, 10, (atoms,), device=device)
+
+    def forcefield(pos: Any) -> Any:
+        pos = pos.detach().requires_grad_(True)
+        energy = model(z, pos).sum()
+        (grad,) = torch.autograd.grad(energy, pos)
+        return energy.detach(), -grad
+
+    box = float(atoms) ** (1 / 3) * 1.5
+    positions = [torch.rand(atoms, 3, device=device) * box for _ in range(8)]
+    return forcefield, positions
+
+
+MODELS = {"mlp": make_forcefield, "schnet": make_schnet}
 
 
 def fit(times_min: List[float], values_mib: List[float]) -> Tuple[float, float]:
@@ -135,7 +170,7 @@ def print_table(report: Dict[str, Any]) -> None:
                   f"(bound {s['bound_mib_per_min']}): {s['verdict']}")
         print(f"verdict: {report['verdict']}")
         return
-    table = Table(title=f"soak: {report['steps']} steps in {report['duration_s']:.0f} s on "
+    table = Table(title=f"soak ({report['config']['model']}): {report['steps']} steps in {report['duration_s']:.0f} s on "
                         f"{report['config']['device']} (fit after {report['config']['warmup_s']:.0f} s)")
     for col in ("series", "samples", "first MiB", "last MiB", "slope MiB/min", "noise (1 se)", "bound", "verdict"):
         table.add_column(col, justify="left" if col in ("series", "verdict") else "right")
@@ -160,7 +195,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         use_torch_allocator()  # before the first CUDA tensor
         hook = True
     device = "cuda" if cuda else "cpu"
-    forcefield, positions = make_forcefield(torch, args.atoms, device)
+    forcefield, positions = MODELS[args.model](torch, args.atoms, device)
     duration = args.minutes * 60
     warmup_s = max(args.warmup_fraction * duration, args.sample_every)
     sampler = Sampler(cuda)
@@ -188,7 +223,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "schema": SCHEMA,
         "config": {
             "minutes": args.minutes, "sample_every_s": args.sample_every, "warmup_s": warmup_s,
-            "atoms": args.atoms, "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+            "model": args.model, "atoms": args.atoms, "device": torch.cuda.get_device_name(0) if cuda else "cpu",
             "torch_hook": hook, "rss_bound_mib_per_min": args.rss_bound,
             "device_bound_mib_per_min": args.device_bound,
             "nvml": "process reader" if sampler.nvml_read is not None else sampler.nvml_why,
@@ -220,6 +255,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--warmup-fraction", type=float, default=0.2,
                    help="part of the run left out of the fit (default 0.2)")
     p.add_argument("--atoms", type=int, default=256)
+    p.add_argument("--model", choices=sorted(MODELS), default="mlp",
+                   help="mlp (default) or schnet (needs torch-geometric)")
     p.add_argument("--rss-bound", type=float, default=1.0, help="MiB/min (default 1)")
     p.add_argument("--device-bound", type=float, default=1.0, help="MiB/min (default 1)")
     p.add_argument("--no-hook", action="store_true", help="keep PyTorch's own CUDA allocator")
