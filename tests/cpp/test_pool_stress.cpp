@@ -426,12 +426,21 @@ TEST_CASE("stress: small blocks, 8 threads, high churn", "[stress]") {
 }
 
 // Operations for the fault-injection stress: GPUKEEPER_STRESS_OPS (the GPU round sets 10
-// million), else a bound that keeps CI short.
+// million per memory kind), else a bound that keeps CI short.
 int stress_ops(int fallback) {
   const char* env = std::getenv("GPUKEEPER_STRESS_OPS");
   if (env == nullptr || *env == '\0') return fallback;
   const long long n = std::atoll(env);
   return n > 0 ? static_cast<int>(std::min<long long>(n, 1000000000LL)) : fallback;
+}
+
+// GPUKEEPER_STRESS_KINDS ("host,device", say) keeps the fault stress to those memory kinds,
+// so that the GPU round runs one process per kind side by side; unset means all.
+bool stress_kind_selected(ResourceKind kind) {
+  const char* env = std::getenv("GPUKEEPER_STRESS_KINDS");
+  if (env == nullptr || *env == '\0') return true;
+  const std::string list = std::string(",") + env + ",";
+  return list.find(std::string(",") + gpukeeper::to_string(kind) + ",") != std::string::npos;
 }
 
 TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and reclaim racing",
@@ -445,6 +454,7 @@ TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and recla
   const ResourceKind kind =
       GENERATE(ResourceKind::host, ResourceKind::device, ResourceKind::async, ResourceKind::pinned);
   INFO("memory kind: " << gpukeeper::to_string(kind));
+  if (!stress_kind_selected(kind)) GK_SKIP("not in GPUKEEPER_STRESS_KINDS");
   GK_SKIP_UNLESS_USABLE(kind);
   const bool expandable = GENERATE(false, true);
   INFO("expandable segments: " << expandable);
@@ -474,7 +484,12 @@ TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and recla
   StressConfig cfg;
   cfg.threads = 8;
   cfg.rounds = 4;
-  const int total_ops = stress_ops(kind == ResourceKind::host ? 320000 : 160000);
+  // GPUKEEPER_STRESS_OPS counts per memory kind: host and device memory split it between
+  // their two layouts. The CI bound (unset) counts per run.
+  const bool two_layouts = kind == ResourceKind::host || kind == ResourceKind::device;
+  const int total_ops = std::getenv("GPUKEEPER_STRESS_OPS") != nullptr && two_layouts
+                            ? stress_ops(0) / 2
+                            : stress_ops(kind == ResourceKind::host ? 320000 : 160000);
   cfg.ops_per_round = std::max(1000, total_ops / (cfg.threads * cfg.rounds));
   cfg.max_log2 = 24.0;  // 16 MiB
   cfg.cap_per_thread = 96 * MiB;

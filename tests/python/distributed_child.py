@@ -72,9 +72,14 @@ def api(out: Path) -> dict:
         calls["n"] += 1
         dist.all_reduce(flag)
         if rank == world - 1:
-            time.sleep(0.02)  # far above what 4 processes on 2 cores add to an all_reduce
+            if DEVICE == "cpu":
+                time.sleep(0.02)  # far above what 4 processes on 2 cores add to an all_reduce
+            else:  # CUDA timing counts the device's work, not a host sleep: the GPU waits
+                torch.cuda._sleep(40_000_000)  # about 20 ms of clock cycles
 
-    result = gpukeeper.benchmark_function(step, n_calls=5 + 5 * rank, warmup=2, barrier=True, name="allreduce")
+    # device=DEVICE: gloo's tensors are host ones, timed on the host even where CUDA exists.
+    result = gpukeeper.benchmark_function(step, n_calls=5 + 5 * rank, warmup=2, barrier=True,
+                                          name="allreduce", device=DEVICE)
     seen["bench"] = {"n_calls": result.n_calls, "calls": calls["n"], "stop_reason": result.stop_reason,
                      "timing_method": result.timing_method, "median_ms": result.median_ms}
     agg = gkd.aggregate(result)
@@ -82,13 +87,17 @@ def api(out: Path) -> dict:
     seen["aggregate_text"] = agg.table()
 
     sub = dist.new_group(list(range(world)))
-    result2 = gpukeeper.benchmark_function(step, n_calls=4, warmup=1, barrier=sub)
+    result2 = gpukeeper.benchmark_function(step, n_calls=4, warmup=1, barrier=sub, device=DEVICE)
     seen["bench_group"] = result2.n_calls
 
     def md_step(_positions):
-        time.sleep(0.003 * (1 + rank))
+        if DEVICE == "cpu":
+            time.sleep(0.003 * (1 + rank))
+        else:
+            torch.cuda._sleep(6_000_000 * (1 + rank))  # about 3 ms per step and rank
 
-    traj = gpukeeper.benchmark_md_trajectory(md_step, [None] * 22, warmup_steps=2, timestep_fs=2.0, n_atoms=100)
+    traj = gpukeeper.benchmark_md_trajectory(md_step, [None] * 22, warmup_steps=2, timestep_fs=2.0,
+                                             n_atoms=100, device=DEVICE)
     tagg = gkd.aggregate(traj)
     seen["trajectory"] = tagg.to_dict()
 

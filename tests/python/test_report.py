@@ -429,7 +429,7 @@ def test_context_and_libraries_is_positive_and_plausible():
 
 @gpu
 def test_free_used_total_are_consistent():
-    r = memory_report()
+    r = memory_report(0)
     assert r.mode == "cuda"
     assert 0 < r.free_bytes <= r.total_bytes
     assert r.free_bytes + r.used_bytes == r.total_bytes

@@ -155,10 +155,11 @@ std::optional<std::string> device_pci_bus_id(int device) {
 }
 
 std::optional<DriverDeviceInfo> driver_device_info(int device) {
-  const DriverApi* api = driver_api();
+  // The ordinal is checked against the handles taken at load, not by cuDeviceGet: a failed
+  // driver call for a device that does not exist is a finding for compute-sanitizer.
+  const DriverApi* api = driver_for(device);
   if (api == nullptr) return std::nullopt;
-  CUdevice dev = 0;
-  if (api->device_get(&dev, device) != CUDA_SUCCESS) return std::nullopt;
+  const CUdevice dev = api->handles[device];
   DriverDeviceInfo info;
   auto mhz = [](std::optional<int> khz) { return khz ? std::optional<int>(*khz / 1000) : khz; };
   info.multiprocessors = attribute(*api, dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
