@@ -10,6 +10,13 @@ Workloads (each run in a fresh subprocess, so that the allocator starts empty):
                recomputed each step so that the edge count changes, per-edge MLP messages
                aggregated with index_add_, energy = sum of per-atom energies, forces =
                -autograd.grad(energy, pos) (create_graph=False).
+  mdlong       a long molecular-dynamics run (default 1200 steps) with that force field:
+               1500 atoms under velocity Verlet in a periodic box, the radius graph rebuilt
+               every step (the edge count drifts), and every 100 steps an analysis
+               (a radial distribution histogram over all pairs) that allocates large.
+  twostream    training on the default stream while a second stream makes the next batch
+               (tensors handed over with record_stream, freed on the other stream) and
+               evaluates the model every 4 steps; batch sizes vary (32..512).
 
 Each workload runs twice with the same seed (so with the same shapes):
   1. PyTorch's default allocator, recording with torch.cuda.memory._record_memory_history
@@ -49,7 +56,7 @@ import subprocess
 import sys
 import time
 
-WORKLOADS = ("transformer", "forcefield")
+WORKLOADS = ("transformer", "forcefield", "mdlong", "twostream")
 
 
 # --------------------------------------------------------------------------- workloads
@@ -155,7 +162,88 @@ def run_forcefield(torch, steps: int, seed: int, dev, info: dict) -> None:
     info["shapes"] = {"atoms": atoms, "edges": edges}
 
 
-RUNNERS = {"transformer": run_transformer, "forcefield": run_forcefield}
+def run_mdlong(torch, steps: int, seed: int, dev, info: dict) -> None:
+    torch.manual_seed(seed)
+    n, cutoff, density, dt = 1500, 5.0, 0.1, 1e-3
+    box = (n / density) ** (1.0 / 3.0)
+    model = make_forcefield(torch, cutoff=cutoff).to(dev)
+    for p in model.parameters():
+        p.requires_grad_(False)  # inference: forces only
+    z = torch.randint(0, 10, (n,), device=dev)
+    pos = torch.rand(n, 3, device=dev) * box
+    vel = torch.randn(n, 3, device=dev) * 0.01
+    edges = []
+
+    def forces(p):
+        p = p.detach().requires_grad_(True)
+        edge_index = radius_graph(torch, p.detach(), cutoff)
+        energy = model(z, p, edge_index)
+        (grad,) = torch.autograd.grad(energy, p)
+        edges.append(int(edge_index.shape[1]))
+        return -grad
+
+    f = forces(pos)
+    for step in range(steps):
+        vel = vel + 0.5 * dt * f
+        pos = torch.remainder(pos + dt * vel, box)
+        f = forces(pos)
+        vel = vel + 0.5 * dt * f
+        if step % 100 == 99:
+            with torch.no_grad():
+                d = torch.cdist(pos, pos)
+                torch.histc(d, bins=200, min=0.0, max=box / 2)
+                del d
+    torch.cuda.synchronize(dev)
+    info["config"] = {"atoms": n, "integrator": "velocity Verlet", "dt": dt, "cutoff_A": cutoff,
+                      "analysis": "all-pairs distance histogram every 100 steps"}
+    info["shapes"] = {"edges": edges[:: max(1, len(edges) // 200)]}
+
+
+def run_twostream(torch, steps: int, seed: int, dev, info: dict) -> None:
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(),
+                          nn.Linear(1024, 10)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    main, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
+    sizes = []
+
+    def make_batch():
+        b = rng.choice((32, 64, 128, 256, 512))
+        sizes.append(b)
+        with torch.cuda.stream(side):
+            x = torch.randn(b, 256, device=dev)
+            y = torch.randint(0, 10, (b,), device=dev)
+        return x, y
+
+    nxt = make_batch()
+    for step in range(steps):
+        main.wait_stream(side)
+        x, y = nxt
+        x.record_stream(main)
+        y.record_stream(main)
+        nxt = make_batch()  # the side stream works on the next batch meanwhile
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 4 == 3:
+            side.wait_stream(main)
+            with torch.cuda.stream(side), torch.no_grad():
+                ev = torch.randn(1024, 256, device=dev)
+                (model(ev).argmax(-1) == 0).float().mean()
+                del ev
+        del x, y, loss
+    torch.cuda.synchronize(dev)
+    info["config"] = {"model": "MLP 256-1024-1024-10", "optimizer": "AdamW",
+                      "streams": "default (training) + one side stream (batches, evaluation)",
+                      "batch": "one of 32..512 each step"}
+    info["shapes"] = {"batch": sizes}
+
+
+RUNNERS = {"transformer": run_transformer, "forcefield": run_forcefield, "mdlong": run_mdlong,
+           "twostream": run_twostream}
 
 
 # --------------------------------------------------------------------------- conversion
@@ -317,6 +405,8 @@ def main(argv=None) -> int:
                    help="comma-separated, from: " + ", ".join(WORKLOADS))
     p.add_argument("--steps-transformer", type=int, default=40)
     p.add_argument("--steps-forcefield", type=int, default=80)
+    p.add_argument("--steps-mdlong", type=int, default=1200)
+    p.add_argument("--steps-twostream", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-entries", type=int, default=5_000_000,
                    help="PyTorch's trace ring buffer (default 5,000,000 events)")
@@ -346,7 +436,8 @@ def main(argv=None) -> int:
     for w in workloads:
         if w not in WORKLOADS:
             p.error(f"unknown workload {w!r}")
-    steps = {"transformer": args.steps_transformer, "forcefield": args.steps_forcefield}
+    steps = {"transformer": args.steps_transformer, "forcefield": args.steps_forcefield,
+             "mdlong": args.steps_mdlong, "twostream": args.steps_twostream}
 
     summary = {"benchmark": "record_traces", "torch": torch.__version__,
                "torch_cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),

@@ -19,6 +19,7 @@
 #include "gpukeeper/core/errors.hpp"
 #include "gpukeeper/core/text.hpp"
 #include "gpukeeper/memory/pool_registry.hpp"
+#include "torch_graph_pools.hpp"
 
 namespace gpukeeper::py_bindings {
 
@@ -192,7 +193,13 @@ void init_torch_books(py::module_& m) {
       [](int device, int which) -> std::size_t {
         auto pool = existing_torch_pool(device);
         if (!pool) return 0;
+        // PyTorch counts its graphs' private pools in its totals; so do these.
         PoolStats s = pool->stats();
+        const PoolStats g = torch_graph_totals(device);
+        s.allocated_bytes += g.allocated_bytes;
+        s.reserved_bytes += g.reserved_bytes;
+        s.peak_allocated_bytes += g.peak_allocated_bytes;
+        s.peak_reserved_bytes += g.peak_reserved_bytes;
         switch (which) {
           case 0: return s.allocated_bytes;
           case 1: return s.reserved_bytes;
@@ -203,7 +210,8 @@ void init_torch_books(py::module_& m) {
       },
       py::arg("device"), py::arg("which"),
       "allocated (0), reserved (1), peak allocated (2) or peak reserved (3) bytes of the "
-      "pool behind PyTorch on a device; 0 before its first allocation there.");
+      "pools behind PyTorch on a device, its CUDA graphs' private pools included (their "
+      "peaks add up: an upper bound); 0 before its first allocation there.");
   m.def(
       "_torch_pool_history",
       [](int device) -> py::object {
@@ -285,11 +293,21 @@ void init_torch_pools(py::module_& m) {
       "_torch_pool_cleanup",
       [](int device) -> std::size_t {
         py::gil_scoped_release nogil;
-        if (device < 0) return torch_pools().emergency_cleanup_all();
-        auto pool = torch_pools().find(device);
-        return pool ? pool->emergency_cleanup() : 0;
+        // Graph pools that no graph uses any more give their cache back too; a graph
+        // that may still replay keeps its memory.
+        std::size_t released = 0;
+        for (auto& pool : torch_pools().pools()) {
+          if (device >= 0 && pool->device() != device) continue;
+          released += pool->emergency_cleanup();
+          if (GraphPools* graphs = torch_graph_pools_if_any(pool->device())) {
+            released += graphs->release_unused();
+          }
+        }
+        return released;
       },
-      py::arg("device"), "Releases the cached memory of the torch pools (device -1: all).");
+      py::arg("device"),
+      "Releases the cached memory of the torch pools, and of graph pools no graph uses "
+      "(device -1: all devices).");
   m.def(
       "_torch_pool_devices",
       []() {
@@ -328,6 +346,7 @@ void init_torch_allocator(py::module_& m) {
   init_torch_books(m);
   init_torch_limits(m);
   init_torch_pools(m);
+  init_torch_graph_pools(m);
 }
 
 }  // namespace gpukeeper::py_bindings
@@ -344,7 +363,14 @@ __attribute__((visibility("default"))) void* gpukeeper_torch_malloc(std::size_t 
   if (size == 0) return nullptr;  // PyTorch asks for 0 bytes for empty tensors, as its own does
   namespace gk = gpukeeper;
   try {
-    return gk::py_bindings::torch_pool(device)->allocate(size, reinterpret_cast<gk::stream_t>(stream));
+    const auto s = reinterpret_cast<gk::stream_t>(stream);
+    // While a CUDA graph captures on this device, its streams' allocations go to its
+    // private pool (torch_graph_pools.cpp); otherwise one atomic load is all this costs.
+    if (gk::GraphPools* graphs = gk::py_bindings::torch_graph_pools_if_any(device);
+        graphs != nullptr && graphs->routing()) {
+      if (void* p = graphs->allocate(size, s)) return p;
+    }
+    return gk::py_bindings::torch_pool(device)->allocate(size, s);
   } catch (const gk::AllocationError& e) {
     gk::py_bindings::throw_torch_oom(gk::py_bindings::torch_oom_text(size, e.what()));
   } catch (const gk::InvalidInputError& e) {
@@ -361,6 +387,10 @@ __attribute__((visibility("default"))) void gpukeeper_torch_free(void* ptr, std:
                                                                   void*) {
   if (ptr == nullptr) return;
   try {
+    if (gpukeeper::GraphPools* graphs = gpukeeper::py_bindings::torch_graph_pools_if_any(device);
+        graphs != nullptr && graphs->any() && graphs->deallocate(ptr)) {
+      return;  // a block of a graph's private pool
+    }
     auto pool = gpukeeper::py_bindings::torch_pool(device);
     pool->deallocate(ptr);
   } catch (...) {

@@ -36,6 +36,21 @@ void* oom_or_throw(cudaError_t status, void* ptr, const char* call) {
   }
   detail::throw_cuda_error(status, call);
 }
+
+// While a thread captures a CUDA graph in the global mode (PyTorch's default), cudaMalloc
+// and cudaMallocHost are "potentially unsafe" calls on every thread: they fail and
+// invalidate the capture. A graph's private pool grows during its capture (PyTorch's does
+// too), so the calls run in the relaxed mode, for this thread and for their duration only.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
 #endif
 
 }  // namespace
@@ -61,6 +76,7 @@ CudaPinnedResource::CudaPinnedResource(int device) : device_(device) {
 
 void* CudaDeviceResource::allocate(std::size_t bytes, stream_t) {
   detail::DeviceGuard guard(device_);
+  RelaxedCaptureMode relaxed;
   void* ptr = nullptr;
   cudaError_t status = cudaMalloc(&ptr, bytes);
   return oom_or_throw(status, ptr, "cudaMalloc");
@@ -91,6 +107,7 @@ void CudaAsyncResource::deallocate(void* ptr, std::size_t, stream_t stream) noex
 
 void* CudaPinnedResource::allocate(std::size_t bytes, stream_t) {
   detail::DeviceGuard guard(device_);
+  RelaxedCaptureMode relaxed;
   void* ptr = nullptr;
   cudaError_t status = cudaMallocHost(&ptr, bytes);
   return oom_or_throw(status, ptr, "cudaMallocHost");

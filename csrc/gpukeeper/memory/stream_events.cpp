@@ -31,6 +31,15 @@ void* StreamEvents::event_for(stream_t stream) {
 bool StreamEvents::done(stream_t stream) {
   if (!enabled_) return true;
   DeviceGuard guard(device_);
+  // A stream capturing a CUDA graph runs nothing: an event recorded on it would become a
+  // node of the graph, and querying it (or the device wait below) would break the
+  // capture. Its blocks stay its own until the capture ends.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(as_stream(stream), &capture) != cudaSuccess) {
+    clear_cuda_error();
+    return false;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return false;
   cudaEvent_t event = as_event(event_for(stream));
   if (cudaEventRecord(event, as_stream(stream)) != cudaSuccess) {
     clear_cuda_error();

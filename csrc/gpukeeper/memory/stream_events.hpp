@@ -22,7 +22,8 @@ class StreamEvents {
 
   // True when all work queued on `stream` so far has completed. Does not block. It
   // records on `stream`: the caller must know the stream is alive (a block freed on it
-  // is being reused, the stream's owner has not destroyed it).
+  // is being reused, the stream's owner has not destroyed it). False, recording nothing,
+  // while `stream` captures a CUDA graph.
   bool done(stream_t stream);
 
   // Blocks until all work queued on the device so far has completed. The release paths

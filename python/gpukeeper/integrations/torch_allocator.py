@@ -14,6 +14,15 @@ fails after the pool released its cache and asked the other frameworks for their
 ``torch.cuda.OutOfMemoryError`` with gpukeeper's full message, so ``except
 torch.cuda.OutOfMemoryError``, ``accelerate.utils.find_executable_batch_size`` and
 ``gpukeeper.retry_on_oom`` work as with PyTorch's own allocator.
+
+CUDA graphs (``torch.cuda.graph``, ``make_graphed_callables``, ``torch.compile`` with
+``mode="reduce-overhead"``) get private pools as under PyTorch's own allocator: what a
+capture allocates is never handed to other tensors while its graph lives, since every
+replay writes to those addresses again. PyTorch tells a pluggable allocator about
+captures only through C++ callbacks, which ``use_torch_allocator()`` sets by finding them
+in PyTorch's libraries; ``graph_capture_status()`` says whether that worked. Where it did
+not, a capture raises ``GpuError`` rather than record a graph whose memory would be
+reused under it.
 """
 
 from __future__ import annotations
@@ -38,10 +47,13 @@ __all__ = [
     "install_memory_api",
     "restore_memory_api",
     "oom_error_status",
+    "graph_capture_status",
+    "graph_pools",
 ]
 
 _active = False
 _oom_status = "use_torch_allocator() has not run"
+_graph_status = "use_torch_allocator() has not run"
 
 
 def _torch_library_paths(torch: Any) -> List[str]:
@@ -75,6 +87,30 @@ def _reclaim(needed: int) -> int:
     return released
 
 
+def _link_graph_pools(torch: Any) -> str:
+    """Gives PyTorch's pluggable allocator the graph-pool callbacks; '' or why not. Where
+    they cannot be set, CUDA graph capture is refused with that reason."""
+    why = _core._link_torch_graph_pools(_torch_library_paths(torch))
+    if why:
+        _refuse_graph_capture(torch, why)
+    return why
+
+
+def _refuse_graph_capture(torch: Any, why: str) -> None:
+    graph_cls = torch.cuda.CUDAGraph
+    original = graph_cls.capture_begin
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise GpuError(
+            "CUDA graph capture under gpukeeper.use_torch_allocator() needs PyTorch to tell "
+            f"the allocator when captures begin and end, and it cannot here: {why}. A graph "
+            "captured anyway would have its memory handed to other tensors while it replays; "
+            "run graphs without use_torch_allocator()")
+
+    capture_begin.__wrapped__ = original  # type: ignore[attr-defined]
+    graph_cls.capture_begin = capture_begin
+
+
 def use_torch_allocator(memory_api: bool = True) -> None:
     """Routes PyTorch's CUDA allocations through gpukeeper's caching pool.
 
@@ -84,7 +120,7 @@ def use_torch_allocator(memory_api: bool = True) -> None:
     memory functions answer from the pool (``install_memory_api``); without it they
     raise, as under any pluggable allocator.
     """
-    global _active, _oom_status
+    global _active, _oom_status, _graph_status
     if _active:
         if memory_api:
             install_memory_api()
@@ -106,6 +142,7 @@ def use_torch_allocator(memory_api: bool = True) -> None:
     _core._set_torch_reclaim(_reclaim)
     _active = True
     _oom_status = _link_oom_error(torch)
+    _graph_status = _link_graph_pools(torch)
     if _oom_status:
         warnings.warn(
             "use_torch_allocator(): an allocation that fails will raise RuntimeError, not "
@@ -132,6 +169,19 @@ def restore_memory_api() -> None:
 def oom_error_status() -> str:
     """'' when a failed allocation raises torch.cuda.OutOfMemoryError, else why not."""
     return _oom_status
+
+
+def graph_capture_status() -> str:
+    """'' when CUDA graphs captured under the allocator get private pools, else why not
+    (and captures are refused)."""
+    return _graph_status
+
+
+def graph_pools(device: int = 0) -> List[dict]:
+    """The private pools of the CUDA graphs PyTorch captured on ``device`` through
+    gpukeeper: each a dict with ``id`` (PyTorch's pool id), ``uses`` (graphs holding it),
+    ``capturing``, and its bytes (``allocated_bytes``, ``reserved_bytes``, peaks)."""
+    return list(_core._torch_graph_pools(device))
 
 
 def is_active() -> bool:

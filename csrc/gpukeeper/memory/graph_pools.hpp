@@ -1,0 +1,109 @@
+// Private pools for CUDA graph capture, one device's worth, kept the way PyTorch keeps
+// its graph pools.
+//
+//   GraphPools graphs([] { return make_resource(ResourceKind::device, 0); });
+//   graphs.begin_allocate(id, is_capturing_stream);  // a capture begins
+//   void* p = graphs.allocate(bytes, stream);          // nullptr: not routed, use the main pool
+//   graphs.end_allocate(id);                           // the capture ended
+//   graphs.deallocate(p);                              // true: it was a private block
+//   graphs.release(id);                                // the graph is gone
+//
+// A capture bakes the addresses it used into the graph, and every replay writes to them
+// again. So while a routing is open, allocations on the streams its filter accepts come
+// from that id's own CachingPool, and no block of it goes to other work: blocks freed
+// during the capture are reused by the capture itself (on their own stream: a capturing
+// stream never lends its blocks, see StreamEvents::done), and blocks freed after it (the
+// graph's outputs, dropped by their owner) stay in the private pool for the next capture
+// into the same id. Several graphs may share an id (PyTorch's `pool=`): each
+// begin_allocate counts a use and each release gives one back. A pool's memory returns to
+// the device once it has no use left and no live block, and no routing is open (its
+// segments are freed after a device-wide wait, which would break a capture in flight).
+// All members are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpukeeper/memory/caching_pool.hpp"
+
+namespace gpukeeper {
+
+// PyTorch's MempoolId_t: (0, n) for the ids its graphs make, (n, 0) for user pools.
+using GraphPoolId = std::pair<std::uint64_t, std::uint64_t>;
+
+struct GraphPoolInfo {
+  GraphPoolId id;
+  int uses;             // begin_allocate calls not yet matched by release
+  bool routing;         // a routing to it is open (a capture is under way)
+  PoolStats stats;
+};
+
+class GraphPools {
+ public:
+  using Filter = std::function<bool(stream_t)>;
+  using MakeUpstream = std::function<std::unique_ptr<MemoryResource>()>;
+
+  explicit GraphPools(MakeUpstream make_upstream, PoolOptions options = {});
+  ~GraphPools();
+  GraphPools(const GraphPools&) = delete;
+  GraphPools& operator=(const GraphPools&) = delete;
+
+  // Opens a routing: allocations on streams for which `filter` is true come from `id`'s
+  // pool (made on first use) until end_allocate(id). Counts one use of the pool.
+  void begin_allocate(GraphPoolId id, Filter filter);
+  // Closes the routing to `id` (InvalidInputError when none is open).
+  void end_allocate(GraphPoolId id);
+  // Gives back one use of `id`'s pool (InvalidInputError for an unknown id or no use
+  // left); the pool's memory goes once nothing holds it.
+  void release(GraphPoolId id);
+
+  // From the pool of the newest open routing that accepts `stream`; nullptr when none
+  // does (the caller's main pool serves it). Throws as CachingPool::allocate.
+  void* allocate(std::size_t bytes, stream_t stream);
+  // Returns `ptr` to the private pool that handed it out; false when none did.
+  bool deallocate(void* ptr);
+
+  // Cheap checks for the callers' fast paths: any routing open, any private pool alive.
+  bool routing() const noexcept { return open_routes_.load(std::memory_order_acquire) > 0; }
+  bool any() const noexcept { return live_pools_.load(std::memory_order_acquire) > 0; }
+
+  // Sum of the private pools' stats (peaks: the sum of each pool's peak, an upper bound).
+  PoolStats totals() const;
+  std::vector<GraphPoolInfo> pools() const;
+  // Frees the cached segments of every private pool with no use left (a pool in use keeps
+  // its memory: its graph may replay). Returns the bytes released.
+  std::size_t release_unused();
+
+ private:
+  struct Entry {
+    GraphPoolId id;
+    int uses = 0;
+    std::shared_ptr<CachingPool> pool;
+  };
+  struct Route {
+    GraphPoolId id;
+    Filter filter;
+    std::shared_ptr<CachingPool> pool;
+  };
+
+  Entry* find(GraphPoolId id);
+  // Drops the pools nothing holds; their destructors run after the lock is let go.
+  void collect(std::vector<std::shared_ptr<CachingPool>>& dead);
+
+  MakeUpstream make_upstream_;
+  PoolOptions options_;
+  mutable std::mutex mutex_;
+  std::vector<Entry> entries_;
+  std::vector<Route> routes_;  // newest last
+  std::atomic<int> open_routes_{0};
+  std::atomic<int> live_pools_{0};
+};
+
+}  // namespace gpukeeper

@@ -1,0 +1,95 @@
+"""CUDA graphs under use_torch_allocator(): captures get private pools (GraphPools), as under
+PyTorch's own allocator, and replays give what eager code gives. The GPU cases run real
+PyTorch code in a child process (torch_graphs_child.py); the C++ pools are tested in
+tests/cpp/test_graph_pools.cpp."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpukeeper import _core
+from gpukeeper.integrations import torch_allocator
+
+torch = pytest.importorskip("torch")
+
+CHILD = Path(__file__).with_name("torch_graphs_child.py")
+
+
+def run_child(mode: str, timeout: float = 400) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, str(CHILD), mode], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    assert done.returncode == 0, f"child {mode} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_linking_without_pytorchs_libraries_says_why():
+    why = _core._link_torch_graph_pools(["/no/such/libtorch_cuda.so"])
+    assert "not found" in why and "1 searched" in why
+
+
+def test_no_graph_pools_before_a_capture():
+    assert torch_allocator.graph_pools(0) == []
+    assert _core._torch_graph_pool_errors() == []
+    assert _core._torch_graph_pools_release_unused(0) == 0
+
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+def test_gpu_a_graphs_memory_is_never_handed_to_eager_tensors():
+    out = run_child("isolation")
+    assert out["graph_status"] == ""
+    [pool] = out["pools_after_capture"]
+    assert pool["uses"] == 1 and not pool["capturing"]
+    assert pool["allocated_bytes"] >= 4 << 20  # y and the captured temporaries' reuse
+    assert out["allocated_counts_graph"] >= 4 << 20  # torch's counters include the graph's pool
+    assert out["replay_max_error"] < 1e-4
+    assert out["junk_intact"] and out["junk_after_replay_intact"]
+    assert out["junk_addresses_outside_graph"]
+    assert out["pools_after_reset_with_output_alive"] == 1  # y still lives in it
+    assert out["pools_after_output_freed"] == 0
+    assert out["allocated_at_end"] == 0
+
+
+@gpu
+def test_gpu_a_captured_training_step_trains_as_eager():
+    out = run_child("train_step")
+    assert out["graph_status"] == ""
+    assert out["loss_max_diff"] < 1e-4, out["losses"]
+    assert out["weight_max_diff"] < 1e-4
+    assert out["pools"] == 1
+
+
+@gpu
+def test_gpu_make_graphed_callables_trains_as_eager():
+    out = run_child("graphed_callables")
+    assert out["weight_max_diff"] < 1e-4
+    assert out["pools"], "the forward and backward graphs have a private pool"
+
+
+@gpu
+def test_gpu_torch_compile_reduce_overhead_matches_eager_or_says_what_is_missing():
+    out = run_child("compiled")
+    if "error" in out:
+        # torch.compile's CUDA graph trees ask the allocator for checkpoints of its pools
+        # (getCheckpointState, setCheckpointPoolState), which a pluggable allocator lacks:
+        # that must be the reason given, never a wrong result.
+        assert "CUDAPluggableAllocator does not yet support" in out["error"], out["traceback"]
+        pytest.xfail(f"torch.compile(mode='reduce-overhead') under a pluggable allocator: {out['error'][:300]}")
+    assert out["max_diff"] < 1e-4
+    assert out["pools"]
+
+
+@gpu
+def test_gpu_capture_is_refused_where_the_callbacks_cannot_be_set():
+    out = run_child("refused")
+    assert out["raised"] is not None and "a test says so" in out["raised"]
+    assert "use_torch_allocator()" in out["raised"]
