@@ -120,7 +120,7 @@ if want stress && [ -x "$CPP_TESTS" ]; then
   start=$SECONDS; pids=()
   for kind in host device async pinned; do
     GPUKEEPER_STRESS_KINDS=$kind GPUKEEPER_STRESS_OPS=${GPUKEEPER_FULL_STRESS_OPS:-10000000} \
-      timeout "${GPUKEEPER_STRESS_TIMEOUT:-540}" "$CPP_TESTS" "stress: injected upstream faults*" \
+      timeout "${GPUKEEPER_STRESS_TIMEOUT:-300}" "$CPP_TESTS" "stress: injected upstream faults*" \
       > "$LOG/stress-$kind.txt" 2>&1 &
     pids+=($!)
   done
@@ -129,7 +129,9 @@ if want stress && [ -x "$CPP_TESTS" ]; then
     wait "${pids[$i]}"; rc=$?
     tr '\n' ' ' < "$LOG/stress-$kind.txt" | tr -s ' ' | grep -oE "fault stress \([^)]*\): .{0,200}reclaim calls" | tee -a "$OUT/summary.txt"
     summary "full stress ($kind): rc=$rc after $((SECONDS - start)) s; $(grep -E 'All tests passed|test cases:' "$LOG/stress-$kind.txt" | tail -1)"
-    [ "$rc" = 0 ] || { status=1; tail -30 "$LOG/stress-$kind.txt"; }
+    # Exit status 4 is Catch's "a test case skipped": here the other kinds' runs of the
+    # one test case are skipped by GPUKEEPER_STRESS_KINDS, and this kind's run passed.
+    [ "$rc" = 0 ] || { [ "$rc" = 4 ] && ! grep -q FAILED "$LOG/stress-$kind.txt"; } || { status=1; tail -30 "$LOG/stress-$kind.txt"; }
   done
 fi
 

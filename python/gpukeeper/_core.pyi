@@ -422,7 +422,9 @@ def _torch_malloc_symbols() -> Tuple[str, str]:
 def _torch_pool_stats(device: int) -> Optional[PoolStats]:
     """PoolStats of the pool behind PyTorch on a device, or None."""
 def _torch_pool_cleanup(device: int) -> int:
-    """Releases the cached memory of the torch pools (device -1: all)."""
+    """Releases the cached memory of the torch pools, and of graph pools no graph uses (device
+    -1: all devices).
+    """
 def _torch_pool_devices() -> List[int]:
     """Devices on which PyTorch allocated through gpukeeper."""
 def _torch_pool_validate(device: int) -> str: ...
@@ -435,8 +437,9 @@ def _link_torch_oom(library_paths: List[str]) -> str:
     """
 def _torch_oom_probe(message: str) -> Tuple[str, str]: ...
 def _torch_pool_counter(device: int, which: int) -> int:
-    """allocated (0), reserved (1), peak allocated (2) or peak reserved (3) bytes of the pool
-    behind PyTorch on a device; 0 before its first allocation there.
+    """allocated (0), reserved (1), peak allocated (2) or peak reserved (3) bytes of the pools
+    behind PyTorch on a device, its CUDA graphs' private pools included (their peaks add up:
+    an upper bound); 0 before its first allocation there.
     """
 def _torch_pool_history(device: int) -> PoolHistory:
     """PoolHistory of the pool behind PyTorch on a device (empty if none)."""

@@ -53,6 +53,7 @@ def isolation() -> dict:
         for j in junk:
             j.fill_(float(step))  # eager writes between replays
     torch.cuda.synchronize()
+    del expect, j
     out["replay_max_error"] = max(errors)
     out["junk_intact"] = all(bool((j == 4.0).all()) for j in junk)
     junk2 = [torch.full((1 << 20,), 3.0, device="cuda") for _ in range(8)]
@@ -61,7 +62,7 @@ def isolation() -> dict:
     out["junk_after_replay_intact"] = all(bool((j == 3.0).all()) for j in junk2)
     y_addr = y.data_ptr()
     out["junk_addresses_outside_graph"] = all(
-        not (j.data_ptr() <= y_addr < j.data_ptr() + j.numel() * 4) for j in junk + junk2)
+        not (t.data_ptr() <= y_addr < t.data_ptr() + t.numel() * 4) for t in junk + junk2)
     del junk, junk2
     # The graph goes, then its output: the pool's memory goes back.
     g.reset()
@@ -149,11 +150,15 @@ def graphed_callables() -> dict:
 
 
 def compiled() -> dict:
-    """torch.compile(mode="reduce-overhead") (CUDA graphs by Inductor) against eager."""
+    """torch.compile(mode="reduce-overhead") against eager: with Inductor's CUDA graph trees
+    (the default), then with plain CUDA graphs (cudagraph_trees off)."""
     out = _start()
+    import torch._inductor.config as inductor_config
+
     torch.manual_seed(2)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).cuda().eval()
-    try:
+
+    def max_diff() -> float:
         fast = torch.compile(model, mode="reduce-overhead")
         diffs = []
         with torch.no_grad():
@@ -161,12 +166,17 @@ def compiled() -> dict:
                 xb = torch.randn(32, 64, device="cuda")
                 got = fast(xb).clone()
                 diffs.append(float((got - model(xb)).abs().max()))
-        out["max_diff"] = max(diffs)
-        out["pools"] = [p["uses"] for p in torch_allocator.graph_pools(0)]
-    except Exception as exc:  # what torch needs that a pluggable allocator lacks, named
-        out["error_type"] = type(exc).__name__
-        out["error"] = str(exc)[-1500:]
-        out["traceback"] = traceback.format_exc()[-3000:]
+        return max(diffs)
+
+    for label, trees in (("trees", True), ("plain", False)):
+        inductor_config.triton.cudagraph_trees = trees
+        torch._dynamo.reset()
+        try:
+            out[f"{label}_max_diff"] = max_diff()
+            out[f"{label}_pools"] = [p["uses"] for p in torch_allocator.graph_pools(0)]
+        except Exception as exc:  # what torch needs that a pluggable allocator lacks, named
+            out[f"{label}_error"] = f"{type(exc).__name__}: {str(exc)[-800:]}"
+            out[f"{label}_traceback"] = traceback.format_exc()[-2000:]
     return out
 
 
