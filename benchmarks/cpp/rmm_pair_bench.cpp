@@ -262,6 +262,22 @@ int main(int argc, char** argv) {
   for (const Size& size : kSizes) add_ratios(rows, size.key);
   add_ratios(mixed_rows, "mixed");
 
+  // One line per workload, each starting "median ", for scripts to grep into a summary.
+  std::printf("\n");
+  auto median_line = [&](const std::vector<Row>& rs, const std::string& wl) {
+    std::string line = "median " + wl + ":";
+    const char* sep = " ";
+    for (const char* key : {kGpukeeper, kRmmPool, kRmmAsync, kMallocAsync}) {
+      const Row* r = find(rs, key, wl);
+      line += sep + std::string(key) + " " + (r ? fmt_ns(r->summary.median) + " ns" : std::string("-"));
+      if (r && key != kGpukeeper) line += " (" + ratio_text(r, find(rs, kGpukeeper, wl)) + "x gpukeeper)";
+      sep = ", ";
+    }
+    std::printf("%s\n", line.c_str());
+  };
+  for (const Size& size : kSizes) median_line(rows, size.key);
+  median_line(mixed_rows, "mixed");
+
   std::string problems = gk_pool->validate();
   if (!problems.empty()) std::fprintf(stderr, "gpukeeper pool: books inconsistent: %s\n", problems.c_str());
 

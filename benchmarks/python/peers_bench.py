@@ -49,6 +49,7 @@ SIZES = [(256, "256B"), (4 << 10, "4KiB"), (64 << 10, "64KiB"), (1 << 20, "1MiB"
 TORCH_MODES = [("native", "PyTorch caching allocator"),
                ("rmm", "rmm_torch_allocator (PoolMemoryResource)"),
                ("gpukeeper", "gpukeeper use_torch_allocator()")]
+CHILD_MARK = "peers-child-result "  # starts the line of a torch child's JSON
 NOT_INSTALLED = "not installed"
 IMPORT_FAILED = "import failed"  # installed, but its import raised (a broken install)
 NO_CUDA = "no CUDA"
@@ -260,10 +261,17 @@ def run_torch_children(p: Peers, args: argparse.Namespace) -> Dict[str, Any]:
                    "--rmm-pool-mib", str(args.rmm_pool_mib)]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.child_timeout)
-                lines = done.stdout.strip().splitlines()
-                if done.returncode != 0 or not lines:
+                found = [ln for ln in done.stdout.splitlines() if ln.startswith(CHILD_MARK)]
+                if not found:
                     raise RuntimeError(f"exit status {done.returncode}: {done.stderr.strip()[-1500:]}")
-                runs[mode].append(json.loads(lines[-1]))
+                child = json.loads(found[-1][len(CHILD_MARK):])
+                if done.returncode != 0:
+                    # The timings were taken; the process failed after them (at its exit).
+                    child["exit_status"] = done.returncode
+                    child["stderr_tail"] = done.stderr.strip()[-1500:]
+                    print(f"NOTE: torch child {mode} exited with status {done.returncode} after "
+                          "reporting its timings", file=sys.stderr)
+                runs[mode].append(child)
             except Exception as e:  # a crash or a hang of one child is its row's failure
                 runs[mode].append({"mode": mode, "status": FAILED, "reason": f"{type(e).__name__}: {e}"})
     for mode, _label in TORCH_MODES:
@@ -422,7 +430,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     batch_ns = args.batch_ms * 1e6
     if args.torch_child:
-        print(json.dumps(torch_child(args.torch_child, args.repeat, batch_ns, args.rmm_pool_mib << 20)))
+        result = torch_child(args.torch_child, args.repeat, batch_ns, args.rmm_pool_mib << 20)
+        print(CHILD_MARK + json.dumps(result), flush=True)
         return 0
 
     p = find_peers()

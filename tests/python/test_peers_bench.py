@@ -54,3 +54,25 @@ def test_ratios_carry_verdicts_and_say_what_was_not_measured():
     assert by[("gpukeeper release() / CuPy alloc", "4KiB")]["verdict"] == "not measured"
     assert by[("torch: gpukeeper / native", "256B")]["value"] == 0.9
     assert by[("torch: gpukeeper / rmm", "256B")]["value"] is None
+
+
+def test_torch_children_run_and_report_through_the_parent():
+    # The parent believes torch has CUDA; each child finds out for itself and reports
+    # (here, on a machine without a GPU: "no CUDA"; on one with a GPU: timings).
+    class FakeCuda:
+        @staticmethod
+        def is_available() -> bool:
+            return True
+
+    class FakeTorch:
+        cuda = FakeCuda()
+
+    p = peers.Peers(torch=FakeTorch())
+    args = peers.parse_args(["--quick", "--rounds", "1"])
+    result = peers.run_torch_children(p, args)
+    assert set(result) == {m for m, _ in peers.TORCH_MODES}
+    for mode, entry in result.items():
+        assert entry["status"] in {peers.OK, peers.NO_CUDA, peers.NOT_INSTALLED}, (mode, entry)
+        assert entry["children"][0]["mode"] == mode
+        if entry["status"] == peers.OK:
+            assert set(entry["median_ns"]) == {k for _s, k in peers.SIZES}
