@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
     for (const char* key : {kGpukeeper, kRmmPool, kRmmAsync, kMallocAsync}) {
       const Row* r = find(rs, key, wl);
       t.num(std::string(key) + "_ns", r ? r->summary.median : std::nan(""));
-      if (key != kGpukeeper) {
+      if (std::string(key) != kGpukeeper) {
         // gpukeeper's median over the peer's: below 1, gpukeeper is faster.
         t.num(std::string("gpukeeper_over_") + key,
               gk && r ? gk->summary.median / r->summary.median : std::nan(""));
@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
     for (const char* key : {kGpukeeper, kRmmPool, kRmmAsync, kMallocAsync}) {
       const Row* r = find(rs, key, wl);
       line += sep + std::string(key) + " " + (r ? fmt_ns(r->summary.median) + " ns" : std::string("-"));
-      if (r && key != kGpukeeper) line += " (" + ratio_text(r, find(rs, kGpukeeper, wl)) + "x gpukeeper)";
+      if (r && std::string(key) != kGpukeeper) line += " (" + ratio_text(r, find(rs, kGpukeeper, wl)) + "x gpukeeper)";
       sep = ", ";
     }
     std::printf("%s\n", line.c_str());
