@@ -11,10 +11,13 @@
 # GPUKEEPER_STEPS names the steps to run, so that a round longer than one call of the device
 # tool (10 minutes) is split over calls on the same warm machine; the default is all of
 #   install check cpp stress sanitizer pytest bench
-# and two more that run only when named:
+# and three more that run only when named:
 #   soak-start  starts the 10-minute soak (benchmarks/python/soak.py, torch-geometric's SchNet
 #               under the torch hook) in its own process session, which outlives the call
 #   soak-wait   waits for it and keeps its table and JSON
+#   peers       gpukeeper against RMM (C++: rmm_pair_bench, built against the librmm wheel in
+#               build/bench-rmm), CuPy and PyTorch's allocators (benchmarks/python/peers_bench.py);
+#               needs the librmm-cu13, rmm-cu13 and rapids_logger wheels in .whl/
 # A call that leaves out `install` uses the gpukeeper that an earlier call installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -195,6 +198,33 @@ step "Python tests"
 # GPUKEEPER_PYTEST_ARGS narrows the run (e.g. a few files) when iterating.
 "$PY" -m pytest ${GPUKEEPER_PYTEST_ARGS:-tests/python} -q -p no:cacheprovider -rs 2>&1 | tee "$LOG/pytest.txt"
 rc=${PIPESTATUS[0]}; summary "pytest: $(tail -1 "$LOG/pytest.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
+fi
+
+if want peers; then
+  step "peers: gpukeeper against RMM, CuPy and PyTorch's allocators"
+  mkdir -p "$OUT/bench"
+  # The librmm wheel installed into /tmp/site above (rapids_logger lies beside it there).
+  RMM_ROOT=${GPUKEEPER_RMM_ROOT:-$("$PY" -c "import librmm, os; print(os.path.dirname(librmm.__file__))" 2>/dev/null)}
+  if [ ! -d "${RMM_ROOT:-/nonexistent}/include/rmm" ]; then
+    summary "peers C++: no librmm found (carry the librmm-cu13 and rapids_logger wheels in .whl/)"; status=1
+  else
+    GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+    # The build tree's RPATH names the wheel's lib64/ folders: no LD_LIBRARY_PATH needed.
+    if cmake -S . -B build/bench-rmm "${GEN[@]}" -DGPUKEEPER_BUILD_BENCHMARKS=ON -DGPUKEEPER_BUILD_PYTHON=OFF \
+         -DGPUKEEPER_RMM_ROOT="$RMM_ROOT" >"$LOG/peers-configure.txt" 2>&1 \
+       && cmake --build build/bench-rmm -j --target rmm_pair_bench >"$LOG/peers-build.txt" 2>&1; then
+      build/bench-rmm/benchmarks/cpp/rmm_pair_bench --json "$OUT/bench/rmm_pair.json" 2>&1 | tee "$LOG/rmm_pair.txt"
+      rc=${PIPESTATUS[0]}; summary "peers C++ (rmm_pair_bench, ns per alloc+free pair): rc=$rc"
+      grep -E "^median " "$LOG/rmm_pair.txt" >> "$OUT/summary.txt"
+      [ "$rc" = 0 ] || status=1
+    else
+      tail -30 "$LOG/peers-configure.txt" "$LOG/peers-build.txt"; summary "peers C++: BUILD FAILED"; status=1
+    fi
+  fi
+  "$PY" benchmarks/python/peers_bench.py --json "$OUT/bench/peers.json" 2>&1 | tee "$LOG/peers.txt"
+  rc=${PIPESTATUS[0]}; summary "peers Python (peers_bench.py): rc=$rc"
+  grep -E "^ratio |: (not installed|import failed)" "$LOG/peers.txt" >> "$OUT/summary.txt"
+  [ "$rc" = 0 ] || status=1
 fi
 
 if ! want bench; then

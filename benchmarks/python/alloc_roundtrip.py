@@ -24,112 +24,15 @@ default).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import statistics
 import sys
-import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_env import cpu_name  # noqa: E402
+from bench_env import environment, to_jsonable, try_import  # noqa: E402
+from bench_timeit import measure  # noqa: E402
 
 SIZES = [(256, "256B"), (64 << 10, "64KiB"), (1 << 20, "1MiB"), (64 << 20, "64MiB")]
-
-
-def quantile(values, q):
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] * (1 - (pos - lo)) + v[hi] * (pos - lo)
-
-
-def measure(stmt: str, ns: dict, repeat: int, batch_ns: float, max_number: int = 10000):
-    timer = timeit.Timer(stmt, globals=ns)
-    # Warm-up first (the first call may have to reserve a segment, or start CUDA), then
-    # calibration: grow `number` until one batch takes >= batch_ns / 4.
-    timer.timeit(20)
-    number = 16
-    while True:
-        t = timer.timeit(number)
-        if t * 1e9 >= batch_ns / 4 or number >= max_number:
-            break
-        number *= 4
-    per = t * 1e9 / number
-    number = int(max(1, min(max_number, batch_ns / max(per, 1.0))))
-    timer.timeit(number)  # one more warm-up batch at the final size
-    times = [t * 1e9 / number for t in timer.repeat(repeat=repeat, number=number)]
-    return {
-        "ns_median": statistics.median(times),
-        "ns_p10": quantile(times, 0.1),
-        "ns_p90": quantile(times, 0.9),
-        "ns_min": min(times),
-        "ns_max": max(times),
-        "ns_mean": statistics.fmean(times),
-        "number_per_batch": number,
-        "batches": repeat,
-    }
-
-
-def environment(gk, torch, cupy):
-    env = {
-        "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpu": platform.processor() or platform.machine(),
-    }
-    env["cpu"] = cpu_name()
-    if gk is not None:
-        env["gpukeeper"] = getattr(gk, "__version__", "unknown")
-        for name in ("build_info", "cuda_available"):
-            fn = getattr(gk, name, None)
-            if fn is None:
-                continue
-            try:
-                env[name] = to_jsonable(fn())
-            except Exception as e:  # report, never fail the run over it
-                env[name] = f"error: {e}"
-    if torch is not None:
-        env["torch"] = torch.__version__
-        env["torch_cuda"] = torch.version.cuda
-        if torch.cuda.is_available():
-            env["gpu_name"] = torch.cuda.get_device_name(0)
-            env["gpu_total_memory"] = torch.cuda.get_device_properties(0).total_memory
-    if cupy is not None:
-        env["cupy"] = cupy.__version__
-        try:
-            env["cuda_driver_version"] = cupy.cuda.runtime.driverGetVersion()
-            env["cuda_runtime_version"] = cupy.cuda.runtime.runtimeGetVersion()
-        except Exception:
-            pass
-    return env
-
-
-def to_jsonable(val):
-    """A dict, a struct-like object (public attributes) or a scalar, as JSON-ready data."""
-    if isinstance(val, (bool, int, float, str, type(None))):
-        return val
-    if isinstance(val, tuple) and not hasattr(val, "_asdict"):
-        return [to_jsonable(v) for v in val]
-    if hasattr(val, "_asdict"):
-        val = val._asdict()
-    elif hasattr(val, "keys"):
-        val = {k: val[k] for k in val.keys()}
-    elif not isinstance(val, dict):
-        val = {k: getattr(val, k) for k in dir(val)
-               if not k.startswith("_") and not callable(getattr(val, k))}
-    return json.loads(json.dumps(val, default=str))
-
-
-def try_import(name):
-    try:
-        return __import__(name), None
-    except Exception as e:  # ImportError, or a broken install
-        return None, f"{type(e).__name__}: {e}"
 
 
 def main(argv=None) -> int:

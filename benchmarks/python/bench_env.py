@@ -1,8 +1,13 @@
-"""Small helpers shared by the Python benchmarks (imported from their own folder)."""
+"""Small helpers shared by the Python benchmarks (imported from their own folder): the
+machine and library versions for the JSON's environment block, optional imports."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import platform
+import sys
+from typing import Any, Dict, Optional, Tuple
 
 
 def cpu_name() -> str:
@@ -15,3 +20,64 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def try_import(name: str) -> Tuple[Optional[Any], Optional[str]]:
+    """(module, None), or (None, why) when ``name`` is missing or fails to import."""
+    try:
+        return __import__(name), None
+    except Exception as e:  # ImportError, or a broken install
+        return None, f"{type(e).__name__}: {e}"
+
+
+def to_jsonable(val: Any) -> Any:
+    """A dict, a struct-like object (public attributes) or a scalar, as JSON-ready data."""
+    if isinstance(val, (bool, int, float, str, type(None))):
+        return val
+    if isinstance(val, tuple) and not hasattr(val, "_asdict"):
+        return [to_jsonable(v) for v in val]
+    if hasattr(val, "_asdict"):
+        val = val._asdict()
+    elif hasattr(val, "keys"):
+        val = {k: val[k] for k in val.keys()}
+    elif not isinstance(val, dict):
+        val = {k: getattr(val, k) for k in dir(val)
+               if not k.startswith("_") and not callable(getattr(val, k))}
+    return json.loads(json.dumps(val, default=str))
+
+
+def environment(gk: Any, torch: Any, cupy: Any, rmm: Any = None) -> Dict[str, Any]:
+    """The environment block of a benchmark's JSON: time, Python, CPU, and for each of
+    the modules given (None where missing) its version and what it says of the GPU."""
+    env: Dict[str, Any] = {
+        "timestamp_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+    }
+    if gk is not None:
+        env["gpukeeper"] = getattr(gk, "__version__", "unknown")
+        for name in ("build_info", "cuda_available"):
+            fn = getattr(gk, name, None)
+            if fn is None:
+                continue
+            try:
+                env[name] = to_jsonable(fn())
+            except Exception as e:  # report, never fail the run over it
+                env[name] = f"error: {e}"
+    if torch is not None:
+        env["torch"] = torch.__version__
+        env["torch_cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            env["gpu_name"] = torch.cuda.get_device_name(0)
+            env["gpu_total_memory"] = torch.cuda.get_device_properties(0).total_memory
+    if cupy is not None:
+        env["cupy"] = cupy.__version__
+        try:
+            env["cuda_driver_version"] = cupy.cuda.runtime.driverGetVersion()
+            env["cuda_runtime_version"] = cupy.cuda.runtime.runtimeGetVersion()
+        except Exception:
+            pass
+    if rmm is not None:
+        env["rmm"] = getattr(rmm, "__version__", "unknown")
+    return env
