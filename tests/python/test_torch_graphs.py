@@ -56,7 +56,9 @@ def test_gpu_a_graphs_memory_is_never_handed_to_eager_tensors():
     assert out["junk_addresses_outside_graph"]
     assert out["pools_after_reset_with_output_alive"] == 1  # y still lives in it
     assert out["pools_after_output_freed"] == 0
-    assert out["allocated_at_end"] == 0
+    # What is left is PyTorch's own: its CUDA generator makes graph-safe seed and offset
+    # tensors at the first capture and keeps them (two 8-byte tensors, 256-byte blocks).
+    assert 0 <= out["allocated_at_end"] <= 512
 
 
 @gpu
