@@ -26,7 +26,12 @@ def test_a_short_cpu_soak_is_flat_and_reports_its_figures(tmp_path):
     out = tmp_path / "soak.json"
     env = dict(os.environ, GPUKEEPER_PROGRESS="0")
     proc = subprocess.run(
-        [sys.executable, str(SOAK), "--minutes", "0.25", "--atoms", "64", "--cpu", "--json", str(out)],
+        # 15 s cannot resolve a slope of 1 MiB/min: a fresh interpreter's heap still settles
+        # in the first seconds (a fresh-venv CI run read RSS "growing" at the default bound).
+        # The bounds here are loose; the verdicts' logic is tested below, and the real
+        # figure is the 10-minute soak's on the GPU machine (docs/reliability.md).
+        [sys.executable, str(SOAK), "--minutes", "0.25", "--atoms", "64", "--cpu", "--json", str(out),
+         "--warmup-fraction", "0.5", "--rss-bound", "60"],
         capture_output=True, text=True, timeout=60, env=env, cwd=str(ROOT),
     )
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
