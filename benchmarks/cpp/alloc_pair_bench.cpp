@@ -451,11 +451,7 @@ int main(int argc, char** argv) {
     root.raw("pool_stats", pools.dump(2));
     root.raw("targets", json_array(target_json, 2));
     root.boolean("targets_met", any_checked && all_met && have_cuda);
-    if (!write_file(json_path, root.dump())) {
-      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-    std::printf("\nJSON written to %s\n", json_path.c_str());
+    if (!write_json_report(json_path, root.dump())) return 1;
   }
 
   // ------------------------------------------------------------- tear-down

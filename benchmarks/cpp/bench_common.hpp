@@ -187,6 +187,16 @@ inline bool write_file(const std::string& path, const std::string& text) {
   return static_cast<bool>(f);
 }
 
+// Writes a benchmark's JSON report and says where, or why not (false then).
+inline bool write_json_report(const std::string& path, const std::string& json) {
+  if (!write_file(path, json)) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::printf("\nJSON written to %s\n", path.c_str());
+  return true;
+}
+
 // ------------------------------------------------------------------ machine
 
 inline std::string utc_now() {

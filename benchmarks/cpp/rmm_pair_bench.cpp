@@ -292,11 +292,7 @@ int main(int argc, char** argv) {
     root.raw("ratios", json_array(ratio_json, 2));
     root.integer("rmm_pool_size_bytes", rmm_pool->pool_size());
     root.boolean("gpukeeper_books_consistent", problems.empty());
-    if (!write_file(json_path, root.dump())) {
-      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-    std::printf("\nJSON written to %s\n", json_path.c_str());
+    if (!write_json_report(json_path, root.dump())) return 1;
   }
 
   // ------------------------------------------------------------- tear-down

@@ -781,11 +781,7 @@ int main(int argc, char** argv) {
     root.raw("config", config.dump(2));
     root.str("note", note);
     root.raw("traces", json_array(json_traces, 2));
-    if (!write_file(json_path, root.dump())) {
-      std::fprintf(stderr, "cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-    std::printf("\nJSON written to %s\n", json_path.c_str());
+    if (!write_json_report(json_path, root.dump())) return 1;
   }
   return failed ? 1 : 0;
 }

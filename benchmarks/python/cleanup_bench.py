@@ -35,18 +35,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_env import cpu_name  # noqa: E402
+from bench_timeit import quantile  # noqa: E402
 
 TARGET_S = 1e-3
-
-
-def quantile(values: List[float], q: float) -> float:
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] * (1 - (pos - lo)) + v[hi] * (pos - lo)
 
 
 def timed(body: Callable[[], Optional[Any]], iterations: int, warmup: int) -> Dict[str, Any]:

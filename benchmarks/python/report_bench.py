@@ -24,18 +24,14 @@ import argparse
 import datetime
 import gc
 import json
+import os
 import platform
 import statistics
 import sys
 import time
 
-
-def quantile(values, q):
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] * (1 - (pos - lo)) + v[hi] * (pos - lo)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_timeit import quantile  # noqa: E402
 
 
 def measure(fn, calls: int, warmup: int = 20):

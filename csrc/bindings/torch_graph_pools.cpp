@@ -117,16 +117,6 @@ std::string link(const std::vector<std::string>& paths) {
   return "";
 }
 
-py::dict stats_dict(const PoolStats& s) {
-  py::dict d;
-  d["allocated_bytes"] = s.allocated_bytes;
-  d["allocated_count"] = s.allocated_count;
-  d["reserved_bytes"] = s.reserved_bytes;
-  d["peak_allocated_bytes"] = s.peak_allocated_bytes;
-  d["peak_reserved_bytes"] = s.peak_reserved_bytes;
-  return d;
-}
-
 }  // namespace
 
 GraphPools& torch_graph_pools(int device) {
@@ -168,7 +158,7 @@ void init_torch_graph_pools(py::module_& m) {
         GraphPools* graphs = torch_graph_pools_if_any(device);
         if (graphs == nullptr) return out;
         for (const auto& info : graphs->pools()) {
-          py::dict d = stats_dict(info.stats);
+          py::dict d = py::cast(info.stats).attr("to_dict")();
           d["id"] = py::make_tuple(info.id.first, info.id.second);
           d["uses"] = info.uses;
           d["capturing"] = info.routing;
