@@ -15,6 +15,10 @@
 #   soak-start  starts the 10-minute soak (benchmarks/python/soak.py, torch-geometric's SchNet
 #               under the torch hook) in its own process session, which outlives the call
 #   soak-wait   waits for it and keeps its table and JSON
+#   distributed issue 14 on a machine of two GPUs: test_distributed.py (its NCCL cases under
+#               torchrun) and test_multi_gpu.py, then distributed_gather_bench.py with NCCL
+#   traces      records allocation traces (benchmarks/python/record_traces.py) of the workloads
+#               in GPUKEEPER_TRACE_WORKLOADS (default twostream); they come back in the tar
 #   peers       gpukeeper against RMM (C++: rmm_pair_bench, built against the librmm wheel in
 #               build/bench-rmm), CuPy and PyTorch's allocators (benchmarks/python/peers_bench.py);
 #               needs the librmm-cu13, rmm-cu13 and rapids_logger wheels in .whl/
@@ -198,6 +202,28 @@ step "Python tests"
 # GPUKEEPER_PYTEST_ARGS narrows the run (e.g. a few files) when iterating.
 "$PY" -m pytest ${GPUKEEPER_PYTEST_ARGS:-tests/python} -q -p no:cacheprovider -rs 2>&1 | tee "$LOG/pytest.txt"
 rc=${PIPESTATUS[0]}; summary "pytest: $(tail -1 "$LOG/pytest.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
+fi
+
+if want distributed; then
+  step "many GPUs: torchrun with NCCL, one process over two devices"
+  mkdir -p "$OUT/bench"
+  nvidia-smi topo -m > "$LOG/topology.txt" 2>&1
+  "$PY" -m pytest tests/python/test_distributed.py tests/python/test_multi_gpu.py -q -p no:cacheprovider -rs \
+    2>&1 | tee "$LOG/pytest-distributed.txt"
+  rc=${PIPESTATUS[0]}; summary "pytest distributed + multi-GPU: $(tail -1 "$LOG/pytest-distributed.txt") (rc=$rc)"
+  [ "$rc" = 0 ] || status=1
+  (cd benchmarks/python && "$PY" distributed_gather_bench.py --backend nccl --ranks 2 \
+    --json "$OUT/bench/distributed_gather_nccl.json") 2>&1 | tee "$LOG/gather-nccl.txt"
+  rc=${PIPESTATUS[0]}; summary "gather bench (NCCL, 2 ranks): rc=$rc"
+  grep -E "^│" "$LOG/gather-nccl.txt" >> "$OUT/summary.txt"; [ "$rc" = 0 ] || status=1
+fi
+
+if want traces; then
+  step "record allocation traces"
+  mkdir -p "$OUT/bench/traces"
+  "$PY" benchmarks/python/record_traces.py --workloads "${GPUKEEPER_TRACE_WORKLOADS:-twostream}" \
+    --out-dir "$OUT/bench/traces" 2>&1 | tee "$LOG/record-traces.txt"
+  rc=${PIPESTATUS[0]}; summary "record traces: rc=$rc"; [ "$rc" = 0 ] || status=1
 fi
 
 if want peers; then
