@@ -54,8 +54,9 @@ std::unique_ptr<PyBuffer> new_buffer(PoolRegistry& reg, const py::handle& device
                                      const py::handle& stream) {
   auto prec = to_precision(precision);
   std::size_t count = to_count(size, "size");
-  auto pool = pool_for(reg, device);
   stream_t s = to_stream(stream);
+  // A stream capturing a CUDA graph gets the capture's own pool (PoolRegistry::pool_for).
+  auto pool = reg.pool_for(to_device_id(device), s);
   auto buf = std::make_unique<PyBuffer>();
   buf->precision = prec;
   buf->count = count;
@@ -390,13 +391,32 @@ void def_pool_release(PoolClass& pool_class) {
       .def(
           "emergency_cleanup",
           [](PoolRegistry& reg, const py::handle& device) -> std::size_t {
-            auto pool = reg.find(to_device_id(device));
+            const int id = to_device_id(device);
+            auto pool = reg.find(id);
             if (!pool) return 0;
             py::gil_scoped_release nogil;
-            return pool->emergency_cleanup();
+            return pool->emergency_cleanup() + reg.drop_retired_captures(id);
           },
           py::arg("device_id"),
-          "Returns every cached free segment of the device's pool to the driver; bytes released.")
+          "Returns every cached free segment of the device's pool to the driver, and the "
+          "memory of CUDA-graph capture pools whose graph is gone; bytes released.")
+      .def(
+          "capture_pools",
+          [](PoolRegistry& reg, const py::handle& device) {
+            py::list out;
+            for (const auto& info : reg.capture_pools(to_device_id(device))) {
+              py::dict d = py::cast(info.stats).attr("to_dict")();
+              d["capture_id"] = info.id.second;
+              d["graph_alive"] = info.uses > 0;
+              out.append(d);
+            }
+            return out;
+          },
+          py::arg("device_id"),
+          "The pools of CUDA-graph captures on the device: allocations made on a stream while "
+          "it captures (CuPy's Stream.begin_capture, a raw cudaStreamBeginCapture) come from "
+          "a pool of the capture's own, kept from other work until its graph is destroyed. "
+          "One dict each: capture_id, graph_alive and the pool's books.")
       .def(
           "emergency_cleanup_all",
           [](PoolRegistry& reg) {

@@ -243,11 +243,17 @@ class _MemoryPoolBase:
         fraction), or None for a device id that does not exist.
         """
     def emergency_cleanup(self, device_id: int) -> int:
-        """Returns every cached free segment of the device's pool to the driver; bytes
-        released.
+        """Returns every cached free segment of the device's pool to the driver, and the
+        memory of CUDA-graph capture pools whose graph is gone; bytes released.
         """
     def emergency_cleanup_all(self) -> int:
         """emergency_cleanup on every device's pool; bytes released."""
+    def capture_pools(self, device_id: int) -> List[Dict[str, Any]]:
+        """The pools of CUDA-graph captures on the device: allocations made on a stream
+        while it captures (CuPy's Stream.begin_capture, a raw cudaStreamBeginCapture)
+        come from a pool of the capture's own, kept from other work until its graph is
+        destroyed. One dict each: capture_id, graph_alive and the pool's books.
+        """
     def trim(self, device_id: int, keep_bytes: int = ...) -> int:
         """Releases cached segments until at most keep_bytes stay reserved; bytes released."""
     def set_max_pool_size(self, device_id: int, max_bytes: int) -> None:

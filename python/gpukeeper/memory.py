@@ -23,10 +23,10 @@ from gpukeeper.errors import InvalidInputError
 __all__ = ["MemoryPool", "ManagedBuffer", "BufferBatch", "Precision", "PoolStats"]
 
 # Methods inherited from the C++ base (documented there, typed in _core.pyi):
-# get_managed_buffer, memory_pressure, emergency_cleanup, emergency_cleanup_all, trim,
-# set_max_pool_size, max_pool_size, memory_usage, total_memory_usage, stats,
-# reset_peaks, validate, owns, add_watermark, remove_watermark, add_reclaim_callback,
-# remove_reclaim_callback, devices.
+# get_managed_buffer, memory_pressure, emergency_cleanup, emergency_cleanup_all,
+# capture_pools, trim, set_max_pool_size, max_pool_size, memory_usage, total_memory_usage,
+# stats, reset_peaks, validate, owns, add_watermark, remove_watermark,
+# add_reclaim_callback, remove_reclaim_callback, devices.
 
 
 class MemoryPool(_core._MemoryPoolBase):

@@ -207,3 +207,52 @@ TEST_CASE("graph pools: threads allocating and freeing while captures open and c
   CHECK(lost == 0);
   CHECK_FALSE(graphs.any());  // every block came back, every graph was released
 }
+
+// Captures nobody announces: the registry asks for the capture's pool while it sees the
+// capture, and the graph's destructor hook retires it, possibly from another thread.
+TEST_CASE("graph pools: a capture pool is held until its graph retires it and a cleanup drops it",
+          "[graph_pools]") {
+  std::atomic<int> made{0};
+  GraphPools graphs = host_graph_pools(&made);
+  const GraphPoolId capture{~std::uint64_t{0}, 41};
+  bool first = false;
+  auto pool = graphs.capture_pool(capture, &first);
+  CHECK(first);
+  CHECK(graphs.capture_pool(capture, &first) == pool);  // the same capture, the same pool
+  CHECK_FALSE(first);
+  CHECK(made == 1);
+  CHECK_FALSE(graphs.routing());  // nothing is routed: the caller hands out the blocks
+
+  void* temp = pool->allocate(4096, kCapturing);
+  void* out = pool->allocate(4096, kCapturing);
+  pool->deallocate(temp);  // freed inside the capture: stays the capture's
+  CHECK(graphs.drop_retired() == 0);  // the graph is alive: nothing goes
+  REQUIRE(graphs.pools().size() == 1);
+  CHECK(graphs.pools()[0].uses == 1);
+
+  std::thread([&] { graphs.retire(capture); }).join();  // CUDA's destructor thread
+  graphs.drop_retired();
+  REQUIRE(graphs.pools().size() == 1);  // its output is still held by its owner
+  CHECK(graphs.pools()[0].uses == 0);
+  pool->deallocate(out);
+  const std::size_t held = pool->stats().reserved_bytes;
+  CHECK(held > 0);
+  CHECK(graphs.drop_retired() == held);
+  CHECK(graphs.pools().empty());
+  CHECK_FALSE(graphs.any());
+  CHECK(graphs.drop_retired() == 0);
+}
+
+TEST_CASE("graph pools: retirement only counts, without freeing, when asked so", "[graph_pools]") {
+  GraphPools graphs = host_graph_pools();
+  const GraphPoolId capture{~std::uint64_t{0}, 5};
+  auto pool = graphs.capture_pool(capture);
+  pool->deallocate(pool->allocate(1 << 20, kCapturing));
+  graphs.retire(capture);
+  graphs.retire(GraphPoolId{~std::uint64_t{0}, 99});  // an id never seen: ignored
+  CHECK(graphs.drop_retired(false) == 0);
+  REQUIRE(graphs.pools().size() == 1);
+  CHECK(graphs.pools()[0].uses == 0);
+  CHECK(graphs.drop_retired() > 0);
+  CHECK(graphs.pools().empty());
+}

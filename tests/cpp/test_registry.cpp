@@ -1,7 +1,12 @@
 // PoolRegistry: one pool per device, made on first use.
+#include <chrono>
 #include <set>
 #include <thread>
 #include <vector>
+
+#ifdef GPUKEEPER_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "gpukeeper/memory/managed_buffer.hpp"
 #include "gpukeeper/memory/pool_registry.hpp"
@@ -98,3 +103,75 @@ TEST_CASE("registry: threads asking for a pool at once get the same one", "[regi
     REQUIRE(got[0]->validate() == "");
   }
 }
+
+TEST_CASE("registry: streams that are not capturing get the device's pool", "[registry][graph_pools]") {
+  const ResourceKind kind = GENERATE(ResourceKind::host, ResourceKind::device, ResourceKind::pinned);
+  INFO("memory kind: " << gpukeeper::to_string(kind));
+  GK_SKIP_UNLESS_USABLE(kind);
+  PoolRegistry registry(kind);
+  REQUIRE(registry.pool_for(0, 0) == registry.pool(0));
+  REQUIRE(registry.pool_for(0, 12345) == registry.pool(0));  // host kinds never ask CUDA
+  REQUIRE(registry.capture_pools(0).empty());
+  REQUIRE(registry.drop_retired_captures(0) == 0);
+  REQUIRE_THROWS_AS(registry.pool_for(99, 0), gpukeeper::InvalidInputError);
+}
+
+#ifdef GPUKEEPER_WITH_CUDA
+// A capture nobody announced (as CuPy's Stream.begin_capture): its allocations come from
+// its own pool, which outlives the capture while the graph lives, and goes at the first
+// cleanup after CUDA destroys the graph.
+TEST_CASE("registry: a raw stream capture allocates from its own pool until the graph is gone",
+          "[registry][graph_pools]") {
+  const ResourceKind kind = GENERATE(ResourceKind::device, ResourceKind::async);
+  INFO("memory kind: " << gpukeeper::to_string(kind));
+  GK_SKIP_UNLESS_USABLE(kind);
+  PoolRegistry registry(kind);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  const auto stream = reinterpret_cast<gpukeeper::stream_t>(s);
+  void* eager = registry.pool(0)->allocate(MiB, stream);
+  registry.pool(0)->deallocate(eager);  // a cached block the capture must not take
+
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  auto captured = registry.pool_for(0, stream);
+  REQUIRE(captured != registry.pool(0));
+  REQUIRE(registry.pool_for(0, stream) == captured);  // the same capture, the same pool
+  void* temp = nullptr;
+  {
+    ManagedBuffer t(captured, MiB, stream);
+    temp = t.data();
+    REQUIRE(temp != eager);
+    REQUIRE(cudaMemsetAsync(temp, 1, MiB, s) == cudaSuccess);
+  }  // freed inside the capture: the capture may reuse it, nothing else
+  ManagedBuffer out(registry.pool_for(0, stream), MiB, stream);
+  REQUIRE(out.data() == temp);
+  REQUIRE(cudaMemsetAsync(out.data(), 2, MiB, s) == cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+
+  REQUIRE(registry.pool_for(0, stream) == registry.pool(0));  // capture over: the main pool
+  auto pools = registry.capture_pools(0);
+  REQUIRE(pools.size() == 1);
+  REQUIRE(pools[0].uses == 1);
+  out.reset();
+  REQUIRE(registry.drop_retired_captures(0) == 0);  // the graph lives: its memory stays
+  REQUIRE(registry.capture_pools(0).size() == 1);
+
+  REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  // CUDA runs the destructor hook on a thread of its own, soon after.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!registry.capture_pools(0).empty() && registry.capture_pools(0)[0].uses > 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(registry.capture_pools(0)[0].uses == 0);
+  REQUIRE(registry.emergency_cleanup_all() >= MiB);
+  REQUIRE(registry.capture_pools(0).empty());
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}
+#endif

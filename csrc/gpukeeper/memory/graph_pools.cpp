@@ -77,6 +77,46 @@ void GraphPools::release(GraphPoolId id) {
   }
 }
 
+std::shared_ptr<CachingPool> GraphPools::capture_pool(GraphPoolId id, bool* made) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (made != nullptr) *made = false;
+  if (Entry* e = find(id)) return e->pool;
+  auto pool = std::make_shared<CachingPool>(make_upstream_(), options_);
+  entries_.push_back(Entry{id, 1, pool});
+  live_pools_.fetch_add(1, std::memory_order_release);
+  if (made != nullptr) *made = true;
+  return pool;
+}
+
+void GraphPools::retire(GraphPoolId id) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(retired_.mutex);
+    retired_.ids.push_back(id);
+  } catch (...) {
+    // Out of host memory in CUDA's thread: the pool stays held, which is safe.
+  }
+}
+
+std::size_t GraphPools::drop_retired(bool free) {
+  std::vector<GraphPoolId> ids;
+  {
+    std::lock_guard<std::mutex> lock(retired_.mutex);
+    ids.swap(retired_.ids);
+  }
+  std::vector<std::shared_ptr<CachingPool>> dead;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& id : ids) {
+      Entry* e = find(id);
+      if (e != nullptr && e->uses > 0) --e->uses;
+    }
+    if (free) collect(dead);
+  }
+  std::size_t released = 0;
+  for (const auto& pool : dead) released += pool->stats().reserved_bytes;
+  return released;  // `dead` frees their segments here, outside the lock
+}
+
 void* GraphPools::allocate(std::size_t bytes, stream_t stream) {
   // The lock is held through the allocation: a routing closed and released meanwhile
   // would otherwise see its pool empty and drop it under a block about to be handed out.

@@ -19,6 +19,13 @@
 // the device once it has no use left and no live block, and no routing is open (its
 // segments are freed after a device-wide wait, which would break a capture in flight).
 // All members are thread-safe.
+//
+// Captures nobody announces (CuPy's Stream.begin_capture, a raw cudaStreamBeginCapture)
+// have no begin, end or release call to hang this on. For them the pool registry asks
+// capture_pool(id) for the pool of a capture it sees under way (one use, held for the
+// graph), and the graph gives that use back through retire(id) when CUDA destroys it;
+// drop_retired() then frees the pools of graphs that are gone, at a moment the caller
+// knows to be safe (an explicit cleanup), never on its own.
 #pragma once
 
 #include <atomic>
@@ -70,6 +77,17 @@ class GraphPools {
   // Returns `ptr` to the private pool that handed it out; false when none did.
   bool deallocate(void* ptr);
 
+  // The pool of capture `id`, made on first use with one use held for its graph; `made`
+  // says whether this call made it. Never routes: the caller hands out its blocks.
+  std::shared_ptr<CachingPool> capture_pool(GraphPoolId id, bool* made = nullptr);
+  // Gives back the graph's use of capture pool `id`, later: it only queues the id, so it is
+  // safe from any thread, CUDA's destructor threads included (no CUDA call, no pool lock).
+  void retire(GraphPoolId id) noexcept;
+  // Applies the queued retirements, then with `free` frees the capture pools with no use
+  // and no live block (their segments go back after a device-wide wait: not while a
+  // capture is under way). Returns the bytes those pools held.
+  std::size_t drop_retired(bool free = true);
+
   // Cheap checks for the callers' fast paths: any routing open, any private pool alive.
   bool routing() const noexcept { return open_routes_.load(std::memory_order_acquire) > 0; }
   bool any() const noexcept { return live_pools_.load(std::memory_order_acquire) > 0; }
@@ -93,6 +111,12 @@ class GraphPools {
     std::shared_ptr<CachingPool> pool;
   };
 
+  // Queued retirements; its own lock, since CUDA's threads push to it.
+  struct RetireQueue {
+    std::mutex mutex;
+    std::vector<GraphPoolId> ids;
+  };
+
   Entry* find(GraphPoolId id);
   // Drops the pools nothing holds; their destructors run after the lock is let go.
   void collect(std::vector<std::shared_ptr<CachingPool>>& dead);
@@ -102,6 +126,7 @@ class GraphPools {
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;
   std::vector<Route> routes_;  // newest last
+  RetireQueue retired_;
   std::atomic<int> open_routes_{0};
   std::atomic<int> live_pools_{0};
 };

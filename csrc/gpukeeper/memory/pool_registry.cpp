@@ -1,6 +1,7 @@
 #include "gpukeeper/memory/pool_registry.hpp"
 
 #include "gpukeeper/core/errors.hpp"
+#include "gpukeeper/memory/stream_capture.hpp"
 
 namespace gpukeeper {
 
@@ -32,6 +33,77 @@ std::shared_ptr<CachingPool> PoolRegistry::pool(int device) {
   return made;
 }
 
+namespace {
+
+// What a graph's destructor hook needs: the pools (weakly: the registry may be gone first)
+// and the capture's id.
+struct GraphGone {
+  std::weak_ptr<GraphPools> pools;
+  GraphPoolId id;
+};
+
+void on_graph_gone(void* context) {
+  std::unique_ptr<GraphGone> gone(static_cast<GraphGone*>(context));
+  if (auto pools = gone->pools.lock()) pools->retire(gone->id);
+}
+
+// Capture pools' ids, apart from PyTorch's (0, n) and (n, 0).
+constexpr std::uint64_t kCaptureTag = ~std::uint64_t{0};
+
+}  // namespace
+
+std::shared_ptr<CachingPool> PoolRegistry::pool_for(int device, stream_t stream) {
+  if (stream == 0 || (kind_ != ResourceKind::device && kind_ != ResourceKind::async)) {
+    return pool(device);
+  }
+  const detail::StreamCapture capture = detail::capture_of(stream);
+  if (!capture.active) return pool(device);
+  std::shared_ptr<GraphPools> pools = captures_for(device);
+  const GraphPoolId id{kCaptureTag, capture.id};
+  bool made = false;
+  auto chosen = pools->capture_pool(id, &made);
+  if (made) {
+    auto gone = std::make_unique<GraphGone>(GraphGone{pools, id});
+    // Where the hook cannot be set the pool stays held for the process: never reused early.
+    if (detail::on_graph_destroyed(capture.graph, on_graph_gone, gone.get())) gone.release();
+  }
+  return chosen;
+}
+
+std::shared_ptr<GraphPools> PoolRegistry::captures_for(int device) {
+  (void)pool(device);  // the same checks of the id, and the main pool exists beside it
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (captures_.size() <= static_cast<std::size_t>(device)) captures_.resize(device + 1);
+  auto& slot = captures_[device];
+  if (!slot) {
+    // Plain cudaMalloc beneath, for the async kind too: a stream-ordered allocation made
+    // during a capture would become a node of the graph, not memory the pool may keep.
+    slot = std::make_shared<GraphPools>([device] { return make_resource(ResourceKind::device, device); },
+                                        options_);
+  }
+  return slot;
+}
+
+std::vector<GraphPoolInfo> PoolRegistry::capture_pools(int device) {
+  std::shared_ptr<GraphPools> pools;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device >= 0 && static_cast<std::size_t>(device) < captures_.size()) pools = captures_[device];
+  }
+  if (!pools) return {};
+  pools->drop_retired(false);  // uses as of now: graphs destroyed since count as gone
+  return pools->pools();
+}
+
+std::size_t PoolRegistry::drop_retired_captures(int device) {
+  std::shared_ptr<GraphPools> pools;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device >= 0 && static_cast<std::size_t>(device) < captures_.size()) pools = captures_[device];
+  }
+  return pools ? pools->drop_retired() : 0;
+}
+
 std::shared_ptr<CachingPool> PoolRegistry::find(int device) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (device < 0 || static_cast<std::size_t>(device) >= pools_.size()) return nullptr;
@@ -60,6 +132,12 @@ std::pair<std::size_t, std::size_t> PoolRegistry::total_usage() const {
 std::size_t PoolRegistry::emergency_cleanup_all() {
   std::size_t released = 0;
   for (const auto& p : pools()) released += p->emergency_cleanup();
+  std::size_t devices = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    devices = captures_.size();
+  }
+  for (std::size_t d = 0; d < devices; ++d) released += drop_retired_captures(static_cast<int>(d));
   return released;
 }
 

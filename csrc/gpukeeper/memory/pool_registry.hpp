@@ -3,6 +3,7 @@
 //   PoolRegistry pools(ResourceKind::device);
 //   ManagedBuffer buf(pools.pool(0), bytes);
 //   auto [allocated, peak] = pools.total_usage();
+//   ManagedBuffer b(pools.pool_for(0, stream), bytes, stream);  // capture-aware
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "gpukeeper/memory/caching_pool.hpp"
+#include "gpukeeper/memory/graph_pools.hpp"
 
 namespace gpukeeper {
 
@@ -22,6 +24,19 @@ class PoolRegistry {
   // The pool of `device`, made on first use. InvalidInputError for a device id the kind
   // does not have; DeviceError when the kind is unavailable on this machine.
   std::shared_ptr<CachingPool> pool(int device);
+
+  // The pool for an allocation on `stream`: pool(device), except while `stream` captures a
+  // CUDA graph (device memory only). Then it is that capture's own pool: its blocks serve
+  // the capture and nothing else until the graph is destroyed, since every replay writes
+  // to the addresses the capture baked in. One query of the stream's capture state per call
+  // on a stream other than the legacy default.
+  std::shared_ptr<CachingPool> pool_for(int device, stream_t stream);
+
+  // The capture pools of `device` (see pool_for), and freeing those whose graph is gone
+  // and whose blocks are all back; returns the bytes freed. emergency_cleanup_all() does
+  // this for every device.
+  std::vector<GraphPoolInfo> capture_pools(int device);
+  std::size_t drop_retired_captures(int device);
 
   // The pool of `device` if it was made already, else nullptr (never throws).
   std::shared_ptr<CachingPool> find(int device) const;
@@ -44,7 +59,10 @@ class PoolRegistry {
   ResourceKind kind_;
   PoolOptions options_;
   mutable std::mutex mutex_;
+  std::shared_ptr<GraphPools> captures_for(int device);
+
   std::vector<std::shared_ptr<CachingPool>> pools_;  // index: device id
+  std::vector<std::shared_ptr<GraphPools>> captures_;  // index: device id, made on first capture
 };
 
 }  // namespace gpukeeper

@@ -75,7 +75,10 @@ def use_cupy_allocator(pool: Optional[MemoryPool] = None) -> MemoryPool:
 
     Returns the pool, whose statistics then count CuPy's arrays. When the pool runs out
     of memory it first asks the other frameworks in the process (PyTorch's cache, other
-    gpukeeper pools) to release theirs, then retries.
+    gpukeeper pools) to release theirs, then retries. Allocations made while the current
+    stream captures a CUDA graph (``Stream.begin_capture``) come from a pool of that
+    capture's own, kept from other work until the graph is destroyed
+    (``pool.capture_pools(device)``).
     """
     cupy = _import_cupy()
     if pool is None:
