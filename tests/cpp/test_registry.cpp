@@ -110,7 +110,17 @@ TEST_CASE("registry: streams that are not capturing get the device's pool", "[re
   GK_SKIP_UNLESS_USABLE(kind);
   PoolRegistry registry(kind);
   REQUIRE(registry.pool_for(0, 0) == registry.pool(0));
-  REQUIRE(registry.pool_for(0, 12345) == registry.pool(0));  // host kinds never ask CUDA
+  if (kind == ResourceKind::device) {
+#ifdef GPUKEEPER_WITH_CUDA
+    // Device memory asks CUDA about the stream, so it must be a real one.
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+    REQUIRE(registry.pool_for(0, reinterpret_cast<gpukeeper::stream_t>(s)) == registry.pool(0));
+    REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+#endif
+  } else {
+    REQUIRE(registry.pool_for(0, 12345) == registry.pool(0));  // host kinds never ask CUDA
+  }
   REQUIRE(registry.capture_pools(0).empty());
   REQUIRE(registry.drop_retired_captures(0) == 0);
   REQUIRE_THROWS_AS(registry.pool_for(99, 0), gpukeeper::InvalidInputError);

@@ -107,11 +107,11 @@ def test_two_captures_get_two_pools_and_eager_code_none(cupy_hook):
             graphs.append(s.end_capture())
     assert len(pool.capture_pools(0)) == 2
     assert pool.stats(0).allocated_bytes == before  # nothing of the captures in the main pool
-    for g in graphs:
-        g.launch()
+    for graph in graphs:
+        graph.launch()
     cp.cuda.Device().synchronize()
     assert float(outs[0].sum()) == 2.0 * N and float(outs[1].sum()) == 3.0 * N
-    del graphs, outs
+    del graphs, graph, outs
     _wait_for_graph_gone(pool)
     pool.emergency_cleanup(0)
     assert pool.capture_pools(0) == []
