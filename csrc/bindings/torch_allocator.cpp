@@ -387,12 +387,12 @@ __attribute__((visibility("default"))) void gpukeeper_torch_free(void* ptr, std:
                                                                   void*) {
   if (ptr == nullptr) return;
   try {
-    if (gpukeeper::GraphPools* graphs = gpukeeper::py_bindings::torch_graph_pools_if_any(device);
-        graphs != nullptr && graphs->any() && graphs->deallocate(ptr)) {
-      return;  // a block of a graph's private pool
+    // The main pool first: while graphs live, most frees are still eager tensors', and the
+    // graph pools' lookup takes a mutex and a probe per pool.
+    if (gpukeeper::py_bindings::torch_pool(device)->try_deallocate(ptr)) return;
+    if (gpukeeper::GraphPools* graphs = gpukeeper::py_bindings::torch_graph_pools_if_any(device)) {
+      graphs->deallocate(ptr);  // a block of a graph's private pool, or none of ours
     }
-    auto pool = gpukeeper::py_bindings::torch_pool(device);
-    pool->deallocate(ptr);
   } catch (...) {
     // A pointer we did not hand out: nothing safe to do but leave it.
   }

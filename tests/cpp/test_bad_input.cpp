@@ -124,6 +124,12 @@ TEST_CASE("bad input: returning a block twice, or one the pool never gave", "[ba
     REQUIRE(contains(message, "not a live block"));
     REQUIRE_THROWS_AS(pool->deallocate(p, 0), InvalidInputError);
     REQUIRE_THROWS_AS(pool->deallocate_checked(p, 4096), InvalidInputError);
+    REQUIRE_FALSE(pool->try_deallocate(p));  // the asking form: no, and nothing changed
+  }
+  SECTION("the asking form frees what the pool gave") {
+    void* q = pool->allocate(4096);
+    REQUIRE(pool->try_deallocate(q));
+    REQUIRE_FALSE(pool->try_deallocate(q));
   }
   SECTION("double return after the block was merged and reused by a bigger one") {
     void* q = pool->allocate(8192);  // may start where p was

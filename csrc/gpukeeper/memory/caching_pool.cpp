@@ -335,12 +335,16 @@ void CachingPool::deallocate_checked(void* ptr, std::size_t bytes) {
   free_block(ptr, false, 0, bytes);
 }
 
-void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::size_t expected) {
+bool CachingPool::try_deallocate(void* ptr) { return free_block(ptr, false, 0, 0, false); }
+
+bool CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::size_t expected,
+                             bool must_own) {
   std::lock_guard<SpinMutex> lock(mutex_);
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   // One probe on the common path; a size check must look before it removes.
   Block* block = expected == 0 ? live_.erase(addr) : live_.find(addr);
   if (block == nullptr) {
+    if (!must_own) return false;
     throw InvalidInputError("pointer " + hex(ptr) + " is not a live block of this " +
                             to_string(upstream_->kind()) + " pool on device " +
                             std::to_string(upstream_->device()) +
@@ -374,6 +378,7 @@ void CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
     add_pending(block);
     if (pending_count_ > kMergeWindow) merge_pending();
   }
+  return true;
 }
 
 void CachingPool::add_pending(Block* block) noexcept {

@@ -99,6 +99,10 @@ class CachingPool {
   // changes nothing, for a pointer this pool did not hand out or that was returned.
   void deallocate(void* ptr);
   void deallocate(void* ptr, stream_t stream);
+  // As deallocate(ptr) for a live block of this pool; false, changing nothing, for any
+  // other pointer. One lookup: for callers that hold several pools and try the likely
+  // one first (PyTorch's free under CUDA graph pools).
+  bool try_deallocate(void* ptr);
   // As deallocate(ptr), and also checks that `bytes` is the size that was requested.
   void deallocate_checked(void* ptr, std::size_t bytes);
 
@@ -174,7 +178,9 @@ class CachingPool {
   }
 
   // caching_pool.cpp: allocation, deallocation, merging, releasing segments.
-  void free_block(void* ptr, bool has_stream, stream_t stream, std::size_t expected);
+  // False, changing nothing, for a pointer that is not a live block when !must_own.
+  bool free_block(void* ptr, bool has_stream, stream_t stream, std::size_t expected,
+                  bool must_own = true);
   StreamFree& stream_free(stream_t stream);
   detail::FreeIndex& index_of(const detail::Block* block);
   detail::Block* take_cached(std::size_t size, bool small, stream_t stream);
