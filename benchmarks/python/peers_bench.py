@@ -48,7 +48,8 @@ from bench_timeit import measure  # noqa: E402
 SIZES = [(256, "256B"), (4 << 10, "4KiB"), (64 << 10, "64KiB"), (1 << 20, "1MiB"), (16 << 20, "16MiB")]
 TORCH_MODES = [("native", "PyTorch caching allocator"),
                ("rmm", "rmm_torch_allocator (PoolMemoryResource)"),
-               ("gpukeeper", "gpukeeper use_torch_allocator()")]
+               ("gpukeeper", "gpukeeper use_torch_allocator()"),
+               ("gpukeeper-graph", "gpukeeper use_torch_allocator(), a CUDA graph alive")]
 CHILD_MARK = "peers-child-result "  # starts the line of a torch child's JSON
 NOT_INSTALLED = "not installed"
 IMPORT_FAILED = "import failed"  # installed, but its import raised (a broken install)
@@ -231,10 +232,23 @@ def torch_child(mode: str, repeat: int, batch_ns: float, rmm_pool_bytes: int) ->
         rmm.mr.set_current_device_resource(keep[-1])
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
         out["rmm"] = rmm.__version__
-    elif mode == "gpukeeper":
+    elif mode in ("gpukeeper", "gpukeeper-graph"):
         from gpukeeper.integrations import use_torch_allocator
 
         use_torch_allocator()
+        if mode == "gpukeeper-graph":
+            # A captured graph kept alive: its private pool exists while eager tensors come
+            # and go, which is what the hook's free path pays for (torch_allocator.cpp).
+            static = torch.zeros(1 << 10, device="cuda")
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                static * 2  # warm-up outside the capture, as PyTorch's docs ask
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out_static = static * 2
+            keep += [static, graph, out_static]
     ns = {"empty": torch.empty, "u8": torch.uint8}
     for size, key in SIZES:
         ns["n"] = size
@@ -299,6 +313,7 @@ TORCH_RATIOS = [
     ("torch: gpukeeper / native", "gpukeeper", "native", None),
     ("torch: gpukeeper / rmm", "gpukeeper", "rmm", None),
     ("torch: rmm / native", "rmm", "native", None),
+    ("torch: gpukeeper, a graph alive / none", "gpukeeper-graph", "gpukeeper", None),
 ]
 
 
