@@ -132,8 +132,18 @@ def gpukeeper_cases(p: Peers) -> List[Case]:
         return {"get": pool.get_managed_buffer, "fp32": fp32, "n": n // 4}
 
     kind = "" if pool.kind == "device" else f" [{pool.kind} memory]"
-    return [Case(labels[0][0], labels[0][1] + kind, "b = get(0, n, fp32); b.release()", ns),
-            Case(labels[1][0], labels[1][1] + kind, "with get(0, n, fp32):\n    pass", ns)]
+    cases = [Case(labels[0][0], labels[0][1] + kind, "b = get(0, n, fp32); b.release()", ns),
+             Case(labels[1][0], labels[1][1] + kind, "with get(0, n, fp32):\n    pass", ns)]
+    # On a stream other than the legacy default the pool asks CUDA whether the stream is
+    # capturing a graph (PoolRegistry::pool_for): this row is what that costs.
+    label = ("gpukeeper_release_stream", "gpukeeper release(), on a non-default stream")
+    if p.cupy is None or not p.cuda or pool.kind != "device":
+        cases.append(unavailable(*label, NO_CUDA, "needs CuPy (for a stream) and device memory"))
+    else:
+        stream = p.cupy.cuda.Stream(non_blocking=True)
+        cases.append(Case(label[0], label[1], "b = get(0, n, fp32, s); b.release()",
+                          lambda n: dict(ns(n), s=stream.ptr)))
+    return cases
 
 
 def cupy_cases(p: Peers) -> List[Case]:
@@ -306,6 +316,11 @@ def run_torch_children(p: Peers, args: argparse.Namespace) -> Dict[str, Any]:
 PY_RATIOS = [
     ("gpukeeper release() / CuPy alloc", "gpukeeper_release", "cupy_alloc", 0.8),
     ("gpukeeper with / CuPy alloc", "gpukeeper_with", "cupy_alloc", 1.0),
+    # The words, "CuPy's pool malloc + free": the pool's own entry point, without
+    # cupy.cuda.alloc's allocator indirection.
+    ("gpukeeper release() / CuPy pool malloc", "gpukeeper_release", "cupy_pool_malloc", 0.8),
+    ("gpukeeper with / CuPy pool malloc", "gpukeeper_with", "cupy_pool_malloc", 1.0),
+    ("gpukeeper release(): a stream / the default", "gpukeeper_release_stream", "gpukeeper_release", None),
     ("gpukeeper release() / rmm pool", "gpukeeper_release", "rmm_pool", None),
     ("gpukeeper release() / rmm async", "gpukeeper_release", "rmm_async", None),
 ]
