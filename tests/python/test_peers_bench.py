@@ -18,7 +18,8 @@ peers = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = peers  # its dataclasses look their module up there
 _spec.loader.exec_module(peers)
 
-CASES = {"gpukeeper_release", "gpukeeper_with", "cupy_alloc", "cupy_pool_malloc", "rmm_pool", "rmm_async"}
+CASES = {"gpukeeper_release", "gpukeeper_with", "gpukeeper_release_stream", "cupy_alloc",
+         "cupy_pool_malloc", "rmm_pool", "rmm_async"}
 
 
 def test_a_quick_run_reports_every_row_and_fails_none(tmp_path):
@@ -32,7 +33,9 @@ def test_a_quick_run_reports_every_row_and_fails_none(tmp_path):
     assert len(rows) == len(CASES) * len(peers.SIZES)
     assert {r["status"] for r in rows} <= {peers.OK, peers.NOT_INSTALLED, peers.NO_CUDA}
     for r in rows:
-        if r["case"].startswith("gpukeeper"):  # on host memory where there is no GPU
+        if r["case"] == "gpukeeper_release_stream":  # needs a CUDA stream and device memory
+            assert r["status"] == peers.OK or not peers.find_peers().cuda
+        elif r["case"].startswith("gpukeeper"):  # on host memory where there is no GPU
             assert r["status"] == peers.OK and r["ns_median"] > 0
     assert all(e["status"] == "left out" for e in report["torch"].values())
     assert "ratio gpukeeper release() / CuPy alloc (<= 0.8):" in proc.stdout
