@@ -19,6 +19,8 @@
 #               torchrun) and test_multi_gpu.py, then distributed_gather_bench.py with NCCL
 #   traces      records allocation traces (benchmarks/python/record_traces.py) of the workloads
 #               in GPUKEEPER_TRACE_WORKLOADS (default twostream); they come back in the tar
+#   replay      the recorded traces (benchmarks/traces) replayed on the device, every segment
+#               layout, 3 warm passes: peak reserved / requested and warm ns per operation
 #   peers       gpukeeper against RMM (C++: rmm_pair_bench, built against the librmm wheel in
 #               build/bench-rmm), CuPy and PyTorch's allocators (benchmarks/python/peers_bench.py);
 #               needs the librmm-cu13, rmm-cu13 and rapids_logger wheels in .whl/
@@ -224,6 +226,22 @@ if want traces; then
   "$PY" benchmarks/python/record_traces.py --workloads "${GPUKEEPER_TRACE_WORKLOADS:-twostream}" \
     --out-dir "$OUT/bench/traces" 2>&1 | tee "$LOG/record-traces.txt"
   rc=${PIPESTATUS[0]}; summary "record traces: rc=$rc"; [ "$rc" = 0 ] || status=1
+fi
+
+if want replay; then
+  step "trace replays on the device"
+  mkdir -p "$OUT/bench"
+  GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+  if cmake -S . -B build/bench "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DGPUKEEPER_BUILD_BENCHMARKS=ON \
+       -DGPUKEEPER_BUILD_PYTHON=OFF >"$LOG/replay-build.txt" 2>&1 \
+     && cmake --build build/bench -j --target trace_replay >>"$LOG/replay-build.txt" 2>&1; then
+    build/bench/benchmarks/cpp/trace_replay --mode device --passes 3 --no-min-capacity --segments all \
+      --json "$OUT/bench/trace_replay_device.json" benchmarks/traces/*.trace 2>&1 | tee "$LOG/replay.txt"
+    rc=${PIPESTATUS[0]}; summary "trace replay (device): rc=$rc"
+    grep -E "\.trace +device" "$LOG/replay.txt" >> "$OUT/summary.txt"; [ "$rc" = 0 ] || status=1
+  else
+    tail -30 "$LOG/replay-build.txt"; summary "trace replay: BUILD FAILED"; status=1
+  fi
 fi
 
 if want peers; then
