@@ -92,3 +92,57 @@ TEST_CASE("expandable: a warm pool places a block on mapped pages before moving 
   for (void* p : {sep1, sep2, c, d}) pool->deallocate(p);
   CHECK(pool->validate() == "");
 }
+
+TEST_CASE("expandable: a page that must move is taken from the top of the range",
+          "[caching_pool]") {
+  // slack 0: once the pages held reach the most live blocks touched, every page more is
+  // moved. Pages stay packed low, where placement looks first, so the low free block
+  // keeps a mapped page and a small request lands there without a move.
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.0));
+  void* a = pool->allocate(4 * MiB);     // pages 0-1
+  void* sep1 = pool->allocate(2 * MiB);  // page 2
+  void* b = pool->allocate(4 * MiB);     // pages 3-4
+  void* sep2 = pool->allocate(2 * MiB);  // page 5
+  pool->deallocate(a);
+  pool->deallocate(b);
+  void* c = pool->allocate(6 * MiB);  // fits no hole: pages 6-8, moved from 4, 3 and 1
+  CHECK(pool->stats().pages_moved == 3);
+  const gpukeeper::PoolStats before = pool->stats();
+
+  // Page 0 is still mapped (a queue of freed pages would have moved it first).
+  void* d = pool->allocate(2 * MiB);
+  CHECK(d == a);
+  const gpukeeper::PoolStats after = pool->stats();
+  CHECK(after.pages_moved == before.pages_moved);
+  CHECK(after.upstream_allocations == before.upstream_allocations);
+  CHECK(pool->validate() == "");
+  for (void* p : {sep1, sep2, c, d}) pool->deallocate(p);
+  CHECK(pool->validate() == "");
+  pool->emergency_cleanup();
+  CHECK(pool->stats().reserved_bytes == 0);
+}
+
+TEST_CASE("expandable: with no mapped block, the one needing the fewest pages is taken",
+          "[caching_pool]") {
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.0));
+  void* y = pool->allocate(8 * MiB);     // pages 0-3
+  void* sep1 = pool->allocate(2 * MiB);  // page 4
+  void* x = pool->allocate(6 * MiB);     // pages 5-7
+  void* sep2 = pool->allocate(2 * MiB);  // page 8
+  pool->deallocate(x);
+  pool->deallocate(y);
+  void* z = pool->allocate(12 * MiB);  // pages 9-14, moved from 7, 6, 5, 3, 2 and 1
+  CHECK(pool->stats().pages_moved == 6);
+  const gpukeeper::PoolStats before = pool->stats();
+
+  // Best fit would take x's hole (6 MiB, no page mapped: three to map); y's hole has its
+  // first page mapped, so only two are mapped there.
+  void* w = pool->allocate(6 * MiB);
+  CHECK(w == y);
+  const gpukeeper::PoolStats after = pool->stats();
+  CHECK((after.pages_moved - before.pages_moved) +
+            (after.upstream_allocations - before.upstream_allocations) == 2);
+  CHECK(pool->validate() == "");
+  for (void* p : {sep1, sep2, z, w}) pool->deallocate(p);
+  CHECK(pool->validate() == "");
+}

@@ -149,12 +149,12 @@ FreeIndex& CachingPool::index_of(const Block* block) {
 // Removes and returns a cached free block of at least `size` usable on `stream`.
 Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
   FreeIndex& own = stream_free(stream).index(small);
-  Block* block = own_fit(own, size, small);
+  Block* block = own_fit(own, size, small, stream);
   // Unmerged blocks serve only their own size: a request that would split a block is
   // placed as if every free run were merged, which keeps large runs whole.
   if (pending_ != nullptr && (block == nullptr || block->size != size)) {
     merge_pending();
-    block = own_fit(own, size, small);
+    block = own_fit(own, size, small, stream);
   }
   if (block != nullptr) {
     own.remove(block);
@@ -178,15 +178,15 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
 // The free block of this stream to place `size` in. In an expandable class, the smallest
 // of the first few that fit whose pages under the request are all mapped, so that a warm
 // pool places blocks where pages already are instead of moving pages to where best fit
-// points (each move is an unmap, a map and an access change); else best fit. (Taking the
-// candidate with the fewest unmapped pages instead was tried: it splits the large mapped
-// runs that later large requests need, and moved 4x more pages on the transformer trace.)
-Block* CachingPool::own_fit(FreeIndex& index, std::size_t size, bool small) {
+// points (each move is an unmap, a map and an access change); failing that, the block
+// that needs the fewest pages mapped (fewest_pages_fit). Fixed segments: best fit.
+Block* CachingPool::own_fit(FreeIndex& index, std::size_t size, bool small, stream_t stream) {
   if (paged_ && (!small || options_.expandable_small)) {
     Block* mapped = index.first_fit_where(size, kMappedCandidates, [this, size](const Block* b) {
       return b->segment->table == nullptr || paged_->unmapped_pages(b->segment->table, b->addr, size) == 0;
     });
     if (mapped != nullptr) return mapped;
+    return fewest_pages_fit(size, small, stream);
   }
   return index.best_fit(size);
 }

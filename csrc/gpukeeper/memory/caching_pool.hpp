@@ -184,7 +184,7 @@ class CachingPool {
   StreamFree& stream_free(stream_t stream);
   detail::FreeIndex& index_of(const detail::Block* block);
   detail::Block* take_cached(std::size_t size, bool small, stream_t stream);
-  detail::Block* own_fit(detail::FreeIndex& index, std::size_t size, bool small);
+  detail::Block* own_fit(detail::FreeIndex& index, std::size_t size, bool small, stream_t stream);
   detail::Block* try_allocate(std::size_t size, std::size_t requested, bool small,
                               stream_t stream, bool& grew);
   detail::Block* grow(std::size_t size, bool small, stream_t stream);
@@ -209,6 +209,7 @@ class CachingPool {
   // caching_pool_expandable.cpp: expandable segments.
   void init_expandable();
   detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
+  detail::Block* fewest_pages_fit(std::size_t size, bool small, stream_t stream) const;
   bool map_pages(detail::Block* block, std::size_t size);
   bool streams_done(std::uint64_t bits);
   void sync_reserved() noexcept;

@@ -18,8 +18,19 @@ PagedMemory::PagedMemory(VirtualMemory& vm, std::size_t range_bytes, double slac
   if (!(slack_ >= 0.0 && slack_ <= 1.0)) throw InvalidInputError("PagedMemory: slack not in [0, 1]");
 }
 
-void PagedMemory::ref(PageTable::Page& page) noexcept {
-  if (page.refs++ == 0 && ++live_ > peak_live_) peak_live_ = live_;
+void PagedMemory::set_movable(PageTable* table, std::size_t index, bool movable) noexcept {
+  const std::uint64_t bit = std::uint64_t{1} << (index % 64);
+  if (movable) {
+    table->movable[index / 64] |= bit;
+  } else {
+    table->movable[index / 64] &= ~bit;
+  }
+}
+
+void PagedMemory::ref(PageTable* table, std::size_t index) noexcept {
+  if (table->pages[index].refs++ != 0) return;
+  set_movable(table, index, false);
+  if (++live_ > peak_live_) peak_live_ = live_;
 }
 
 // Whether one more page keeps the pages held within the slack over the live peak.
@@ -52,9 +63,6 @@ PageTable* PagedMemory::reserve() {
 
 void PagedMemory::unreserve(PageTable* table) {
   if (table->mapped != 0) throw GpuError("PagedMemory::unreserve: range still has mapped pages");
-  movable_.erase(std::remove_if(movable_.begin(), movable_.end(),
-                                [table](const Slot& s) { return s.table == table; }),
-                 movable_.end());
   vm_.unreserve(table->base, table->capacity);
   tables_.erase(std::find_if(tables_.begin(), tables_.end(),
                              [table](const auto& t) { return t.get() == table; }));
@@ -62,26 +70,46 @@ void PagedMemory::unreserve(PageTable* table) {
 
 void PagedMemory::extend(PageTable* table, std::size_t bytes) {
   std::size_t pages = (bytes + page_ - 1) / page_;
-  if (pages > table->pages.size()) table->pages.resize(pages);
+  if (pages > table->pages.size()) {
+    table->pages.resize(pages);
+    table->movable.resize((pages + 63) / 64, 0);
+  }
 }
 
-VirtualMemory::page_t PagedMemory::take_movable(const StreamsDone& done,
-                                                std::vector<Slot>& skipped) {
-  while (!movable_.empty()) {
-    Slot slot = movable_.front();
-    movable_.pop_front();
-    PageTable::Page& page = slot.table->pages[slot.index];
-    page.listed = false;
-    if (page.handle == 0 || page.refs != 0) continue;  // stale entry
-    if (page.streams != 0 && !done(page.streams)) {
-      skipped.push_back(slot);
-      continue;
+bool PagedMemory::next_movable(Cursor& cursor) const noexcept {
+  while (cursor.table != 0) {
+    const PageTable* table = tables_[cursor.table - 1].get();
+    std::size_t end = std::min(cursor.page, table->pages.size());  // pages [0, end) left
+    while (end != 0) {
+      const std::size_t word = (end - 1) / 64;
+      std::uint64_t bits = table->movable[word];
+      const unsigned below = static_cast<unsigned>(end - word * 64);  // bits of this word left
+      if (below < 64) bits &= (std::uint64_t{1} << below) - 1;
+      if (bits != 0) {
+        cursor.page = word * 64 + 63u - static_cast<unsigned>(__builtin_clzll(bits));
+        return true;
+      }
+      end = word * 64;
     }
+    --cursor.table;
+    cursor.page = ~std::size_t{0};
+  }
+  return false;
+}
+
+// Unmaps the highest movable page below `cursor` whose streams are done, for the caller
+// to map elsewhere; 0 when none is.
+VirtualMemory::page_t PagedMemory::take_movable(Cursor& cursor, const StreamsDone& done) {
+  while (next_movable(cursor)) {
+    PageTable* table = tables_[cursor.table - 1].get();
+    PageTable::Page& page = table->pages[cursor.page];
+    if (page.streams != 0 && !done(page.streams)) continue;  // busy: look lower
     VirtualMemory::page_t handle = page.handle;
-    vm_.unmap(address_of(slot.table, slot.index));
+    vm_.unmap(address_of(table, cursor.page));
+    set_movable(table, cursor.page, false);
     page.handle = 0;
     page.streams = 0;
-    --slot.table->mapped;
+    --table->mapped;
     --mapped_pages_;
     ++moved_;
     return handle;
@@ -97,26 +125,24 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
   std::size_t unmapped = 0;
   for (std::size_t i = first; i <= last; ++i) {
     if (table->pages[i].handle != 0) {
-      ref(table->pages[i]);
+      ref(table, i);
     } else {
       ++unmapped;
     }
   }
   if (unmapped == 0) return true;  // the cached case: nothing to map
 
-  std::vector<Slot> skipped;
   bool mapped = false;
   try {
-    mapped = map_unmapped(table, first, last, done, may_create, skipped);
+    mapped = map_unmapped(table, first, last, done, may_create);
   } catch (...) {
-    undo_acquire(table, first, last, skipped);
+    undo_acquire(table, first, last);
     throw;
   }
   if (!mapped) {
-    undo_acquire(table, first, last, skipped);
+    undo_acquire(table, first, last);
     return false;
   }
-  relist(skipped);
   return true;
 }
 
@@ -124,16 +150,16 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
 // their access in one call each. False when no page can be had; pages mapped so far stay
 // mapped (and counted) for the caller to undo.
 bool PagedMemory::map_unmapped(PageTable* table, std::size_t first, std::size_t last,
-                               const StreamsDone& done, const std::function<bool()>& may_create,
-                               std::vector<Slot>& skipped) {
+                               const StreamsDone& done, const std::function<bool()>& may_create) {
   Run run;
+  Cursor cursor = top();
   try {
     for (std::size_t i = first; i <= last; ++i) {
       if (table->pages[i].handle != 0) {  // mapped before this call (counted by acquire)
         flush_run(table, run);
         continue;
       }
-      VirtualMemory::page_t handle = find_page(done, may_create, skipped);
+      VirtualMemory::page_t handle = find_page(cursor, done, may_create);
       if (handle == 0) {
         flush_run(table, run);
         return false;
@@ -155,16 +181,15 @@ bool PagedMemory::map_unmapped(PageTable* table, std::size_t first, std::size_t 
 
 // A page for a hole: a new one while the pages held stay within the slack, else a
 // movable one whose streams are done, else a new one if may_create allows; 0 if none.
-VirtualMemory::page_t PagedMemory::find_page(const StreamsDone& done,
-                                             const std::function<bool()>& may_create,
-                                             std::vector<Slot>& skipped) {
+VirtualMemory::page_t PagedMemory::find_page(Cursor& cursor, const StreamsDone& done,
+                                             const std::function<bool()>& may_create) {
   VirtualMemory::page_t handle = 0;
   if (within_slack() && may_create()) handle = vm_.create_page();
   if (handle != 0) {
     ++created_;
     return handle;
   }
-  handle = take_movable(done, skipped);
+  handle = take_movable(cursor, done);
   if (handle == 0 && may_create()) {
     handle = vm_.create_page();
     if (handle != 0) ++created_;
@@ -184,8 +209,8 @@ void PagedMemory::map_page(PageTable* table, std::size_t index, VirtualMemory::p
   PageTable::Page& page = table->pages[index];
   page.handle = handle;
   page.refs = 0;
-  ref(page);
   page.streams = 0;
+  ref(table, index);
   ++table->mapped;
   ++mapped_pages_;
 }
@@ -214,19 +239,9 @@ void PagedMemory::flush_run(PageTable* table, Run& run) {
   }
 }
 
-// Puts back the movable pages take_movable skipped (their streams were busy).
-void PagedMemory::relist(const std::vector<Slot>& skipped) {
-  for (const Slot& s : skipped) {
-    s.table->pages[s.index].listed = true;
-    movable_.push_back(s);
-  }
-}
-
 // A failed acquire: the block is uncounted from the pages of [first, last]; pages mapped
 // by the call stay mapped and become movable.
-void PagedMemory::undo_acquire(PageTable* table, std::size_t first, std::size_t last,
-                               const std::vector<Slot>& skipped) {
-  relist(skipped);
+void PagedMemory::undo_acquire(PageTable* table, std::size_t first, std::size_t last) {
   for (std::size_t j = first; j <= last; ++j) {
     if (table->pages[j].handle != 0) unref(table, j, 0);
   }
@@ -237,10 +252,7 @@ void PagedMemory::unref(PageTable* table, std::size_t index, std::uint64_t strea
   page.streams |= stream_bits;
   if (--page.refs != 0) return;
   --live_;
-  if (!page.listed && page.handle != 0) {
-    page.listed = true;
-    movable_.push_back({table, index});
-  }
+  if (page.handle != 0) set_movable(table, index, true);
 }
 
 void PagedMemory::release(PageTable* table, std::uintptr_t addr, std::size_t size,
@@ -252,17 +264,16 @@ void PagedMemory::release(PageTable* table, std::uintptr_t addr, std::size_t siz
 
 std::size_t PagedMemory::unmap_movable(std::size_t keep_bytes) {
   std::size_t released = 0;
-  while (!movable_.empty() && mapped_bytes() > keep_bytes) {
-    Slot slot = movable_.front();
-    movable_.pop_front();
-    PageTable::Page& page = slot.table->pages[slot.index];
-    page.listed = false;
-    if (page.handle == 0 || page.refs != 0) continue;
-    vm_.unmap(address_of(slot.table, slot.index));
+  Cursor cursor = top();
+  while (mapped_bytes() > keep_bytes && next_movable(cursor)) {
+    PageTable* table = tables_[cursor.table - 1].get();
+    PageTable::Page& page = table->pages[cursor.page];
+    vm_.unmap(address_of(table, cursor.page));
     vm_.release_page(page.handle);
+    set_movable(table, cursor.page, false);
     page.handle = 0;
     page.streams = 0;
-    --slot.table->mapped;
+    --table->mapped;
     --mapped_pages_;
     released += page_;
   }
@@ -280,6 +291,11 @@ std::string PagedMemory::check(const PageTable* table,
       problems << "page " << i << " counts " << page.refs << " blocks, " << expected << " live; ";
     }
     if (page.refs > 0 && page.handle == 0) problems << "page " << i << " used but unmapped; ";
+    const bool movable = (table->movable[i / 64] >> (i % 64)) & 1u;
+    if (movable != (page.handle != 0 && page.refs == 0)) {
+      problems << "page " << i << (movable ? " listed as movable but in use or unmapped; "
+                                          : " mapped and unused but not listed as movable; ");
+    }
     if (page.handle != 0) ++mapped;
   }
   if (mapped != table->mapped) problems << "mapped page count disagrees; ";

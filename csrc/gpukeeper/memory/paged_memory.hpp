@@ -5,15 +5,23 @@
 // allocated. A page counts the allocated blocks on it; when the count drops to zero the
 // page becomes movable. When a block needs a page, a new page is made while the pages
 // held stay within `slack` of the most pages live blocks have touched at once; beyond
-// that a movable page (from anywhere) is unmapped and mapped under the block instead.
-// The memory held thus follows the pages allocated blocks touch, however the address
-// space fragments, and the spare pages within the slack spare most moves (each costs
-// driver calls) when block positions shift from one step to the next.
+// that a movable page is unmapped and mapped under the block instead: the one at the
+// highest address whose streams are done. The memory held thus follows the pages
+// allocated blocks touch, however the address space fragments, and the spare pages
+// within the slack spare most moves (each costs driver calls) when block positions shift
+// from one step to the next.
+//
+// Why the highest page: the pool places blocks low in the range first (mapped-first,
+// then the fewest pages to map, lowest address on ties), so taking pages from the top
+// keeps the mapped pages packed where the next step's blocks will land. Taking the page
+// that became movable first (a queue, tried) takes them from wherever the last step
+// freed a block, which the next step's blocks then need again: with the same placement
+// it moved 1.2-6x (forcefield) and 14-29x (transformer) more pages in warm replays of
+// the recorded traces (docs/performance.md).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,13 +35,16 @@ struct PageTable {
   struct Page {
     VirtualMemory::page_t handle = 0;  // 0: unmapped
     std::uint32_t refs = 0;            // allocated blocks on the page
-    bool listed = false;               // on the movable queue
     std::uint64_t streams = 0;         // stream slots that freed blocks here since mapping
   };
   std::uintptr_t base = 0;
   std::size_t capacity = 0;  // bytes reserved
   std::size_t mapped = 0;    // pages mapped
   std::vector<Page> pages;   // covers the part of the range that blocks tile
+  // Bit i: page i is movable (mapped, no allocated block on it). A bitmap rather than a
+  // queue: a free sets one bit, and the highest movable page is found by a scan of words
+  // from the top, made only when a page must move.
+  std::vector<std::uint64_t> movable;
 };
 
 class PagedMemory {
@@ -82,8 +93,9 @@ class PagedMemory {
   // Uncounts a freed block, freed on the streams in `stream_bits`.
   void release(PageTable* table, std::uintptr_t addr, std::size_t size, std::uint64_t stream_bits);
 
-  // Unmaps and frees movable pages until at most `keep_bytes` stay mapped. The caller
-  // has made sure that no stream still uses them. Returns the bytes released.
+  // Unmaps and frees movable pages, from the highest address down, until at most
+  // `keep_bytes` stay mapped. The caller has made sure that no stream still uses them.
+  // Returns the bytes released.
   std::size_t unmap_movable(std::size_t keep_bytes);
 
   // What is inconsistent between the page counts and `expected_refs` (allocated blocks
@@ -91,38 +103,41 @@ class PagedMemory {
   std::string check(const PageTable* table, const std::vector<std::uint32_t>& expected_refs) const;
 
  private:
-  struct Slot {
-    PageTable* table;
-    std::size_t index;
+  // Where the search for a movable page goes on from, downwards: the pages at and
+  // above it were taken, or are still in use by a stream (so that one acquire() call
+  // asks about each busy page once).
+  struct Cursor {
+    std::size_t table;  // index into tables_ + 1; 0: no table left to look at
+    std::size_t page;   // pages below this one are still to be looked at
   };
   std::uintptr_t address_of(const PageTable* t, std::size_t i) const noexcept {
     return t->base + i * page_;
   }
   void unref(PageTable* table, std::size_t index, std::uint64_t stream_bits);
-  void ref(PageTable::Page& page) noexcept;
+  void ref(PageTable* table, std::size_t index) noexcept;
+  static void set_movable(PageTable* table, std::size_t index, bool movable) noexcept;
   bool within_slack() const noexcept;
-  VirtualMemory::page_t take_movable(const StreamsDone& done, std::vector<Slot>& skipped);
+  Cursor top() const noexcept { return Cursor{tables_.size(), ~std::size_t{0}}; }
+  // Moves `cursor` to the highest movable page below it; false when there is none.
+  bool next_movable(Cursor& cursor) const noexcept;
+  VirtualMemory::page_t take_movable(Cursor& cursor, const StreamsDone& done);
   // acquire()'s steps (paged_memory.cpp).
   struct Run {  // pages mapped by one acquire() call, awaiting their access
     std::size_t start = 0;
     std::size_t length = 0;
   };
   bool map_unmapped(PageTable* table, std::size_t first, std::size_t last,
-                    const StreamsDone& done, const std::function<bool()>& may_create,
-                    std::vector<Slot>& skipped);
-  VirtualMemory::page_t find_page(const StreamsDone& done, const std::function<bool()>& may_create,
-                                  std::vector<Slot>& skipped);
+                    const StreamsDone& done, const std::function<bool()>& may_create);
+  VirtualMemory::page_t find_page(Cursor& cursor, const StreamsDone& done,
+                                  const std::function<bool()>& may_create);
   void map_page(PageTable* table, std::size_t index, VirtualMemory::page_t handle);
   void flush_run(PageTable* table, Run& run);
-  void relist(const std::vector<Slot>& skipped);
-  void undo_acquire(PageTable* table, std::size_t first, std::size_t last,
-                    const std::vector<Slot>& skipped);
+  void undo_acquire(PageTable* table, std::size_t first, std::size_t last);
 
   VirtualMemory& vm_;
   std::size_t page_;
   std::size_t range_;
   std::vector<std::unique_ptr<PageTable>> tables_;
-  std::deque<Slot> movable_;  // may hold stale entries; validated when taken
   double slack_;
   std::size_t mapped_pages_ = 0;
   std::size_t live_ = 0;       // pages with allocated blocks on them
