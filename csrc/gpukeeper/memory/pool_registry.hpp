@@ -5,6 +5,7 @@
 //   auto [allocated, peak] = pools.total_usage();
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -41,10 +42,16 @@ class PoolRegistry {
   int device_count() const noexcept { return resource_device_count(kind_); }
 
  private:
+  // Pools of the first device ids, each written once (under mutex_) before its flag is
+  // set: pool() reads them without the mutex, as every Python allocation calls it.
+  static constexpr int kPublished = 16;
+
   ResourceKind kind_;
   PoolOptions options_;
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<CachingPool>> pools_;  // index: device id
+  std::shared_ptr<CachingPool> published_[kPublished];
+  std::atomic<bool> is_published_[kPublished] = {};
 };
 
 }  // namespace gpukeeper
