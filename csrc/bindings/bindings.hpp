@@ -53,6 +53,25 @@ struct PyBuffer {
   std::size_t nbytes() const noexcept { return count * element_size(precision); }
 };
 
+// A ManagedBuffer's Python object. A plain CPython type, not a pybind11 class: pybind11's
+// instance bookkeeping (type lookups on every cast, the registered-instance map on every
+// creation and death) cost more than the pool's allocation and release (issue 13).
+struct BufferObject {
+  PyObject_HEAD
+  PyObject* weakrefs;
+  PyBuffer buf;
+};
+extern PyTypeObject* g_buffer_type;  // gpukeeper._core.ManagedBuffer, set by init_buffer
+
+// The PyBuffer of a ManagedBuffer object; nullptr (no Python error set) for anything else.
+inline PyBuffer* buffer_of(PyObject* obj) noexcept {
+  return PyObject_TypeCheck(obj, g_buffer_type) ? &reinterpret_cast<BufferObject*>(obj)->buf
+                                                : nullptr;
+}
+
+// A new ManagedBuffer object whose PyBuffer is empty, for the caller to fill.
+py::object new_buffer_object();
+
 // Converts None, an int, or an object with `cuda_stream` (torch) or `ptr` (CuPy) to a
 // stream handle; InvalidInputError otherwise.
 stream_t to_stream(const py::handle& obj);

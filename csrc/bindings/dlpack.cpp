@@ -86,10 +86,7 @@ struct ExportContext {
 void end_export(ExportContext* ctx) {
   if (!Py_IsInitialized()) return;
   PyGILState_STATE gil = PyGILState_Ensure();
-  try {
-    py::handle(ctx->owner).cast<PyBuffer&>().end_export();
-  } catch (...) {
-  }
+  if (PyBuffer* buf = buffer_of(ctx->owner)) buf->end_export();
   Py_DECREF(ctx->owner);
   PyGILState_Release(gil);
   delete ctx;

@@ -49,21 +49,35 @@ std::shared_ptr<CachingPool> pool_if_valid(PoolRegistry& reg, const py::handle& 
   return reg.pool(id);
 }
 
-std::unique_ptr<PyBuffer> new_buffer(PoolRegistry& reg, const py::handle& device,
-                                     const py::handle& size, const py::handle& precision,
-                                     const py::handle& stream) {
+// A new Python ManagedBuffer.
+py::object new_buffer(PoolRegistry& reg, const py::handle& device, const py::handle& size,
+                      const py::handle& precision, const py::handle& stream) {
   auto prec = to_precision(precision);
   std::size_t count = to_count(size, "size");
   stream_t s = to_stream(stream);
   // A stream capturing a CUDA graph gets the capture's own pool (PoolRegistry::pool_for).
   auto pool = reg.pool_for(to_device_id(device), s);
-  auto buf = std::make_unique<PyBuffer>();
+  py::object obj = new_buffer_object();
+  PyBuffer* buf = buffer_of(obj.ptr());
   buf->precision = prec;
   buf->count = count;
   buf->kind = pool->kind();
   buf->device = pool->device();
   buf->buffer = ManagedBuffer(std::move(pool), bytes_for(count, prec), s);
-  return buf;
+  return obj;
+}
+
+// The PoolRegistry of a MemoryPool. pybind11's cast looks the C++ type up in its type maps
+// on every call; with one bound C++ type in self's classes (its "simple layout") the
+// pointer is read where pybind11 keeps it. Method descriptors of _MemoryPoolBase check
+// that self is one, and no other bound C++ type derives from PoolRegistry, so that one
+// type is PoolRegistry.
+PoolRegistry& registry_of(PyObject* self) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  if (inst->simple_layout && inst->simple_holder_constructed) {
+    return *static_cast<PoolRegistry*>(inst->simple_value_holder[0]);
+  }
+  return py::handle(self).cast<PoolRegistry&>();  // raises for what is not set up
 }
 
 // get_managed_buffer(device_id, size, precision=None, stream=None), vectorcall style.
@@ -90,9 +104,7 @@ PyObject* fast_get_managed_buffer(PyObject* self, PyObject* const* args, Py_ssiz
     if (a[0] == nullptr || a[1] == nullptr) {
       throw py::type_error("get_managed_buffer() needs device_id and size");
     }
-    PoolRegistry& reg = py::handle(self).cast<PoolRegistry&>();
-    auto buf = new_buffer(reg, a[0], a[1], a[2], a[3]);
-    return py::cast(std::move(buf)).release().ptr();
+    return new_buffer(registry_of(self), a[0], a[1], a[2], a[3]).release().ptr();
   } catch (...) {
     set_python_error();
     return nullptr;
@@ -180,12 +192,21 @@ stream_t to_stream(const py::handle& obj) {
 
 namespace {
 PyObject* g_precision_type = nullptr;  // gpukeeper._core.Precision, set by init_precision
+// The members (Precision.Fp32, ...), with references held for good by init_precision.
+struct PrecisionMember {
+  PyObject* object;
+  Precision value;
+};
+PrecisionMember g_precision_members[10] = {};
 }  // namespace
 
 Precision to_precision(const py::handle& obj) {
-  // The two common spellings first, without pybind11's type lookup (a hash-map probe that
-  // cost the default precision ~400 ns per get_managed_buffer on a 2-core host).
+  // The common spellings first, without pybind11's type lookups (hash-map probes that cost
+  // more than the pool's allocation): None, then the members by identity.
   if (obj.is_none()) return Precision::fp32;
+  for (const PrecisionMember& m : g_precision_members) {
+    if (m.object == obj.ptr()) return m.value;
+  }
   if (reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())) == g_precision_type ||
       py::isinstance<Precision>(obj)) {
     return obj.cast<Precision>();
@@ -208,6 +229,11 @@ Precision to_precision(const py::handle& obj) {
 }
 
 std::size_t to_count(const py::handle& obj, const char* what) {
+  if (PyLong_CheckExact(obj.ptr())) {  // the usual case: no __index__ call, no new reference
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
+    if (overflow == 0 && value >= 0) return static_cast<std::size_t>(value);
+  }
   if (PyBool_Check(obj.ptr()) || !PyIndex_Check(obj.ptr())) {
     throw InvalidInputError(std::string(what) + " must be an int, got " + type_name(obj));
   }
@@ -256,6 +282,13 @@ void init_precision(py::module_& m) {
                              "Short name: 'fp32', 'bf16', ...")
       .def_static("parse", [](const py::object& o) { return to_precision(o); }, py::arg("value"),
                   "A Precision from a name ('fp32', 'float32', 'half') or a numpy/torch dtype.");
+  int i = 0;
+  for (const char* name : {"Fp64", "Fp32", "Fp16", "Bf16", "Int64", "Int32", "Int16", "Int8",
+                           "Uint8", "Bool"}) {
+    py::object member = precision.attr(name);
+    g_precision_members[i++] = {member.ptr(), member.cast<Precision>()};
+    member.release();  // never dropped: the table compares against these objects
+  }
 }
 
 void init_pool_stats(py::module_& m) {

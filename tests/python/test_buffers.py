@@ -64,6 +64,74 @@ def test_release_twice_is_harmless(pool, balanced):
     assert pool.stats(0).allocated_count == 0
 
 
+def test_buffer_objects_are_reused_clean(pool, balanced):
+    # The objects of dead buffers are kept for new ones: none may carry old state.
+    import weakref
+
+    for _ in range(3):
+        bufs = [pool.get_managed_buffer(0, 16 * (i + 1), Precision.Int8) for i in range(40)]
+        views = [weakref.ref(b) for b in bufs]
+        bufs[0].release()
+        del bufs
+        assert all(v() is None for v in views)
+        with pool.get_managed_buffer(0, 24, Precision.Fp64) as buf:
+            assert not buf.released and buf.exports == 0
+            assert buf.size == 24 and buf.nbytes == 192 and buf.precision == Precision.Fp64
+            assert pool.owns(0, buf.ptr)
+            assert weakref.ref(buf)() is buf
+        assert buf.released
+    balanced(pool)
+
+
+def test_buffer_type_is_not_constructible(pool):
+    with pytest.raises(TypeError, match="No constructor"):
+        ManagedBuffer()
+    with pytest.raises(TypeError):
+        ManagedBuffer.__new__(ManagedBuffer)
+    with pytest.raises(TypeError):
+        ManagedBuffer.release(object())
+    with pytest.raises(TypeError):
+        ManagedBuffer.to_bytes(object())
+    with pool.get_managed_buffer(0, 4) as buf:
+        with pytest.raises(AttributeError):
+            buf.ptr = 1
+        with pytest.raises(AttributeError):
+            buf.anything = 1
+
+
+def test_precision_objects_that_are_not_the_members(pool, balanced):
+    with pool.get_managed_buffer(0, 8, Precision.Fp16) as first:
+        same = first.precision  # equal to Precision.Fp16, not the member object itself
+        with pool.get_managed_buffer(0, 8, same) as buf:
+            assert buf.precision == Precision.Fp16 and buf.nbytes == 16
+    balanced(pool)
+
+
+def test_buffers_from_many_threads(pool, balanced):
+    import threading
+
+    errors = []
+
+    def work() -> None:
+        try:
+            for i in range(2000):
+                with pool.get_managed_buffer(0, 1 + i % 300, Precision.Uint8) as buf:
+                    assert buf.size == 1 + i % 300
+                keep = pool.get_managed_buffer(0, 64)
+                del keep
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    balanced(pool)
+    assert pool.validate(0) == ""
+
+
 def test_buffer_attributes(pool):
     with pool.get_managed_buffer(0, 100, Precision.Fp16) as buf:
         assert buf.nbytes == 200

@@ -9,6 +9,10 @@ PoolRegistry::PoolRegistry(ResourceKind kind, PoolOptions options)
     : kind_(kind), options_(options) {}
 
 std::shared_ptr<CachingPool> PoolRegistry::pool(int device) {
+  if (device >= 0 && device < kPublished &&
+      is_published_[device].load(std::memory_order_acquire)) {
+    return published_[device];
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (device >= 0 && static_cast<std::size_t>(device) < pools_.size() && pools_[device]) {
     return pools_[device];
@@ -30,6 +34,10 @@ std::shared_ptr<CachingPool> PoolRegistry::pool(int device) {
   auto made = std::make_shared<CachingPool>(make_resource(kind_, device), options_);
   if (pools_.size() <= static_cast<std::size_t>(device)) pools_.resize(device + 1);
   pools_[device] = made;
+  if (device < kPublished) {
+    published_[device] = made;
+    is_published_[device].store(true, std::memory_order_release);
+  }
   return made;
 }
 

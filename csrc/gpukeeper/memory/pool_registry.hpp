@@ -6,6 +6,7 @@
 //   ManagedBuffer b(pools.pool_for(0, stream), bytes, stream);  // capture-aware
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -56,13 +57,19 @@ class PoolRegistry {
   int device_count() const noexcept { return resource_device_count(kind_); }
 
  private:
+  std::shared_ptr<GraphPools> captures_for(int device);
+
+  // Pools of the first device ids, each written once (under mutex_) before its flag is
+  // set: pool() reads them without the mutex, as every Python allocation calls it.
+  static constexpr int kPublished = 16;
+
   ResourceKind kind_;
   PoolOptions options_;
   mutable std::mutex mutex_;
-  std::shared_ptr<GraphPools> captures_for(int device);
-
   std::vector<std::shared_ptr<CachingPool>> pools_;  // index: device id
   std::vector<std::shared_ptr<GraphPools>> captures_;  // index: device id, made on first capture
+  std::shared_ptr<CachingPool> published_[kPublished];
+  std::atomic<bool> is_published_[kPublished] = {};
 };
 
 }  // namespace gpukeeper
