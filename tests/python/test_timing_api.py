@@ -33,6 +33,7 @@ from gpukeeper.timing import (
     timing_device,
     select_backend,
 )
+from gpukeeper.timing import benchmark as timing_benchmark
 from gpukeeper.timing import timer as timer_module
 from gpukeeper.timing.throttle import throttle_verdict
 
@@ -282,9 +283,13 @@ def test_l2_flush_on_cpu_is_ignored_with_a_warning() -> None:
 
 
 def test_recompiles_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A stand-in for torch._dynamo.utils.counters (importing dynamo costs seconds).
+    # A stand-in for torch._dynamo.utils.counters (importing dynamo costs seconds). Not put
+    # into sys.modules: torch code that imports dynamo meanwhile would get the stand-in,
+    # fail halfway, and leave torch._inductor's operator library registered for a second,
+    # failing import later (the likely cause of test_profiler_writes_a_chrome_trace failing
+    # after this test on the GPU machine).
     fake = types.SimpleNamespace(counters={"frames": {"total": 4}})
-    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", fake)
+    monkeypatch.setattr(timing_benchmark, "_dynamo_utils", lambda: fake)
     n = {"calls": 0}
 
     def recompiling() -> None:

@@ -527,10 +527,15 @@ def _cpu_step(run: _Run, opts: _Options, samples: _Samples) -> Callable[[], floa
 # --------------------------------------------------------------------- around the loop
 
 
+def _dynamo_utils() -> Any:
+    """torch._dynamo.utils if dynamo is loaded, else None (importing it just to count would
+    cost seconds)."""
+    return sys.modules.get("torch._dynamo.utils")
+
+
 def _dynamo_frames() -> Optional[int]:
-    """Frames torch.compile has compiled so far (None when dynamo was never loaded:
-    importing it just to count would cost seconds)."""
-    utils = sys.modules.get("torch._dynamo.utils")
+    """Frames torch.compile has compiled so far (None when dynamo was never loaded)."""
+    utils = _dynamo_utils()
     if utils is None:
         return None
     try:
