@@ -284,10 +284,8 @@ def test_l2_flush_on_cpu_is_ignored_with_a_warning() -> None:
 
 def test_recompiles_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     # A stand-in for torch._dynamo.utils.counters (importing dynamo costs seconds). Not put
-    # into sys.modules: torch code that imports dynamo meanwhile would get the stand-in,
-    # fail halfway, and leave torch._inductor's operator library registered for a second,
-    # failing import later (the likely cause of test_profiler_writes_a_chrome_trace failing
-    # after this test on the GPU machine).
+    # into sys.modules: torch code that imports dynamo meanwhile would get the stand-in and
+    # fail halfway, leaving half-registered operator libraries behind.
     fake = types.SimpleNamespace(counters={"frames": {"total": 4}})
     monkeypatch.setattr(timing_benchmark, "_dynamo_utils", lambda: fake)
     n = {"calls": 0}
