@@ -13,7 +13,6 @@ is False, with its reason.
 from __future__ import annotations
 
 import gc
-import importlib
 from typing import Callable, List
 
 import pytest
@@ -167,19 +166,3 @@ def unraisable(monkeypatch: pytest.MonkeyPatch) -> list:
     monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u))
     return seen
 
-
-@pytest.fixture
-def pytester(pytester: pytest.Pytester) -> pytest.Pytester:
-    """pytest's own ``pytester``, with torch.compile's modules loaded before its in-process
-    runs. Such a run drops every module first imported during it when it ends, and the
-    gpukeeper plugin's CUDA paths can make torch import its compiler stack there. That
-    stack registers operator libraries (torch/_inductor/test_operators.py) as it loads; a
-    later import ran the module again and failed ("Only a single TORCH_LIBRARY can be used
-    to register the namespace _inductor_test"): test_profiler_writes_a_chrome_trace on the
-    GPU machine. Loaded beforehand, the modules are kept."""
-    if CUDA:
-        try:
-            importlib.import_module("torch._dynamo")
-        except Exception:
-            pass  # no torch, or one without the compiler: nothing to keep
-    return pytester
