@@ -165,4 +165,3 @@ def unraisable(monkeypatch: pytest.MonkeyPatch) -> list:
     seen: list = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u))
     return seen
-
