@@ -137,8 +137,10 @@ def gpukeeper_cases(p: Peers) -> List[Case]:
     # On a stream other than the legacy default the pool asks CUDA whether the stream is
     # capturing a graph (PoolRegistry::pool_for): this row is what that costs.
     label = ("gpukeeper_release_stream", "gpukeeper release(), on a non-default stream")
-    if p.cupy is None or not p.cuda or pool.kind != "device":
-        cases.append(unavailable(*label, NO_CUDA, "needs CuPy (for a stream) and device memory"))
+    if p.cupy is None:
+        cases.append(unavailable(*label, p.missing("cupy"), p.why["cupy"]))
+    elif not p.cuda or pool.kind != "device":
+        cases.append(unavailable(*label, NO_CUDA, p.cuda_reason or "needs device memory"))
     else:
         stream = p.cupy.cuda.Stream(non_blocking=True)
         cases.append(Case(label[0], label[1], "b = get(0, n, fp32, s); b.release()",

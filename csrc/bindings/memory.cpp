@@ -38,7 +38,7 @@ std::shared_ptr<py::object> hold_callable(py::object fn) {
   throw std::runtime_error(where);
 }
 
-std::shared_ptr<CachingPool> pool_for(PoolRegistry& reg, const py::handle& device) {
+std::shared_ptr<CachingPool> device_pool(PoolRegistry& reg, const py::handle& device) {
   return reg.pool(to_device_id(device));
 }
 
@@ -384,7 +384,7 @@ void def_pool_buffers(PoolClass& pool_class) {
              const py::handle& precision, const py::handle& stream) {
             auto prec = to_precision(precision);
             std::size_t count = to_count(size, "size");
-            auto pool = pool_for(reg, device);
+            auto pool = device_pool(reg, device);
             stream_t s = to_stream(stream);
             return reinterpret_cast<std::uintptr_t>(pool->allocate(bytes_for(count, prec), s));
           },
@@ -472,7 +472,7 @@ void def_pool_release(PoolClass& pool_class) {
           "set_max_pool_size",
           [](PoolRegistry& reg, const py::handle& device, const py::handle& bytes) {
             std::size_t limit = to_count(bytes, "max pool size");
-            pool_for(reg, device)->set_limit(limit);
+            device_pool(reg, device)->set_limit(limit);
           },
           py::arg("device_id"), py::arg("max_bytes"),
           "Limits the bytes the device's pool reserves (0: no limit).")
@@ -579,7 +579,7 @@ void def_pool_callbacks(PoolClass& pool_class) {
              py::object callback) {
             const double level = to_level(level_obj);
             auto fn = hold_callable(std::move(callback));
-            return pool_for(reg, device)->add_watermark(level, [fn](double pressure) {
+            return device_pool(reg, device)->add_watermark(level, [fn](double pressure) {
               py::gil_scoped_acquire gil;
               try {
                 (*fn)(pressure);
@@ -602,7 +602,7 @@ void def_pool_callbacks(PoolClass& pool_class) {
           "add_reclaim_callback",
           [](PoolRegistry& reg, const py::handle& device, py::object callback) {
             auto fn = hold_callable(std::move(callback));
-            return pool_for(reg, device)->add_reclaim_callback([fn](std::size_t needed) {
+            return device_pool(reg, device)->add_reclaim_callback([fn](std::size_t needed) {
               py::gil_scoped_acquire gil;
               try {
                 py::object released = (*fn)(needed);
