@@ -19,8 +19,9 @@
 #               torchrun) and test_multi_gpu.py, then distributed_gather_bench.py with NCCL
 #   traces      records allocation traces (benchmarks/python/record_traces.py) of the workloads
 #               in GPUKEEPER_TRACE_WORKLOADS (default twostream); they come back in the tar
-#   replay      the recorded traces (benchmarks/traces) replayed on the device, every segment
-#               layout, 3 warm passes: peak reserved / requested and warm ns per operation
+#   replay      what one page move costs, call by call (page_move_bench), then the recorded
+#               traces (benchmarks/traces) replayed on the device, every segment layout, 3 warm
+#               passes: peak reserved / requested and warm ns per operation
 #   peers       gpukeeper against RMM (C++: rmm_pair_bench, built against the librmm wheel in
 #               build/bench-rmm), CuPy and PyTorch's allocators (benchmarks/python/peers_bench.py);
 #               needs the librmm-cu13, rmm-cu13 and rapids_logger wheels in .whl/
@@ -234,7 +235,11 @@ if want replay; then
   GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
   if cmake -S . -B build/bench "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DGPUKEEPER_BUILD_BENCHMARKS=ON \
        -DGPUKEEPER_BUILD_PYTHON=OFF >"$LOG/replay-build.txt" 2>&1 \
-     && cmake --build build/bench -j --target trace_replay >>"$LOG/replay-build.txt" 2>&1; then
+     && cmake --build build/bench -j --target trace_replay page_move_bench >>"$LOG/replay-build.txt" 2>&1; then
+    # What each driver call of a page move costs, then the replays that make the moves.
+    build/bench/benchmarks/cpp/page_move_bench --json "$OUT/bench/page_move.json" 2>&1 | tee "$LOG/page_move.txt"
+    summary "page moves (page_move_bench, us per call): rc=${PIPESTATUS[0]}"
+    grep -E "^(create|map|set_access|unmap|move|run of|alias)" "$LOG/page_move.txt" >> "$OUT/summary.txt"
     build/bench/benchmarks/cpp/trace_replay --mode device --passes 3 --no-min-capacity --segments all \
       --json "$OUT/bench/trace_replay_device.json" benchmarks/traces/*.trace 2>&1 | tee "$LOG/replay.txt"
     rc=${PIPESTATUS[0]}; summary "trace replay (device): rc=$rc"

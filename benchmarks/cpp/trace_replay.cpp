@@ -13,7 +13,10 @@
 //   peak reserved   the pool's peak of bytes held from the upstream
 //   reserved / requested and reserved / allocated (the fragmentation overhead), for the
 //   first replay on a fresh pool, and after all passes (a warm pool that kept its cache);
-//   ns per op: the first (cold) pass, and the median of the warm passes.
+//   ns per op: the first (cold) pass, and the median of the warm passes (each pass's
+//   time over its operations: page moves and all);
+//   op p50 / p99: one more warm pass with every operation timed on its own (the clock's
+//   own cost taken off): the median operation, and the slow tail where moves land.
 //
 // Modes:
 //   sim     a SimulatedDeviceResource upstream (sim_resource.hpp): addresses from a reserved
@@ -214,7 +217,52 @@ struct ModeResult {
   // an expandable pool pays in driver calls once warm (each costs microseconds on a
   // device), counted the same in simulation.
   double warm_maps_per_kop = 0.0;
+  // One more warm pass, every operation timed alone: percentiles over its operations, ns.
+  double op_p50 = std::nan(""), op_p99 = std::nan("");
 };
+
+// What reading the clock twice costs (the median of many back-to-back reads), so that a
+// single operation's time can be told apart from it.
+double clock_overhead_ns() {
+  std::vector<double> d(2001);
+  for (double& x : d) {
+    auto a = Clock::now();
+    auto b = Clock::now();
+    x = elapsed_ns(a, b);
+  }
+  return quantile(d, 0.5);
+}
+
+// One pass with each operation timed alone; stores the median and the 99th percentile of
+// the operations' times, less the clock's overhead, into r.
+template <typename Alloc, typename Free>
+void latency_pass(const Trace& t, std::vector<void*>& ptrs, std::vector<std::uint32_t>& owner,
+                  Alloc&& alloc, Free&& free_, ModeResult* r) {
+  static const double overhead = clock_overhead_ns();
+  std::vector<double> ns(t.ops.size());
+  auto prev = Clock::now();
+  for (std::size_t i = 0; i < t.ops.size(); ++i) {
+    const Op& op = t.ops[i];
+    if (op.size != 0) {
+      ptrs[op.slot] = alloc(op.size, op.stream);
+      owner[op.slot] = op.stream;
+    } else {
+      free_(ptrs[op.slot], owner[op.slot]);
+      ptrs[op.slot] = nullptr;
+    }
+    auto now = Clock::now();
+    ns[i] = std::max(0.0, elapsed_ns(prev, now) - overhead);
+    prev = now;
+  }
+  for (std::size_t i = 0; i < ptrs.size(); ++i) {
+    if (ptrs[i] != nullptr) {
+      free_(ptrs[i], owner[i]);
+      ptrs[i] = nullptr;
+    }
+  }
+  r->op_p50 = quantile(ns, 0.5);
+  r->op_p99 = quantile(ns, 0.99);
+}
 
 // One pass over the trace; frees what is still live at the end (untimed). Returns ns/op.
 template <typename Alloc, typename Free>
@@ -270,6 +318,7 @@ void replay_pool(const Trace& t, gpukeeper::CachingPool& pool,
     r->peak_reserved_all = r->stats_all.peak_reserved_bytes;
     r->peak_allocated_all = r->stats_all.peak_allocated_bytes;
     r->warm = summarize(r->times.warm_ns_per_op);
+    latency_pass(t, ptrs, owner, alloc, free_, r);
     r->books = pool.validate();
     r->books_consistent = r->books.empty();
     r->ran = true;
@@ -366,6 +415,8 @@ void replay_async(const Trace& t, const std::vector<cudaStream_t>& streams, int 
     r->peak_reserved_all = read(cudaMemPoolAttrReservedMemHigh);
     r->peak_allocated_all = read(cudaMemPoolAttrUsedMemHigh);
     r->warm = summarize(r->times.warm_ns_per_op);
+    latency_pass(t, ptrs, owner, alloc, free_, r);
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     r->ran = true;
   } catch (const std::exception& e) {
     r->error = e.what();
@@ -691,6 +742,8 @@ int main(int argc, char** argv) {
         m.num("cold_ns_per_op", r.times.cold_ns_per_op);
         m.summary("warm_ns_per_op_", r.warm);
         m.integer("warm_passes", r.times.warm_ns_per_op.size());
+        m.num("op_ns_p50", r.op_p50);
+        m.num("op_ns_p99", r.op_p99);
         if (r.min_capacity) {
           m.integer("min_capacity_bytes", r.min_capacity);
           m.num("min_capacity_over_requested", ratio(r.min_capacity, t.peak_requested));
@@ -731,9 +784,9 @@ int main(int argc, char** argv) {
   // ---- table
   std::printf("\nPeak reserved vs peak requested / allocated (first replay on a fresh pool; "
               "'all' = after all passes)\n");
-  std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %8s %11s\n", "trace", "mode",
+  std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %7s %7s %8s %11s\n", "trace", "mode",
               "peak req", "peak alloc", "peak resv", "resv/req", "resv/alloc", "all:r/req",
-              "mincap/rq", "cold ns/op", "warm ns/op", "maps/kop", "torch r/a");
+              "mincap/rq", "cold ns/op", "warm ns/op", "op p50", "op p99", "maps/kop", "torch r/a");
   for (const Line& l : lines) {
     const ModeResult& r = l.r;
     double tr = meta_ratio(*l.t, "torch_max_memory_reserved", "torch_max_memory_allocated");
@@ -748,7 +801,7 @@ int main(int argc, char** argv) {
     }
     char maps[32];
     std::snprintf(maps, sizeof maps, "%.2f", r.warm_maps_per_kop);
-    std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %8s %11s\n", l.trace.c_str(),
+    std::printf("%-26s %-18s %10s %10s %10s %9s %10s %9s %9s %10s %10s %7s %7s %8s %11s\n", l.trace.c_str(),
                 l.mode.c_str(), human_size(l.t->peak_requested).c_str(),
                 human_size(r.peak_allocated_first).c_str(), human_size(r.peak_reserved_first).c_str(),
                 fmt_ratio(ratio(r.peak_reserved_first, l.t->peak_requested)).c_str(),
@@ -756,11 +809,12 @@ int main(int argc, char** argv) {
                 fmt_ratio(ratio(r.peak_reserved_all, l.t->peak_requested)).c_str(),
                 r.min_capacity ? fmt_ratio(ratio(r.min_capacity, l.t->peak_requested)).c_str() : "-",
                 fmt_ns(r.times.cold_ns_per_op).c_str(), fmt_ns(r.warm.median).c_str(),
-                r.is_pool ? maps : "-", torch.c_str());
+                fmt_ns(r.op_p50).c_str(), fmt_ns(r.op_p99).c_str(), r.is_pool ? maps : "-", torch.c_str());
   }
   std::printf("(mincap/rq: the least simulated device capacity in which the pool runs the trace,"
               " releasing its cache when the upstream refuses, over peak requested)\n");
   std::printf("(maps/kop: pages mapped, made or moved, per 1000 operations of the warm passes)\n");
+  std::printf("(op p50 / p99: one more warm pass, each operation timed alone, the clock's cost taken off)\n");
   std::printf("(torch r/a: PyTorch's own max_memory_reserved / max_memory_allocated for the recorded run,"
               " then with expandable_segments, where the trace carries them)\n");
 
