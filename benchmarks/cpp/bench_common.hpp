@@ -28,7 +28,7 @@ namespace gkbench {
 
 using Clock = std::chrono::steady_clock;
 
-// Spare-page slack of expandable segments for this run; negative: the core's default.
+// PoolOptions::expandable_slack (the spare-memory budget) for this run; negative: the default.
 inline double g_expandable_slack = -1.0;
 
 // How a pool lays out its segments in a benchmark: all fixed, all expandable, or hybrid

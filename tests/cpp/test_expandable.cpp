@@ -146,3 +146,30 @@ TEST_CASE("expandable: with no mapped block, the one needing the fewest pages is
   for (void* p : {sep1, sep2, z, w}) pool->deallocate(p);
   CHECK(pool->validate() == "");
 }
+
+TEST_CASE("expandable: new pages while reserved stays within the slack over the peak requested",
+          "[caching_pool]") {
+  // z needs three pages past the live peak while two pages lie free; the requested peak
+  // becomes 12 MiB, six pages' worth. The budget, (1 + slack) x 12 MiB, decides how many
+  // of the three are made and how many moved.
+  struct Case {
+    double slack;
+    std::uint64_t moved;
+  };
+  for (Case c : {Case{0.0, 2}, Case{0.25, 1}, Case{1.0, 0}}) {
+    CAPTURE(c.slack);
+    auto pool = make_pool(ResourceKind::host, expandable_options(false, c.slack));
+    void* x = pool->allocate(4 * MiB);    // pages 0-1
+    void* sep = pool->allocate(2 * MiB);  // page 2
+    void* y = pool->allocate(4 * MiB);    // pages 3-4
+    pool->deallocate(x);                  // pages 0-1 free to move; 6 MiB requested
+    void* z = pool->allocate(6 * MiB);    // fits no hole: pages 5-7
+    const gpukeeper::PoolStats s = pool->stats();
+    CHECK(s.pages_moved == c.moved);
+    CHECK(s.reserved_bytes == (5 + 3 - c.moved) * 2 * MiB);
+    CHECK(static_cast<double>(s.peak_reserved_bytes) <= (1.0 + c.slack) * 12.0 * MiB);
+    CHECK(pool->validate() == "");
+    for (void* p : {sep, y, z}) pool->deallocate(p);
+    CHECK(pool->validate() == "");
+  }
+}

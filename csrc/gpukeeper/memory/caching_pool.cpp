@@ -263,7 +263,7 @@ Segment* CachingPool::add_segment(std::uintptr_t base, std::size_t size, stream_
 // Hands out the front of a free block (not on any index), putting the rest back.
 Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
                           stream_t stream) {
-  if (block->segment->table != nullptr && !map_pages(block, size)) {
+  if (block->segment->table != nullptr && !map_pages(block, size, requested)) {
     insert_free(block);  // unchanged; it may sit next to unmerged free blocks
     add_pending(block);
     return nullptr;
@@ -293,6 +293,10 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
   count(allocated_, static_cast<std::ptrdiff_t>(size));
   count(allocated_count_, 1);
   count(requested_, static_cast<std::ptrdiff_t>(requested));
+  if (paged_) {
+    budget_peak_requested_ =
+        std::max(budget_peak_requested_, requested_.load(std::memory_order_relaxed));
+  }
   const bool small = block->segment->small;
   history_.allocated_bytes.increase(small, size);
   history_.allocations.increase(small, 1);
@@ -480,6 +484,9 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
   merge_pending();
   std::size_t released = 0;
   if (paged_) {
+    // A released cache starts the spare budget over from what is live now: spare pages
+    // sized for an earlier, larger phase would otherwise be made again.
+    budget_peak_requested_ = requested_.load(std::memory_order_relaxed);
     // Pages first, down to what the fixed segments leave of keep_reserved.
     const std::size_t keep_pages = keep_reserved > fixed_reserved_ ? keep_reserved - fixed_reserved_ : 0;
     released = paged_->unmap_movable(keep_pages);

@@ -61,9 +61,15 @@ struct PoolOptions {
   // small segments can strand, a small share of the footprint.
   bool expandable_small = true;
   std::size_t expandable_range = 0;  // bytes of addresses per range; 0: twice the memory
-  // Spare pages kept mapped, as a fraction of the most pages live blocks touched at once:
-  // 0 holds the fewest pages but moves one for nearly every placement change.
-  double expandable_slack = 0.03;
+  // The memory an expandable pool may hold beyond what was asked of it, as a fraction of
+  // the most bytes requested at once (since it was made or last released its cache):
+  // new pages are made while reserved bytes (fixed segments and mapped pages together)
+  // stay within (1 + slack) times that peak, and pages are moved beyond it. Pages up to
+  // the most that live blocks touched at once are always made. The budget is the very
+  // ratio the recorded traces are held to (<= 1.05, docs/performance.md): 0 moves a page
+  // for nearly every placement change; more spares moves (each about 60 us of driver
+  // calls on an H100) and holds more memory.
+  double expandable_slack = 0.045;
 };
 
 class CachingPool {
@@ -210,7 +216,7 @@ class CachingPool {
   void init_expandable();
   detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
   detail::Block* fewest_pages_fit(std::size_t size, bool small, stream_t stream) const;
-  bool map_pages(detail::Block* block, std::size_t size);
+  bool map_pages(detail::Block* block, std::size_t size, std::size_t requested);
   bool streams_done(std::uint64_t bits);
   void sync_reserved() noexcept;
   void release_expandable_segment(detail::Segment* segment);
@@ -243,6 +249,10 @@ class CachingPool {
   PoolHistory history_;
   std::size_t history_mapped_[2] = {0, 0};  // expandable: mapped bytes per class, as last seen
   std::size_t fixed_reserved_ = 0;  // bytes of fixed segments (all of reserved_ without paged_)
+  // Expandable: the most bytes requested at once since the pool was made or released its
+  // cache, the base of the spare-page budget (expandable_slack). Not reset by
+  // reset_peaks(): a user's peak statistics must not change how much the pool keeps.
+  std::size_t budget_peak_requested_ = 0;
   detail::RecordArena<detail::Block> blocks_;
   detail::RecordArena<detail::Segment> segment_records_;
   detail::Segment* segments_ = nullptr;

@@ -21,7 +21,7 @@ void CachingPool::init_expandable() {
   }
   std::size_t range = options_.expandable_range;
   if (range == 0) range = 2 * std::max<std::size_t>(upstream_->memory_info().total, 1u << 30);
-  paged_ = std::make_unique<detail::PagedMemory>(*vm, range, options_.expandable_slack);
+  paged_ = std::make_unique<detail::PagedMemory>(*vm, range);
   streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
   may_create_page_fn_ = [this] {
     const std::size_t limit = limit_.load(std::memory_order_relaxed);
@@ -99,10 +99,18 @@ Block* CachingPool::fewest_pages_fit(std::size_t size, bool small, stream_t stre
 }
 
 // Maps the pages under the first `size` bytes of `block` (not on any index).
-bool CachingPool::map_pages(Block* block, std::size_t size) {
+bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requested) {
   const std::uint64_t mapped_before = paged_->mapped_bytes(), moved_before = paged_->pages_moved();
+  // The spare budget (PoolOptions::expandable_slack): reserved bytes within (1 + slack)
+  // times the most bytes requested at once, this request included; what the fixed
+  // segments hold comes off what the pages may take.
+  const double peak = static_cast<double>(
+      std::max(budget_peak_requested_, requested_.load(std::memory_order_relaxed) + requested));
+  const double budget = peak * (1.0 + options_.expandable_slack);
+  const double pages_budget = budget - static_cast<double>(fixed_reserved_);
+  const std::size_t spare_limit = pages_budget > 0 ? static_cast<std::size_t>(pages_budget) : 0;
   bool ok = paged_->acquire(block->segment->table, block->addr, size, streams_done_fn_,
-                            may_create_page_fn_);
+                            may_create_page_fn_, spare_limit);
   if (paged_->mapped_bytes() != mapped_before || paged_->pages_moved() != moved_before) {
     sync_reserved();
   }

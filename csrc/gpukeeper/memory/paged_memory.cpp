@@ -9,13 +9,9 @@
 
 namespace gpukeeper::detail {
 
-PagedMemory::PagedMemory(VirtualMemory& vm, std::size_t range_bytes, double slack)
-    : vm_(vm),
-      page_(vm.page_size()),
-      range_((range_bytes + page_ - 1) / page_ * page_),
-      slack_(slack) {
+PagedMemory::PagedMemory(VirtualMemory& vm, std::size_t range_bytes)
+    : vm_(vm), page_(vm.page_size()), range_((range_bytes + page_ - 1) / page_ * page_) {
   if (page_ == 0 || range_ == 0) throw InvalidInputError("PagedMemory: empty page or range");
-  if (!(slack_ >= 0.0 && slack_ <= 1.0)) throw InvalidInputError("PagedMemory: slack not in [0, 1]");
 }
 
 void PagedMemory::set_movable(PageTable* table, std::size_t index, bool movable) noexcept {
@@ -33,10 +29,11 @@ void PagedMemory::ref(PageTable* table, std::size_t index) noexcept {
   if (++live_ > peak_live_) peak_live_ = live_;
 }
 
-// Whether one more page keeps the pages held within the slack over the live peak.
-bool PagedMemory::within_slack() const noexcept {
-  const double peak = static_cast<double>(std::max(peak_live_, live_ + 1));
-  return static_cast<double>(mapped_pages_ + 1) <= peak * (1.0 + slack_);
+// Pages up to the most that live blocks touched at once are memory the trace needed, never
+// spare; beyond them, the caller's limit (its budget for spare memory) decides.
+bool PagedMemory::may_add_page(std::size_t spare_limit) const noexcept {
+  const std::size_t after = mapped_pages_ + 1;
+  return after <= std::max(peak_live_, live_ + 1) || after * page_ <= spare_limit;
 }
 
 PagedMemory::~PagedMemory() {
@@ -118,7 +115,8 @@ VirtualMemory::page_t PagedMemory::take_movable(Cursor& cursor, const StreamsDon
 }
 
 bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t size,
-                          const StreamsDone& done, const std::function<bool()>& may_create) {
+                          const StreamsDone& done, const std::function<bool()>& may_create,
+                          std::size_t spare_limit) {
   const std::size_t first = (addr - table->base) / page_;
   const std::size_t last = (addr + size - 1 - table->base) / page_;
   // Count the block on its mapped pages first, so that none of them is moved into a hole.
@@ -134,7 +132,7 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
 
   bool mapped = false;
   try {
-    mapped = map_unmapped(table, first, last, done, may_create);
+    mapped = map_unmapped(table, first, last, done, may_create, spare_limit);
   } catch (...) {
     undo_acquire(table, first, last);
     throw;
@@ -150,7 +148,8 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
 // their access in one call each. False when no page can be had; pages mapped so far stay
 // mapped (and counted) for the caller to undo.
 bool PagedMemory::map_unmapped(PageTable* table, std::size_t first, std::size_t last,
-                               const StreamsDone& done, const std::function<bool()>& may_create) {
+                               const StreamsDone& done, const std::function<bool()>& may_create,
+                               std::size_t spare_limit) {
   Run run;
   Cursor cursor = top();
   try {
@@ -159,7 +158,7 @@ bool PagedMemory::map_unmapped(PageTable* table, std::size_t first, std::size_t 
         flush_run(table, run);
         continue;
       }
-      VirtualMemory::page_t handle = find_page(cursor, done, may_create);
+      VirtualMemory::page_t handle = find_page(cursor, done, may_create, spare_limit);
       if (handle == 0) {
         flush_run(table, run);
         return false;
@@ -179,12 +178,13 @@ bool PagedMemory::map_unmapped(PageTable* table, std::size_t first, std::size_t 
   return true;
 }
 
-// A page for a hole: a new one while the pages held stay within the slack, else a
-// movable one whose streams are done, else a new one if may_create allows; 0 if none.
+// A page for a hole: a new one while may_add_page() allows, else a movable one whose
+// streams are done, else a new one if may_create allows; 0 if none.
 VirtualMemory::page_t PagedMemory::find_page(Cursor& cursor, const StreamsDone& done,
-                                             const std::function<bool()>& may_create) {
+                                             const std::function<bool()>& may_create,
+                                             std::size_t spare_limit) {
   VirtualMemory::page_t handle = 0;
-  if (within_slack() && may_create()) handle = vm_.create_page();
+  if (may_add_page(spare_limit) && may_create()) handle = vm_.create_page();
   if (handle != 0) {
     ++created_;
     return handle;

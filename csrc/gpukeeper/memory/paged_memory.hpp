@@ -4,12 +4,13 @@
 // laid out as in any segment, while physical pages are mapped only under blocks that are
 // allocated. A page counts the allocated blocks on it; when the count drops to zero the
 // page becomes movable. When a block needs a page, a new page is made while the pages
-// held stay within `slack` of the most pages live blocks have touched at once; beyond
+// held stay within the most that live blocks have touched at once, or within the spare
+// limit the caller gives (the pool's budget, caching_pool.hpp's expandable_slack); beyond
 // that a movable page is unmapped and mapped under the block instead: the one at the
 // highest address whose streams are done. The memory held thus follows the pages
 // allocated blocks touch, however the address space fragments, and the spare pages
-// within the slack spare most moves (each costs driver calls) when block positions shift
-// from one step to the next.
+// within the limit spare most moves (each costs driver calls, about 60 us on an H100:
+// benchmarks/cpp/page_move_bench) when block positions shift from one step to the next.
 //
 // Why the highest page: the pool places blocks low in the range first (mapped-first,
 // then the fewest pages to map, lowest address on ties), so taking pages from the top
@@ -52,7 +53,7 @@ class PagedMemory {
   // Says whether all streams in a mask of stream slots are done with their work.
   using StreamsDone = std::function<bool(std::uint64_t streams)>;
 
-  PagedMemory(VirtualMemory& vm, std::size_t range_bytes, double slack);
+  PagedMemory(VirtualMemory& vm, std::size_t range_bytes);
   ~PagedMemory();
   PagedMemory(const PagedMemory&) = delete;
   PagedMemory& operator=(const PagedMemory&) = delete;
@@ -73,11 +74,12 @@ class PagedMemory {
   void extend(PageTable* table, std::size_t bytes);
 
   // Counts a new allocated block on the pages under [addr, addr + size) and maps those
-  // that are unmapped: first by moving movable pages whose streams `done` says are
-  // finished, then with new pages while `may_create` allows. Returns false, with the
+  // that are unmapped: with new pages while the pages held stay within the live peak or
+  // `spare_limit` bytes, else by moving movable pages whose streams `done` says are
+  // finished, else with new pages while `may_create` allows. Returns false, with the
   // books as before, when no page can be had.
   bool acquire(PageTable* table, std::uintptr_t addr, std::size_t size, const StreamsDone& done,
-               const std::function<bool()>& may_create);
+               const std::function<bool()>& may_create, std::size_t spare_limit);
 
   // Pages under [addr, addr + size) of `table` that are not mapped: what placing a block
   // there would cost in page maps.
@@ -116,7 +118,8 @@ class PagedMemory {
   void unref(PageTable* table, std::size_t index, std::uint64_t stream_bits);
   void ref(PageTable* table, std::size_t index) noexcept;
   static void set_movable(PageTable* table, std::size_t index, bool movable) noexcept;
-  bool within_slack() const noexcept;
+  // Whether one more page keeps the pages held within the live peak or `spare_limit`.
+  bool may_add_page(std::size_t spare_limit) const noexcept;
   Cursor top() const noexcept { return Cursor{tables_.size(), ~std::size_t{0}}; }
   // Moves `cursor` to the highest movable page below it; false when there is none.
   bool next_movable(Cursor& cursor) const noexcept;
@@ -127,9 +130,10 @@ class PagedMemory {
     std::size_t length = 0;
   };
   bool map_unmapped(PageTable* table, std::size_t first, std::size_t last,
-                    const StreamsDone& done, const std::function<bool()>& may_create);
+                    const StreamsDone& done, const std::function<bool()>& may_create,
+                    std::size_t spare_limit);
   VirtualMemory::page_t find_page(Cursor& cursor, const StreamsDone& done,
-                                  const std::function<bool()>& may_create);
+                                  const std::function<bool()>& may_create, std::size_t spare_limit);
   void map_page(PageTable* table, std::size_t index, VirtualMemory::page_t handle);
   void flush_run(PageTable* table, Run& run);
   void undo_acquire(PageTable* table, std::size_t first, std::size_t last);
@@ -138,7 +142,6 @@ class PagedMemory {
   std::size_t page_;
   std::size_t range_;
   std::vector<std::unique_ptr<PageTable>> tables_;
-  double slack_;
   std::size_t mapped_pages_ = 0;
   std::size_t live_ = 0;       // pages with allocated blocks on them
   std::size_t peak_live_ = 0;
