@@ -94,7 +94,7 @@ void CachingPool::validate_segment(const Segment* seg, Tally& tally,
   ++tally.segments;
   if (seg->table == nullptr) tally.reserved += seg->size;
   std::vector<std::uint32_t> page_refs;
-  if (seg->table != nullptr) page_refs.assign(seg->table->pages.size(), 0);
+  if (seg->table != nullptr) page_refs.assign(seg->table->page_count(), 0);
   std::uintptr_t expect = seg->base;
   const Block* prev = nullptr;
   for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {

@@ -9,6 +9,21 @@
 
 namespace gpukeeper::detail {
 
+namespace {
+
+// Calls f(word index, mask) for the words of a bitmap covering bits [from, to].
+template <typename F>
+void for_each_word(std::size_t from, std::size_t to, F&& f) {
+  for (std::size_t w = from / 64; w <= to / 64; ++w) {
+    std::uint64_t mask = ~std::uint64_t{0};
+    if (w == from / 64) mask &= ~std::uint64_t{0} << (from % 64);
+    if (w == to / 64 && to % 64 != 63) mask &= (std::uint64_t{1} << (to % 64 + 1)) - 1;
+    f(w, mask);
+  }
+}
+
+}  // namespace
+
 PagedMemory::PagedMemory(VirtualMemory& vm, std::size_t range_bytes)
     : vm_(vm), page_(vm.page_size()), range_((range_bytes + page_ - 1) / page_ * page_) {
   if (page_ == 0 || range_ == 0) throw InvalidInputError("PagedMemory: empty page or range");
@@ -23,10 +38,65 @@ void PagedMemory::set_movable(PageTable* table, std::size_t index, bool movable)
   }
 }
 
+void PagedMemory::set_mapped(PageTable* table, std::size_t index, bool mapped) noexcept {
+  const std::uint64_t bit = std::uint64_t{1} << (index % 64);
+  if (mapped) {
+    table->mapped_bits[index / 64] |= bit;
+  } else {
+    table->mapped_bits[index / 64] &= ~bit;
+  }
+}
+
 void PagedMemory::ref(PageTable* table, std::size_t index) noexcept {
-  if (table->pages[index].refs++ != 0) return;
+  if (table->refs[index]++ != 0) return;
   set_movable(table, index, false);
   if (++live_ > peak_live_) peak_live_ = live_;
+}
+
+void PagedMemory::ref_inner(PageTable* table, std::size_t first, std::size_t last) noexcept {
+  if (last < first + 2) return;
+  std::size_t counted = 0;
+  for_each_word(first + 1, last - 1, [&](std::size_t w, std::uint64_t mask) {
+    std::uint64_t bits = table->mapped_bits[w] & mask;
+    table->movable[w] &= ~bits;
+    counted += static_cast<std::size_t>(__builtin_popcountll(bits));
+    while (bits != 0) {
+      table->refs[w * 64 + static_cast<unsigned>(__builtin_ctzll(bits))] = 1;
+      bits &= bits - 1;
+    }
+  });
+  live_ += counted;
+  if (live_ > peak_live_) peak_live_ = live_;
+}
+
+void PagedMemory::unref_inner(PageTable* table, std::size_t first, std::size_t last,
+                              std::uint64_t stream_bits) noexcept {
+  if (last < first + 2) return;
+  const std::size_t begin = first + 1, count = last - first - 1;
+  std::fill_n(table->refs.begin() + static_cast<std::ptrdiff_t>(begin), count, 0u);
+  if (stream_bits != 0) {
+    std::uint64_t* streams = table->streams.data() + begin;
+    for (std::size_t k = 0; k < count; ++k) streams[k] |= stream_bits;
+  }
+  // A live block sits on mapped pages only: every one of them becomes movable.
+  for_each_word(begin, last - 1, [&](std::size_t w, std::uint64_t mask) {
+    table->movable[w] |= table->mapped_bits[w] & mask;
+  });
+  live_ -= count;
+}
+
+std::size_t PagedMemory::unmapped_pages(const PageTable* table, std::uintptr_t addr,
+                                        std::size_t size) const noexcept {
+  const std::size_t first = (addr - table->base) / page_;
+  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  const std::size_t n = table->page_count();
+  if (first >= n) return last - first + 1;
+  const std::size_t end = std::min(last, n - 1);
+  std::size_t mapped = 0;
+  for_each_word(first, end, [&](std::size_t w, std::uint64_t mask) {
+    mapped += static_cast<std::size_t>(__builtin_popcountll(table->mapped_bits[w] & mask));
+  });
+  return last - first + 1 - mapped;
 }
 
 // Pages up to the most that live blocks touched at once are memory the trace needed, never
@@ -38,8 +108,8 @@ bool PagedMemory::may_add_page(std::size_t spare_limit) const noexcept {
 
 PagedMemory::~PagedMemory() {
   for (auto& table : tables_) {
-    for (std::size_t i = 0; i < table->pages.size(); ++i) {
-      if (VirtualMemory::page_t h = table->pages[i].handle) {
+    for (std::size_t i = 0; i < table->page_count(); ++i) {
+      if (VirtualMemory::page_t h = table->handles[i]) {
         vm_.unmap(address_of(table.get(), i));
         vm_.release_page(h);
       }
@@ -67,8 +137,11 @@ void PagedMemory::unreserve(PageTable* table) {
 
 void PagedMemory::extend(PageTable* table, std::size_t bytes) {
   std::size_t pages = (bytes + page_ - 1) / page_;
-  if (pages > table->pages.size()) {
-    table->pages.resize(pages);
+  if (pages > table->page_count()) {
+    table->handles.resize(pages, 0);
+    table->refs.resize(pages, 0);
+    table->streams.resize(pages, 0);
+    table->mapped_bits.resize((pages + 63) / 64, 0);
     table->movable.resize((pages + 63) / 64, 0);
   }
 }
@@ -76,7 +149,7 @@ void PagedMemory::extend(PageTable* table, std::size_t bytes) {
 bool PagedMemory::next_movable(Cursor& cursor) const noexcept {
   while (cursor.table != 0) {
     const PageTable* table = tables_[cursor.table - 1].get();
-    std::size_t end = std::min(cursor.page, table->pages.size());  // pages [0, end) left
+    std::size_t end = std::min(cursor.page, table->page_count());  // pages [0, end) left
     while (end != 0) {
       const std::size_t word = (end - 1) / 64;
       std::uint64_t bits = table->movable[word];
@@ -99,13 +172,14 @@ bool PagedMemory::next_movable(Cursor& cursor) const noexcept {
 VirtualMemory::page_t PagedMemory::take_movable(Cursor& cursor, const StreamsDone& done) {
   while (next_movable(cursor)) {
     PageTable* table = tables_[cursor.table - 1].get();
-    PageTable::Page& page = table->pages[cursor.page];
-    if (page.streams != 0 && !done(page.streams)) continue;  // busy: look lower
-    VirtualMemory::page_t handle = page.handle;
-    vm_.unmap(address_of(table, cursor.page));
-    set_movable(table, cursor.page, false);
-    page.handle = 0;
-    page.streams = 0;
+    const std::size_t i = cursor.page;
+    if (table->streams[i] != 0 && !done(table->streams[i])) continue;  // busy: look lower
+    VirtualMemory::page_t handle = table->handles[i];
+    vm_.unmap(address_of(table, i));
+    set_movable(table, i, false);
+    set_mapped(table, i, false);
+    table->handles[i] = 0;
+    table->streams[i] = 0;
     --table->mapped;
     --mapped_pages_;
     ++moved_;
@@ -120,13 +194,12 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
   const std::size_t first = (addr - table->base) / page_;
   const std::size_t last = (addr + size - 1 - table->base) / page_;
   // Count the block on its mapped pages first, so that none of them is moved into a hole.
-  std::size_t unmapped = 0;
-  for (std::size_t i = first; i <= last; ++i) {
-    if (table->pages[i].handle != 0) {
-      ref(table, i);
-    } else {
-      ++unmapped;
-    }
+  // The two end pages may be shared with neighbours; those inside are the block's alone.
+  std::size_t unmapped = unmapped_pages(table, addr, size);
+  ref_inner(table, first, last);
+  for (std::size_t i : {first, last}) {
+    if (table->handles[i] != 0) ref(table, i);
+    if (last == first) break;
   }
   if (unmapped == 0) return true;  // the cached case: nothing to map
 
@@ -154,7 +227,7 @@ bool PagedMemory::map_unmapped(PageTable* table, std::size_t first, std::size_t 
   Cursor cursor = top();
   try {
     for (std::size_t i = first; i <= last; ++i) {
-      if (table->pages[i].handle != 0) {  // mapped before this call (counted by acquire)
+      if (table->handles[i] != 0) {  // mapped before this call (counted by acquire)
         flush_run(table, run);
         continue;
       }
@@ -206,10 +279,10 @@ void PagedMemory::map_page(PageTable* table, std::size_t index, VirtualMemory::p
     vm_.release_page(handle);
     throw;
   }
-  PageTable::Page& page = table->pages[index];
-  page.handle = handle;
-  page.refs = 0;
-  page.streams = 0;
+  table->handles[index] = handle;
+  table->refs[index] = 0;
+  table->streams[index] = 0;
+  set_mapped(table, index, true);
   ref(table, index);
   ++table->mapped;
   ++mapped_pages_;
@@ -226,11 +299,11 @@ void PagedMemory::flush_run(PageTable* table, Run& run) {
     vm_.set_access(address_of(table, start), count * page_);
   } catch (...) {
     for (std::size_t k = start; k < start + count; ++k) {
-      PageTable::Page& p = table->pages[k];
       vm_.unmap(address_of(table, k));
-      vm_.release_page(p.handle);
-      p.handle = 0;
-      p.refs = 0;
+      vm_.release_page(table->handles[k]);
+      set_mapped(table, k, false);
+      table->handles[k] = 0;
+      table->refs[k] = 0;
       --live_;
       --table->mapped;
       --mapped_pages_;
@@ -243,23 +316,24 @@ void PagedMemory::flush_run(PageTable* table, Run& run) {
 // by the call stay mapped and become movable.
 void PagedMemory::undo_acquire(PageTable* table, std::size_t first, std::size_t last) {
   for (std::size_t j = first; j <= last; ++j) {
-    if (table->pages[j].handle != 0) unref(table, j, 0);
+    if (table->handles[j] != 0) unref(table, j, 0);
   }
 }
 
 void PagedMemory::unref(PageTable* table, std::size_t index, std::uint64_t stream_bits) {
-  PageTable::Page& page = table->pages[index];
-  page.streams |= stream_bits;
-  if (--page.refs != 0) return;
+  table->streams[index] |= stream_bits;
+  if (--table->refs[index] != 0) return;
   --live_;
-  if (page.handle != 0) set_movable(table, index, true);
+  if (table->handles[index] != 0) set_movable(table, index, true);
 }
 
 void PagedMemory::release(PageTable* table, std::uintptr_t addr, std::size_t size,
                           std::uint64_t stream_bits) {
   const std::size_t first = (addr - table->base) / page_;
   const std::size_t last = (addr + size - 1 - table->base) / page_;
-  for (std::size_t i = first; i <= last; ++i) unref(table, i, stream_bits);
+  unref_inner(table, first, last, stream_bits);
+  unref(table, first, stream_bits);
+  if (last != first) unref(table, last, stream_bits);
 }
 
 std::size_t PagedMemory::unmap_movable(std::size_t keep_bytes) {
@@ -267,12 +341,13 @@ std::size_t PagedMemory::unmap_movable(std::size_t keep_bytes) {
   Cursor cursor = top();
   while (mapped_bytes() > keep_bytes && next_movable(cursor)) {
     PageTable* table = tables_[cursor.table - 1].get();
-    PageTable::Page& page = table->pages[cursor.page];
-    vm_.unmap(address_of(table, cursor.page));
-    vm_.release_page(page.handle);
-    set_movable(table, cursor.page, false);
-    page.handle = 0;
-    page.streams = 0;
+    const std::size_t i = cursor.page;
+    vm_.unmap(address_of(table, i));
+    vm_.release_page(table->handles[i]);
+    set_movable(table, i, false);
+    set_mapped(table, i, false);
+    table->handles[i] = 0;
+    table->streams[i] = 0;
     --table->mapped;
     --mapped_pages_;
     released += page_;
@@ -284,19 +359,23 @@ std::string PagedMemory::check(const PageTable* table,
                                const std::vector<std::uint32_t>& expected_refs) const {
   Text problems;
   std::size_t mapped = 0;
-  for (std::size_t i = 0; i < table->pages.size(); ++i) {
-    const PageTable::Page& page = table->pages[i];
+  for (std::size_t i = 0; i < table->page_count(); ++i) {
+    const std::uint32_t refs = table->refs[i];
+    const bool is_mapped = table->handles[i] != 0;
     std::uint32_t expected = i < expected_refs.size() ? expected_refs[i] : 0;
-    if (page.refs != expected) {
-      problems << "page " << i << " counts " << page.refs << " blocks, " << expected << " live; ";
+    if (refs != expected) {
+      problems << "page " << i << " counts " << refs << " blocks, " << expected << " live; ";
     }
-    if (page.refs > 0 && page.handle == 0) problems << "page " << i << " used but unmapped; ";
+    if (refs > 0 && !is_mapped) problems << "page " << i << " used but unmapped; ";
     const bool movable = (table->movable[i / 64] >> (i % 64)) & 1u;
-    if (movable != (page.handle != 0 && page.refs == 0)) {
+    if (movable != (is_mapped && refs == 0)) {
       problems << "page " << i << (movable ? " listed as movable but in use or unmapped; "
                                           : " mapped and unused but not listed as movable; ");
     }
-    if (page.handle != 0) ++mapped;
+    if (((table->mapped_bits[i / 64] >> (i % 64)) & 1u) != (is_mapped ? 1u : 0u)) {
+      problems << "page " << i << "'s mapped bit disagrees with its handle; ";
+    }
+    if (is_mapped) ++mapped;
   }
   if (mapped != table->mapped) problems << "mapped page count disagrees; ";
   return problems.str();

@@ -32,20 +32,26 @@
 
 namespace gpukeeper::detail {
 
+// One reserved range's pages, a column per field, so that the pages inside a block (which
+// no other block touches) are counted in and out with fills and bitmap words rather than
+// a walk of per-page records: a large block spans hundreds of pages, and every allocation
+// and free of one updates them all.
 struct PageTable {
-  struct Page {
-    VirtualMemory::page_t handle = 0;  // 0: unmapped
-    std::uint32_t refs = 0;            // allocated blocks on the page
-    std::uint64_t streams = 0;         // stream slots that freed blocks here since mapping
-  };
   std::uintptr_t base = 0;
   std::size_t capacity = 0;  // bytes reserved
   std::size_t mapped = 0;    // pages mapped
-  std::vector<Page> pages;   // covers the part of the range that blocks tile
+  // Per page, covering the part of the range that blocks tile:
+  std::vector<VirtualMemory::page_t> handles;  // 0: unmapped
+  std::vector<std::uint32_t> refs;             // allocated blocks on the page
+  std::vector<std::uint64_t> streams;          // stream slots that freed blocks here since mapping
+  // Bit i: page i is mapped. Counting a block's unmapped pages is then a popcount.
+  std::vector<std::uint64_t> mapped_bits;
   // Bit i: page i is movable (mapped, no allocated block on it). A bitmap rather than a
   // queue: a free sets one bit, and the highest movable page is found by a scan of words
   // from the top, made only when a page must move.
   std::vector<std::uint64_t> movable;
+
+  std::size_t page_count() const noexcept { return handles.size(); }
 };
 
 class PagedMemory {
@@ -83,14 +89,7 @@ class PagedMemory {
 
   // Pages under [addr, addr + size) of `table` that are not mapped: what placing a block
   // there would cost in page maps.
-  std::size_t unmapped_pages(const PageTable* table, std::uintptr_t addr, std::size_t size) const noexcept {
-    const std::size_t first = (addr - table->base) / page_, last = (addr + size - 1 - table->base) / page_;
-    std::size_t missing = 0;
-    for (std::size_t i = first; i <= last; ++i) {
-      if (i >= table->pages.size() || table->pages[i].handle == 0) ++missing;
-    }
-    return missing;
-  }
+  std::size_t unmapped_pages(const PageTable* table, std::uintptr_t addr, std::size_t size) const noexcept;
 
   // Uncounts a freed block, freed on the streams in `stream_bits`.
   void release(PageTable* table, std::uintptr_t addr, std::size_t size, std::uint64_t stream_bits);
@@ -118,6 +117,13 @@ class PagedMemory {
   void unref(PageTable* table, std::size_t index, std::uint64_t stream_bits);
   void ref(PageTable* table, std::size_t index) noexcept;
   static void set_movable(PageTable* table, std::size_t index, bool movable) noexcept;
+  static void set_mapped(PageTable* table, std::size_t index, bool mapped) noexcept;
+  // The pages strictly inside [first, last] (no other block touches them): counted in,
+  // for a block placed there (only those mapped; the rest are mapped later, one by one),
+  // or counted out, for a freed block (all mapped).
+  void ref_inner(PageTable* table, std::size_t first, std::size_t last) noexcept;
+  void unref_inner(PageTable* table, std::size_t first, std::size_t last,
+                   std::uint64_t stream_bits) noexcept;
   // Whether one more page keeps the pages held within the live peak or `spare_limit`.
   bool may_add_page(std::size_t spare_limit) const noexcept;
   Cursor top() const noexcept { return Cursor{tables_.size(), ~std::size_t{0}}; }
