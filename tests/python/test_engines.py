@@ -10,15 +10,13 @@ when something is missing.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
+from child_process import run_json_child
 
 import gpukeeper
 
@@ -183,11 +181,7 @@ def _run_child(tmp_path: Path, code: str, *args: str) -> Dict[str, Any]:
     env.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
     env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
     env["PYTHONPATH"] = PACKAGE_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, f"child failed:\n{done.stdout}\n{done.stderr}"
-    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")][-1]
-    out = json.loads(line[len("RESULT "):])
+    out = run_json_child(script, *args, timeout=900, env=env, prefix="RESULT ")
     if "skip" in out:
         pytest.skip(out["skip"])
     return out

@@ -1,12 +1,10 @@
 """PyTorch and CuPy allocating through gpukeeper's pool."""
 
 import ctypes
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from child_process import run_json_child
 
 import gpukeeper
 from gpukeeper import _core, frameworks
@@ -18,10 +16,7 @@ needs_cuda = pytest.mark.skipif(not gpukeeper.cuda_available(), reason="needs a 
 
 
 def run_child(mode: str) -> dict:
-    done = subprocess.run([sys.executable, str(CHILD), mode], capture_output=True, text=True,
-                          timeout=240)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_child(CHILD, mode, timeout=240)
 
 
 def test_the_module_exports_the_pluggable_allocator_symbols():

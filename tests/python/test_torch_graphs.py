@@ -5,13 +5,10 @@ tests/cpp/test_graph_pools.cpp."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from child_process import run_json_child
 
 from gpukeeper import _core
 from gpukeeper.integrations import torch_allocator
@@ -22,11 +19,7 @@ CHILD = Path(__file__).with_name("torch_graphs_child.py")
 
 
 def run_child(mode: str, timeout: float = 400) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    done = subprocess.run([sys.executable, str(CHILD), mode], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    assert done.returncode == 0, f"child {mode} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_child(CHILD, mode, timeout=timeout)
 
 
 def test_linking_without_pytorchs_libraries_says_why():

@@ -9,13 +9,11 @@ first CUDA allocation), see torch_memory_api_child.py.
 from __future__ import annotations
 
 import collections
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from child_process import run_json_child
 
 import gpukeeper
 from gpukeeper import _core
@@ -191,11 +189,7 @@ def test_the_oom_error_is_pytorchs_own_type():
 
 
 def run_child(mode: str, timeout: float = 300) -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    done = subprocess.run([sys.executable, str(CHILD), mode], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    assert done.returncode == 0, f"child {mode} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_child(CHILD, mode, timeout=timeout)
 
 
 @pytest.mark.gpu
