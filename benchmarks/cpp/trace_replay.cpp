@@ -233,6 +233,41 @@ double clock_overhead_ns() {
   return quantile(d, 0.5);
 }
 
+// One operation of a trace: an allocation into its slot, or the free of the slot's block.
+template <typename Alloc, typename Free>
+inline void run_op(const Op& op, std::vector<void*>& ptrs, std::vector<std::uint32_t>& owner,
+                   Alloc& alloc, Free& free_) {
+  if (op.size != 0) {
+    ptrs[op.slot] = alloc(op.size, op.stream);
+    owner[op.slot] = op.stream;
+  } else {
+    free_(ptrs[op.slot], owner[op.slot]);
+    ptrs[op.slot] = nullptr;
+  }
+}
+
+// Frees what a pass left live (untimed), so that every pass starts from an empty trace.
+template <typename Free>
+void free_live(std::vector<void*>& ptrs, const std::vector<std::uint32_t>& owner, Free& free_) {
+  for (std::size_t i = 0; i < ptrs.size(); ++i) {
+    if (ptrs[i] != nullptr) {
+      free_(ptrs[i], owner[i]);
+      ptrs[i] = nullptr;
+    }
+  }
+}
+
+// One pass over the trace; frees what is still live at the end (untimed). Returns ns/op.
+template <typename Alloc, typename Free>
+double replay_pass(const Trace& t, std::vector<void*>& ptrs, std::vector<std::uint32_t>& owner,
+                   Alloc&& alloc, Free&& free_) {
+  auto t0 = Clock::now();
+  for (const Op& op : t.ops) run_op(op, ptrs, owner, alloc, free_);
+  auto t1 = Clock::now();
+  free_live(ptrs, owner, free_);
+  return elapsed_ns(t0, t1) / static_cast<double>(t.ops.size());
+}
+
 // One pass with each operation timed alone; stores the median and the 99th percentile of
 // the operations' times, less the clock's overhead, into r.
 template <typename Alloc, typename Free>
@@ -242,51 +277,16 @@ void latency_pass(const Trace& t, std::vector<void*>& ptrs, std::vector<std::uin
   std::vector<double> ns(t.ops.size());
   auto prev = Clock::now();
   for (std::size_t i = 0; i < t.ops.size(); ++i) {
-    const Op& op = t.ops[i];
-    if (op.size != 0) {
-      ptrs[op.slot] = alloc(op.size, op.stream);
-      owner[op.slot] = op.stream;
-    } else {
-      free_(ptrs[op.slot], owner[op.slot]);
-      ptrs[op.slot] = nullptr;
-    }
+    run_op(t.ops[i], ptrs, owner, alloc, free_);
     auto now = Clock::now();
     ns[i] = std::max(0.0, elapsed_ns(prev, now) - overhead);
     prev = now;
   }
-  for (std::size_t i = 0; i < ptrs.size(); ++i) {
-    if (ptrs[i] != nullptr) {
-      free_(ptrs[i], owner[i]);
-      ptrs[i] = nullptr;
-    }
-  }
+  free_live(ptrs, owner, free_);
   r->op_p50 = quantile(ns, 0.5);
   r->op_p99 = quantile(ns, 0.99);
 }
 
-// One pass over the trace; frees what is still live at the end (untimed). Returns ns/op.
-template <typename Alloc, typename Free>
-double replay_pass(const Trace& t, std::vector<void*>& ptrs, std::vector<std::uint32_t>& owner,
-                   Alloc&& alloc, Free&& free_) {
-  auto t0 = Clock::now();
-  for (const Op& op : t.ops) {
-    if (op.size != 0) {
-      ptrs[op.slot] = alloc(op.size, op.stream);
-      owner[op.slot] = op.stream;
-    } else {
-      free_(ptrs[op.slot], owner[op.slot]);
-      ptrs[op.slot] = nullptr;
-    }
-  }
-  auto t1 = Clock::now();
-  for (std::size_t i = 0; i < ptrs.size(); ++i) {
-    if (ptrs[i] != nullptr) {
-      free_(ptrs[i], owner[i]);
-      ptrs[i] = nullptr;
-    }
-  }
-  return elapsed_ns(t0, t1) / static_cast<double>(t.ops.size());
-}
 
 // Cold pass on a fresh pool, then `passes` warm passes on the same pool.
 void replay_pool(const Trace& t, gpukeeper::CachingPool& pool,
