@@ -519,7 +519,9 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
     Segment* next = seg->next;
     if (seg->table != nullptr) {
       // Addresses cost nothing while reserved; give back only ranges with no page left.
-      if (seg->whole_free() && seg->table->mapped == 0) release_expandable_segment(seg);
+      if (seg->whole_free() && seg->table->mapped == 0 && seg->table->aliases == 0) {
+        release_expandable_segment(seg);
+      }
     } else if (reserved_.load(std::memory_order_relaxed) > keep_reserved && seg->whole_free()) {
       released += seg->size;
       release_segment(seg);

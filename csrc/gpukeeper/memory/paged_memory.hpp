@@ -12,6 +12,13 @@
 // within the limit spare most moves (each costs driver calls, about 60 us on an H100:
 // benchmarks/cpp/page_move_bench) when block positions shift from one step to the next.
 //
+// A page that moves keeps its old mapping as a stale alias (at most kMaxAliases of them):
+// the unmap, a third of a move's cost, is spared, and when a block lands on the old
+// address again while the page is free, its streams are done and it is the page a move
+// would take anyway (the highest movable), the page goes back home with no driver call.
+// A stale alias is unmapped when a block needs its address and the page is in use
+// elsewhere, and all of them at cleanup. Placement counts an alias as unmapped.
+//
 // Why the highest page: the pool places blocks low in the range first (mapped-first,
 // then the fewest pages to map, lowest address on ties), so taking pages from the top
 // keeps the mapped pages packed where the next step's blocks will land. Taking the page
@@ -36,22 +43,26 @@ namespace gpukeeper::detail {
 // no other block touches) are counted in and out with fills and bitmap words rather than
 // a walk of per-page records: a large block spans hundreds of pages, and every allocation
 // and free of one updates them all.
+//
+// A slot (one page of addresses) holds nothing, its physical page's home mapping (the one
+// blocks use), or a stale alias: a second mapping of a page that has since moved home
+// elsewhere, kept because bringing it back costs no driver call (PagedMemory).
 struct PageTable {
   std::uintptr_t base = 0;
   std::size_t capacity = 0;  // bytes reserved
-  std::size_t mapped = 0;    // pages mapped
-  // Per page, covering the part of the range that blocks tile:
-  std::vector<VirtualMemory::page_t> handles;  // 0: unmapped
-  std::vector<std::uint32_t> refs;             // allocated blocks on the page
-  std::vector<std::uint64_t> streams;          // stream slots that freed blocks here since mapping
-  // Bit i: page i is mapped. Counting a block's unmapped pages is then a popcount.
-  std::vector<std::uint64_t> mapped_bits;
-  // Bit i: page i is movable (mapped, no allocated block on it). A bitmap rather than a
-  // queue: a free sets one bit, and the highest movable page is found by a scan of words
+  std::size_t mapped = 0;    // pages whose home is here: the memory this range holds
+  std::size_t aliases = 0;   // stale aliases here
+  // Per slot, covering the part of the range that blocks tile:
+  std::vector<std::uint32_t> ids;   // the physical page mapped here (PagedMemory's id); 0: none
+  std::vector<std::uint32_t> refs;  // allocated blocks on the page
+  // Bit i: slot i holds its page's home. Counting a block's missing pages is a popcount.
+  std::vector<std::uint64_t> home_bits;
+  // Bit i: slot i is movable (a home with no allocated block on it). A bitmap rather than
+  // a queue: a free sets one bit, and the highest movable page is found by a scan of words
   // from the top, made only when a page must move.
   std::vector<std::uint64_t> movable;
 
-  std::size_t page_count() const noexcept { return handles.size(); }
+  std::size_t page_count() const noexcept { return ids.size(); }
 };
 
 class PagedMemory {
@@ -68,13 +79,16 @@ class PagedMemory {
   std::size_t range_bytes() const noexcept { return range_; }
   std::size_t mapped_bytes() const noexcept { return mapped_pages_ * page_; }
   std::uint64_t pages_moved() const noexcept { return moved_; }
+  // Stale aliases brought back as homes: pages that came back to an address they had left
+  // with no driver call at all.
+  std::uint64_t pages_revived() const noexcept { return revived_; }
   std::uint64_t pages_created() const noexcept { return created_; }
   std::size_t live_pages() const noexcept { return live_; }
   std::size_t peak_live_pages() const noexcept { return peak_live_; }
 
   // A new address range of range_bytes(), or nullptr when no address space is left.
   PageTable* reserve();
-  // Gives the range back; it must have no mapped page.
+  // Gives the range back; it must have no mapping, home or alias.
   void unreserve(PageTable* table);
   // Blocks now tile the first `bytes` of the range.
   void extend(PageTable* table, std::size_t bytes);
@@ -94,9 +108,9 @@ class PagedMemory {
   // Uncounts a freed block, freed on the streams in `stream_bits`.
   void release(PageTable* table, std::uintptr_t addr, std::size_t size, std::uint64_t stream_bits);
 
-  // Unmaps and frees movable pages, from the highest address down, until at most
-  // `keep_bytes` stay mapped. The caller has made sure that no stream still uses them.
-  // Returns the bytes released.
+  // Unmaps every stale alias, then unmaps and frees movable pages, from the highest
+  // address down, until at most `keep_bytes` stay mapped. The caller has made sure that no
+  // stream still uses them. Returns the bytes released.
   std::size_t unmap_movable(std::size_t keep_bytes);
 
   // What is inconsistent between the page counts and `expected_refs` (allocated blocks
@@ -111,16 +125,33 @@ class PagedMemory {
     std::size_t table;  // index into tables_ + 1; 0: no table left to look at
     std::size_t page;   // pages below this one are still to be looked at
   };
+  struct Slot {
+    PageTable* table = nullptr;
+    std::size_t index = 0;
+  };
+  // Stale aliases a page keeps at most; a move beyond them unmaps the old home. Two
+  // cover a page that shuttles between the same few addresses every step.
+  static constexpr unsigned kMaxAliases = 2;
+  struct Page {
+    VirtualMemory::page_t handle = 0;  // 0: the id is free
+    std::uint64_t streams = 0;         // stream slots that freed blocks on it since it moved
+    Slot home;
+    unsigned alias_count = 0;
+    Slot alias[kMaxAliases];
+  };
   std::uintptr_t address_of(const PageTable* t, std::size_t i) const noexcept {
     return t->base + i * page_;
+  }
+  static bool is_home(const PageTable* table, std::size_t i) noexcept {
+    return (table->home_bits[i / 64] >> (i % 64)) & 1u;
   }
   void unref(PageTable* table, std::size_t index, std::uint64_t stream_bits);
   void ref(PageTable* table, std::size_t index) noexcept;
   static void set_movable(PageTable* table, std::size_t index, bool movable) noexcept;
-  static void set_mapped(PageTable* table, std::size_t index, bool mapped) noexcept;
+  static void set_home_bit(PageTable* table, std::size_t index, bool home) noexcept;
   // The pages strictly inside [first, last] (no other block touches them): counted in,
-  // for a block placed there (only those mapped; the rest are mapped later, one by one),
-  // or counted out, for a freed block (all mapped).
+  // for a block placed there (only those with their home there; the rest are mapped
+  // later, one by one), or counted out, for a freed block (all homes).
   void ref_inner(PageTable* table, std::size_t first, std::size_t last) noexcept;
   void unref_inner(PageTable* table, std::size_t first, std::size_t last,
                    std::uint64_t stream_bits) noexcept;
@@ -129,7 +160,17 @@ class PagedMemory {
   Cursor top() const noexcept { return Cursor{tables_.size(), ~std::size_t{0}}; }
   // Moves `cursor` to the highest movable page below it; false when there is none.
   bool next_movable(Cursor& cursor) const noexcept;
-  VirtualMemory::page_t take_movable(Cursor& cursor, const StreamsDone& done);
+  std::uint32_t take_movable(Cursor& cursor, const StreamsDone& done);
+  // Page ids: a new one for a page just made, and one given back.
+  std::uint32_t new_page(VirtualMemory::page_t handle);
+  // The page leaves its home: the slot stays mapped as a stale alias while the page has
+  // room for one, else it is unmapped. The caller gives the page a new home.
+  void leave_home(std::uint32_t id);
+  void set_home(std::uint32_t id, PageTable* table, std::size_t index) noexcept;
+  // Unmaps the stale alias at a slot.
+  void drop_alias(PageTable* table, std::size_t index) noexcept;
+  // Unmaps every mapping of a page with no block on it, and frees it.
+  void drop_page(std::uint32_t id) noexcept;
   // acquire()'s steps (paged_memory.cpp).
   struct Run {  // pages mapped by one acquire() call, awaiting their access
     std::size_t start = 0;
@@ -138,9 +179,10 @@ class PagedMemory {
   bool map_unmapped(PageTable* table, std::size_t first, std::size_t last,
                     const StreamsDone& done, const std::function<bool()>& may_create,
                     std::size_t spare_limit);
-  VirtualMemory::page_t find_page(Cursor& cursor, const StreamsDone& done,
-                                  const std::function<bool()>& may_create, std::size_t spare_limit);
-  void map_page(PageTable* table, std::size_t index, VirtualMemory::page_t handle);
+  bool revive(PageTable* table, std::size_t index, const Cursor& cursor, const StreamsDone& done);
+  std::uint32_t find_page(Cursor& cursor, const StreamsDone& done,
+                          const std::function<bool()>& may_create, std::size_t spare_limit);
+  void map_page(PageTable* table, std::size_t index, std::uint32_t id);
   void flush_run(PageTable* table, Run& run);
   void undo_acquire(PageTable* table, std::size_t first, std::size_t last);
 
@@ -148,10 +190,13 @@ class PagedMemory {
   std::size_t page_;
   std::size_t range_;
   std::vector<std::unique_ptr<PageTable>> tables_;
-  std::size_t mapped_pages_ = 0;
-  std::size_t live_ = 0;       // pages with allocated blocks on them
+  std::vector<Page> pages_{1};  // by id; id 0 is "none"
+  std::vector<std::uint32_t> free_ids_;
+  std::size_t mapped_pages_ = 0;  // physical pages held
+  std::size_t live_ = 0;          // pages with allocated blocks on them
   std::size_t peak_live_ = 0;
   std::uint64_t moved_ = 0;
+  std::uint64_t revived_ = 0;
   std::uint64_t created_ = 0;
 };
 
