@@ -53,16 +53,25 @@ class CountingVirtualMemory final : public VirtualMemory {
 const PagedMemory::StreamsDone kDone = [](std::uint64_t) { return true; };
 const std::function<bool()> kMayCreate = [] { return true; };
 
+// One range of eight pages over the counting fake.
+struct EightPages {
+  CountingVirtualMemory vm;
+  PagedMemory pm{vm, 64 * kPage};
+  PageTable* t = nullptr;
+
+  EightPages() {
+    t = pm.reserve();
+    REQUIRE(t != nullptr);
+    pm.extend(t, 8 * kPage);
+  }
+  std::uintptr_t at(std::size_t slot) const { return t->base + slot * kPage; }
+};
+
 }  // namespace
 
-TEST_CASE("paged memory: a moved page keeps its old address as an alias and comes back free",
-          "[caching_pool][paged_memory]") {
-  CountingVirtualMemory vm;
-  PagedMemory pm(vm, 64 * kPage);
-  PageTable* t = pm.reserve();
-  REQUIRE(t != nullptr);
-  pm.extend(t, 8 * kPage);
-  auto at = [&](std::size_t slot) { return t->base + slot * kPage; };
+TEST_CASE_METHOD(EightPages,
+                 "paged memory: a moved page keeps its old address as an alias and comes back free",
+                 "[caching_pool][paged_memory]") {
   auto books = [&](std::vector<std::uint32_t> refs) { return pm.check(t, refs); };
 
   // Pages 0 and 1 made; with no spare allowed, the next page beyond them is moved.
@@ -108,14 +117,9 @@ TEST_CASE("paged memory: a moved page keeps its old address as an alias and come
   pm.unreserve(t);
 }
 
-TEST_CASE("paged memory: a page with no room for another alias leaves no mapping behind",
-          "[caching_pool][paged_memory]") {
-  CountingVirtualMemory vm;
-  PagedMemory pm(vm, 64 * kPage);
-  PageTable* t = pm.reserve();
-  REQUIRE(t != nullptr);
-  pm.extend(t, 8 * kPage);
-  auto at = [&](std::size_t slot) { return t->base + slot * kPage; };
+TEST_CASE_METHOD(EightPages,
+                 "paged memory: a page with no room for another alias leaves no mapping behind",
+                 "[caching_pool][paged_memory]") {
 
   // One page, moved up the range from slot to slot: 0 -> 2 -> 4 -> 6.
   REQUIRE(pm.acquire(t, at(0), kPage, kDone, kMayCreate, 0));
