@@ -207,7 +207,7 @@ void PagedMemory::set_home(std::uint32_t id, PageTable* table, std::size_t index
   ++table->mapped;
 }
 
-void PagedMemory::drop_alias(PageTable* table, std::size_t index) noexcept {
+void PagedMemory::forget_alias(PageTable* table, std::size_t index) noexcept {
   Page& p = pages_[table->ids[index]];
   for (unsigned a = 0; a < p.alias_count; ++a) {
     if (p.alias[a].table == table && p.alias[a].index == index) {
@@ -215,9 +215,13 @@ void PagedMemory::drop_alias(PageTable* table, std::size_t index) noexcept {
       break;
     }
   }
+  --table->aliases;
+}
+
+void PagedMemory::drop_alias(PageTable* table, std::size_t index) noexcept {
+  forget_alias(table, index);
   vm_.unmap(address_of(table, index));
   table->ids[index] = 0;
-  --table->aliases;
 }
 
 void PagedMemory::drop_page(std::uint32_t id) noexcept {
@@ -299,13 +303,7 @@ bool PagedMemory::revive(PageTable* table, std::size_t index, const Cursor& curs
     return false;
   }
   if (p.streams != 0 && !done(p.streams)) return false;
-  for (unsigned a = 0; a < p.alias_count; ++a) {
-    if (p.alias[a].table == table && p.alias[a].index == index) {
-      p.alias[a] = p.alias[--p.alias_count];
-      break;
-    }
-  }
-  --table->aliases;
+  forget_alias(table, index);
   leave_home(id);  // the old home becomes the alias now (room was just made)
   p.streams = 0;
   set_home(id, table, index);
