@@ -31,21 +31,21 @@ using Clock = std::chrono::steady_clock;
 // PoolOptions::expandable_slack (the spare-memory budget) for this run; negative: the default.
 inline double g_expandable_slack = -1.0;
 
-// How a pool lays out its segments in a benchmark: all fixed, all expandable, or hybrid
-// (large requests in expandable ranges, small ones in fixed segments).
+// How a pool lays out its segments in a benchmark: all fixed, all expandable, hybrid
+// (large requests in expandable ranges, small ones in fixed segments), or the default
+// (PoolOptions{}: hybrid where the upstream is device memory with virtual memory).
 struct SegmentLayout {
-  const char* name;   // "fixed", "expandable", "hybrid": the suffix of a mode's name
-  bool expandable;
-  bool expandable_small;
+  const char* name;  // "fixed", "expandable", "hybrid", "default": the suffix of a mode's name
+  gpukeeper::SegmentLayout segments;
 };
-inline constexpr SegmentLayout kFixed{"fixed", false, false};
-inline constexpr SegmentLayout kExpandable{"expandable", true, true};
-inline constexpr SegmentLayout kHybrid{"hybrid", true, false};
+inline constexpr SegmentLayout kFixed{"fixed", gpukeeper::SegmentLayout::fixed};
+inline constexpr SegmentLayout kExpandable{"expandable", gpukeeper::SegmentLayout::expandable};
+inline constexpr SegmentLayout kHybrid{"hybrid", gpukeeper::SegmentLayout::hybrid};
+inline constexpr SegmentLayout kDefault{"default", gpukeeper::SegmentLayout::automatic};
 
 inline gpukeeper::PoolOptions pool_options(const SegmentLayout& layout) {
   gpukeeper::PoolOptions o;
-  o.expandable = layout.expandable;
-  o.expandable_small = layout.expandable_small;
+  o.segments = layout.segments;
   if (g_expandable_slack >= 0.0) o.expandable_slack = g_expandable_slack;
   return o;
 }

@@ -451,25 +451,37 @@ double meta_ratio(const Trace& t, const char* num, const char* den) {
   return y > 0 ? x / y : std::nan("");
 }
 
-// "sim", "sim-expandable", "sim-hybrid" (likewise "device..."): fixed segments keep the
-// plain name, as in earlier JSON.
+// "sim", "sim-expandable", "sim-hybrid", "sim-default" (likewise "device..."): fixed
+// segments keep the plain name, as in earlier JSON.
 std::string mode_name(const char* upstream, const SegmentLayout& layout) {
-  return layout.expandable ? std::string(upstream) + "-" + layout.name : std::string(upstream);
+  return layout.segments == gpukeeper::SegmentLayout::fixed ? std::string(upstream)
+                                                            : std::string(upstream) + "-" + layout.name;
+}
+
+// "gpukeeper pool, hybrid segments, device"; the default layout says what it chose.
+std::string mode_label(const SegmentLayout& layout, const gpukeeper::CachingPool& pool,
+                       const char* upstream) {
+  std::string name = layout.name;
+  if (layout.segments == gpukeeper::SegmentLayout::automatic) {
+    name += std::string(" (") + gpukeeper::to_string(pool.options().segments) + ")";
+  }
+  return "gpukeeper pool, " + name + " segments, " + upstream;
 }
 
 void usage() {
   std::puts(
-      "usage: trace_replay [--mode sim|device|all] [--segments fixed|expandable|hybrid|both|all]\n"
+      "usage: trace_replay [--mode sim|device|all] [--segments fixed|expandable|hybrid|default|both|all]\n"
       "                    [--passes N] [--capacity BYTES]\n"
       "                    [--no-async-reference] [--no-min-capacity] [--json PATH] TRACE...\n"
       "  --mode        sim: simulated upstream only; device: cudaMalloc upstream only;\n"
       "                all (default): sim, plus device when CUDA is usable\n"
       "  --slack X     expandable segments: reserved bytes may exceed the peak requested by\n"
       "                this fraction before pages move (PoolOptions::expandable_slack)\n"
-      "  --segments    the pool's segments: fixed, expandable (PoolOptions::expandable),\n"
-      "                hybrid (expandable for large requests, fixed for small ones:\n"
-      "                PoolOptions::expandable_small = false), both (fixed and expandable)\n"
-      "                or all three (default where the core has expandable segments)\n"
+      "  --segments    the pool's segments: fixed, expandable (PoolOptions::segments),\n"
+      "                hybrid (expandable for large requests, fixed for small ones),\n"
+      "                default (PoolOptions{}: hybrid on a device, or a simulated one, with\n"
+      "                virtual memory), both (fixed and expandable) or all (fixed,\n"
+      "                expandable and hybrid; the default where the core has expandable segments)\n"
       "  --passes N    warm passes after the first (default 5)\n"
       "  --capacity B  simulated device memory in bytes (default 80 GiB; suffixes K M G)\n"
       "  --no-min-capacity  skip the search for the least simulated capacity that runs\n"
@@ -523,8 +535,8 @@ int main(int argc, char** argv) {
     } else if (take_arg(argc, argv, &i, "--segments", &v)) {
       segments = v;
       if (segments != "fixed" && segments != "expandable" && segments != "hybrid" &&
-          segments != "both" && segments != "all") {
-        std::fprintf(stderr, "--segments must be fixed, expandable, hybrid, both or all\n");
+          segments != "default" && segments != "both" && segments != "all") {
+        std::fprintf(stderr, "--segments must be fixed, expandable, hybrid, default, both or all\n");
         return 2;
       }
     } else if (take_arg(argc, argv, &i, "--max-ratio", &v)) {
@@ -555,6 +567,7 @@ int main(int argc, char** argv) {
   if (segments == "fixed" || segments == "both" || segments == "all") layouts.push_back(kFixed);
   if (segments == "expandable" || segments == "both" || segments == "all") layouts.push_back(kExpandable);
   if (segments == "hybrid" || segments == "all") layouts.push_back(kHybrid);
+  if (segments == "default") layouts.push_back(kDefault);
 
   std::printf("gpukeeper trace replay\n%s", environment_line().c_str());
   std::printf("segments: %s\n", segments.c_str());
@@ -617,6 +630,7 @@ int main(int argc, char** argv) {
         auto sim = std::make_unique<SimulatedDeviceResource>(capacity);
         SimulatedDeviceResource* sim_raw = sim.get();
         gpukeeper::CachingPool pool(std::move(sim), pool_options(layout));
+        r.label = mode_label(layout, pool, "simulated upstream");
         replay_pool(t, pool, streams, passes, &r);
         if (r.ran && sim_raw->peak_bytes() != r.peak_reserved_all) {
           r.books += "simulated upstream's peak of held bytes " + std::to_string(sim_raw->peak_bytes()) +
@@ -674,6 +688,7 @@ int main(int argc, char** argv) {
           try {
             gpukeeper::CachingPool pool(gpukeeper::make_resource(gpukeeper::ResourceKind::device, 0),
                                         pool_options(layout));
+            r.label = mode_label(layout, pool, "device");
             replay_pool(t, pool, streams, passes, &r);
           } catch (const std::exception& e) {
             r.error = e.what();

@@ -118,21 +118,27 @@ PyMethodDef g_get_managed_buffer = {
     "A buffer of `size` elements of `precision` on `device_id`, returned to the pool when "
     "released, when its `with` block ends, or when it is garbage."};
 
-// expandable=False (fixed segments), True (every size class in expandable ranges) or
-// "large" (large requests expandable, small ones in fixed segments: no page moves for the
-// many small operations of a step).
+// expandable="auto" (the default: "large" for device memory with virtual memory
+// management, else False), False (fixed segments), True (every size class in expandable
+// ranges) or "large" (large requests expandable, small ones in fixed segments: no page
+// moves for the many small operations of a step).
 void set_layout(PoolOptions& options, const py::object& expandable) {
   if (PyBool_Check(expandable.ptr())) {
-    options.expandable = expandable.ptr() == Py_True;
-    options.expandable_small = true;
+    options.segments = expandable.ptr() == Py_True ? SegmentLayout::expandable : SegmentLayout::fixed;
     return;
   }
-  if (py::isinstance<py::str>(expandable) && expandable.cast<std::string>() == "large") {
-    options.expandable = true;
-    options.expandable_small = false;
-    return;
+  if (py::isinstance<py::str>(expandable)) {
+    const std::string name = expandable.cast<std::string>();
+    if (name == "large") {
+      options.segments = SegmentLayout::hybrid;
+      return;
+    }
+    if (name == "auto") {
+      options.segments = SegmentLayout::automatic;
+      return;
+    }
   }
-  throw InvalidInputError("expandable must be True, False or 'large', got " +
+  throw InvalidInputError("expandable must be 'auto', True, False or 'large', got " +
                           std::string(py::repr(expandable)));
 }
 
@@ -360,21 +366,29 @@ void def_pool_buffers(PoolClass& pool_class) {
              PoolOptions options;
              set_layout(options, expandable);
              ResourceKind resolved = resolve_kind(kind);
-             if (options.expandable && resolved != ResourceKind::device && resolved != ResourceKind::host) {
+             const bool asked = options.segments == SegmentLayout::expandable ||
+                                options.segments == SegmentLayout::hybrid;
+             if (asked && resolved != ResourceKind::device && resolved != ResourceKind::host) {
                throw InvalidInputError(std::string("expandable segments need 'device' or 'host' "
                                                    "memory, not '") + to_string(resolved) + "'");
              }
              return std::make_unique<PoolRegistry>(resolved, options);
            }),
-           py::arg("kind") = "auto", py::arg("expandable") = false)
+           py::arg("kind") = "auto", py::arg("expandable") = "auto")
       .def_property_readonly("expandable",
                              [](const PoolRegistry& r) -> py::object {
-                               const PoolOptions& o = r.options();
-                               if (o.expandable && !o.expandable_small) return py::str("large");
-                               return py::bool_(o.expandable);
+                               switch (r.options().segments) {
+                                 case SegmentLayout::expandable: return py::bool_(true);
+                                 case SegmentLayout::hybrid: return py::str("large");
+                                 case SegmentLayout::automatic: return py::str("auto");
+                                 case SegmentLayout::fixed: break;
+                               }
+                               return py::bool_(false);
                              },
-                             "True (every request in expandable ranges), 'large' (requests over "
-                             "1 MiB only; small ones in fixed segments) or False.")
+                             "The layout asked for: 'auto' (the default: 'large' where the "
+                             "device has virtual memory management, else False), True (every "
+                             "request in expandable ranges), 'large' (requests over 1 MiB "
+                             "only; small ones in fixed segments) or False.")
       .def_property_readonly("kind",
                              [](const PoolRegistry& r) { return std::string(to_string(r.kind())); })
       .def_property_readonly("device_count", &PoolRegistry::device_count)

@@ -225,8 +225,9 @@ class _MemoryPoolBase:
     def kind(self) -> str: ...
     @property
     def expandable(self) -> Union[bool, str]:
-        """True (every request in expandable ranges), 'large' (requests over 1 MiB only;
-        small ones in fixed segments) or False.
+        """The layout asked for: 'auto' (the default: 'large' where the device has virtual
+        memory management, else False), True (every request in expandable ranges),
+        'large' (requests over 1 MiB only; small ones in fixed segments) or False.
         """
     @property
     def device_count(self) -> int: ...

@@ -84,7 +84,7 @@ def _check_runtime(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
     return f"{status.device_count} CUDA device(s), driver {status.driver_version}", data
 
 
-def _check_pool(kind: str, expandable: bool = False) -> "tuple[str, Dict[str, Any]]":
+def _check_pool(kind: str, expandable: Any = "auto") -> "tuple[str, Dict[str, Any]]":
     pool = MemoryPool(kind, expandable=expandable)
     sizes = [64, 16 << 10, 256 << 10, 2 << 20]  # fp32 elements: 256 B .. 8 MiB
     buffers = []
@@ -102,6 +102,9 @@ def _check_pool(kind: str, expandable: bool = False) -> "tuple[str, Dict[str, An
     expected = sum(-(-b.nbytes // 256) * 256 for b, _ in buffers)
     _expect(stats.allocated_bytes == expected,
             f"{kind}: allocated {stats.allocated_bytes} != sum of live blocks {expected}")
+    # The layout in force: with the default, device memory puts the large buffers in an
+    # expandable range and the small ones in fixed segments.
+    segments = sorted({"expandable" if seg.expandable else "fixed" for seg in pool.snapshot(0)})
     for buf, _ in buffers:
         buf.release()
     before = pool.stats(0)
@@ -124,7 +127,8 @@ def _check_pool(kind: str, expandable: bool = False) -> "tuple[str, Dict[str, An
     released = pool.emergency_cleanup(0)
     _expect(pool.stats(0).reserved_bytes == 0, f"{kind}: reserved bytes left after cleanup")
     data = {"hits": stats.cache_hits, "misses": stats.cache_misses,
-            "peak_reserved": stats.peak_reserved_bytes, "released": released}
+            "peak_reserved": stats.peak_reserved_bytes, "released": released,
+            "segments": segments}
     return (f"{len(buffers)} buffers written and read back, reuse hit, "
             f"{released >> 20} MiB returned on cleanup", data)
 

@@ -184,21 +184,21 @@ const std::vector<BadInput>& table() {
       {"PoolOptions.expandable_slack = -0.1", E::invalid_input, "expandable_slack",
        [](Fixture&) {
          CachingPool(host(), options([](PoolOptions& o) {
-                       o.expandable = true;
+                       o.segments = SegmentLayout::expandable;
                        o.expandable_slack = -0.1;
                      }));
        }},
       {"PoolOptions.expandable_slack = NaN", E::invalid_input, "expandable_slack",
        [](Fixture&) {
          CachingPool(host(), options([](PoolOptions& o) {
-                       o.expandable = true;
+                       o.segments = SegmentLayout::expandable;
                        o.expandable_slack = kNaN;
                      }));
        }},
       {"PoolOptions.expandable_range = SIZE_MAX", E::invalid_input, "expandable_range",
        [](Fixture&) {
          CachingPool(host(), options([](PoolOptions& o) {
-                       o.expandable = true;
+                       o.segments = SegmentLayout::expandable;
                        o.expandable_range = kHuge;
                      }));
        }},
@@ -206,7 +206,7 @@ const std::vector<BadInput>& table() {
        "expandable",
        [](Fixture&) {
          CachingPool(std::make_unique<TestUpstream>(0),
-                     options([](PoolOptions& o) { o.expandable = true; }));
+                     options([](PoolOptions& o) { o.segments = SegmentLayout::expandable; }));
        }},
       // ---- ManagedBuffer and copies
       {"ManagedBuffer(no pool, 1024)", E::invalid_input, "pool",

@@ -12,8 +12,9 @@ using namespace gktest;
 namespace {
 
 // The default options, spelled out: the tests below depend on these sizes.
-PoolOptions default_options() {
-  PoolOptions o;
+// These cases are about fixed segments, with the default sizes.
+PoolOptions fixed_options() {
+  PoolOptions o = fixed_segments();
   REQUIRE(o.small_size == 1 * MiB);
   REQUIRE(o.small_segment == 2 * MiB);
   REQUIRE(o.large_segment == 20 * MiB);
@@ -38,7 +39,7 @@ bool inside(const void* p, const void* base, std::size_t size) {
 TEST_CASE("pool: blocks are 256-byte aligned, disjoint, and counted rounded up",
           "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   REQUIRE(pool->kind() == kind);
   REQUIRE(pool->device() == 0);
   const std::vector<std::size_t> sizes = {1,       255,         256,         257,     1000,
@@ -94,7 +95,7 @@ TEST_CASE("pool: blocks are 256-byte aligned, disjoint, and counted rounded up",
 TEST_CASE("pool: a same-size request after a free is a cache hit with the same pointer",
           "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   const std::size_t size = GENERATE(std::size_t{256}, 64 * KiB, 1 * MiB, 4 * MiB, 12 * MiB);
   INFO("size " << size);
   void* p = pool->allocate(size);
@@ -115,7 +116,7 @@ TEST_CASE("pool: a same-size request after a free is a cache hit with the same p
 TEST_CASE("pool: blocks split from one segment merge back into one free block",
           "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   void* a = pool->allocate(4 * KiB);
   void* b = pool->allocate(4 * KiB);
   void* c = pool->allocate(4 * KiB);
@@ -160,7 +161,7 @@ TEST_CASE("pool: blocks split from one segment merge back into one free block",
 TEST_CASE("pool: blocks freed in any order tile their segment and come back whole",
           "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   const unsigned seed = GENERATE(1u, 2u, 3u);
   std::mt19937 rng(seed);
   std::vector<void*> ptrs;
@@ -181,7 +182,7 @@ TEST_CASE("pool: blocks freed in any order tile their segment and come back whol
 TEST_CASE("pool: small requests never come from large segments, nor large from small",
           "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
 
   SECTION("a cached large segment does not serve small requests") {
     void* large = pool->allocate(4 * MiB);
@@ -217,7 +218,7 @@ TEST_CASE("pool: small requests never come from large segments, nor large from s
 
 TEST_CASE("pool: segment sizes follow the options", "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   // Large requests up to large_cutoff share large_segment-sized segments...
   void* a = pool->allocate(3 * MiB);
   void* b = pool->allocate(3 * MiB);
@@ -238,7 +239,7 @@ TEST_CASE("pool: segment sizes follow the options", "[caching_pool]") {
   for (void* p : {a, b, c}) pool->deallocate(p);
 
   SECTION("custom options") {
-    PoolOptions o;
+    PoolOptions o = fixed_options();
     o.small_size = 64 * KiB;
     o.small_segment = 512 * KiB;
     o.large_segment = 4 * MiB;
@@ -259,7 +260,7 @@ TEST_CASE("pool: segment sizes follow the options", "[caching_pool]") {
 TEST_CASE("pool: emergency_cleanup returns free segments and keeps those in use",
           "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   REQUIRE(pool->emergency_cleanup() == 0);
 
   void* kept = pool->allocate(4 * KiB);  // keeps its 2 MiB small segment
@@ -299,7 +300,7 @@ TEST_CASE("pool: emergency_cleanup returns free segments and keeps those in use"
 
 TEST_CASE("pool: trim releases free segments down to the bytes to keep", "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   void* p[3];
   for (auto& x : p) x = pool->allocate(12 * MiB);  // three 12 MiB segments
   REQUIRE(pool->stats().reserved_bytes == 36 * MiB);
@@ -331,7 +332,7 @@ TEST_CASE("pool: trim releases free segments down to the bytes to keep", "[cachi
 
 TEST_CASE("pool: a limit stops growth, not reuse", "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   pool->set_limit(24 * MiB);
   REQUIRE(pool->limit() == 24 * MiB);
   REQUIRE(pool->stats().limit_bytes == 24 * MiB);
@@ -381,7 +382,7 @@ TEST_CASE("pool: a limit stops growth, not reuse", "[caching_pool]") {
 
 TEST_CASE("pool: a limit in the options works as set_limit", "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  PoolOptions o = default_options();
+  PoolOptions o = fixed_options();
   o.max_pool_size = 16 * MiB;
   auto pool = make_pool(kind, o);
   REQUIRE(pool->limit() == 16 * MiB);
@@ -396,7 +397,7 @@ TEST_CASE("pool: a limit in the options works as set_limit", "[caching_pool]") {
 
 TEST_CASE("pool: peaks follow the highest usage until reset", "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   void* a = pool->allocate(3 * MiB);
   void* b = pool->allocate(5 * MiB);
   PoolStats s = pool->stats();
@@ -430,7 +431,7 @@ TEST_CASE("pool: peaks follow the highest usage until reset", "[caching_pool]") 
 
 TEST_CASE("pool: memory_pressure is reserved / limit with a limit", "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   double unlimited = pool->memory_pressure();
   REQUIRE(unlimited >= 0.0);
   REQUIRE(unlimited <= 1.0);
@@ -455,7 +456,7 @@ TEST_CASE("pool: memory_pressure is reserved / limit with a limit", "[caching_po
 
 TEST_CASE("pool: owns and requested_size know live blocks only", "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   void* p = pool->allocate(1000);
   REQUIRE(pool->owns(p));
   REQUIRE_FALSE(pool->owns(static_cast<char*>(p) + 256));  // inside, not a block start
@@ -469,7 +470,7 @@ TEST_CASE("pool: owns and requested_size know live blocks only", "[caching_pool]
 
 TEST_CASE("pool: hit, miss and upstream counters", "[caching_pool]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind, default_options());
+  auto pool = make_pool(kind, fixed_options());
   PoolStats s = pool->stats();
   REQUIRE(s.cache_hits == 0);
   REQUIRE(s.cache_misses == 0);
@@ -496,7 +497,7 @@ TEST_CASE("pool: the upstream gets back exactly what it gave, also at destructio
   GK_FOR_EACH_KIND();
   auto upstream = std::make_unique<TestUpstream>(0, gpukeeper::make_resource(kind, 0));
   std::shared_ptr<UpstreamLog> log = upstream->log();
-  auto pool = std::make_shared<CachingPool>(std::move(upstream), default_options());
+  auto pool = std::make_shared<CachingPool>(std::move(upstream), fixed_options());
   std::vector<void*> live;
   for (std::size_t size : {std::size_t{100}, 2 * MiB, 5 * MiB, 30 * MiB, 700 * KiB}) {
     live.push_back(pool->allocate(size, /*stream=*/0));

@@ -12,8 +12,7 @@ namespace {
 
 PoolOptions expandable_options(bool small_too, double slack) {
   PoolOptions options;
-  options.expandable = true;
-  options.expandable_small = small_too;
+  options.segments = small_too ? SegmentLayout::expandable : SegmentLayout::hybrid;
   options.expandable_range = 256 * MiB;
   options.expandable_slack = slack;
   return options;

@@ -116,7 +116,7 @@ TEST_CASE("faults: refused pages of expandable segments leave the books whole", 
   plan.probability = 0.3;
   plan.seed = 9;
   PoolOptions options;
-  options.expandable = true;
+  options.segments = SegmentLayout::expandable;
   options.expandable_range = 512 * MiB;
   FaultyPool fp = faulty_pool(plan, options);
   std::vector<void*> live;

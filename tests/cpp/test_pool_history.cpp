@@ -18,7 +18,7 @@ using gpukeeper::SegmentSnapshot;
 TEST_CASE("history: allocations counted per size class, with peaks and totals",
           "[pool_history]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind);
+  auto pool = make_pool(kind, fixed_segments());
   void* small = pool->allocate(1000);          // 1024 bytes, small class
   void* large = pool->allocate(3 * MiB + 1);   // rounded to 256 bytes, large class
   const std::size_t large_size = round_up(3 * MiB + 1);
@@ -83,7 +83,7 @@ TEST_CASE("history: failed allocations and limit refusals are counted", "[pool_h
 
 TEST_CASE("snapshot: segments in address order, blocks tiling each one", "[pool_history]") {
   GK_FOR_EACH_KIND();
-  auto pool = make_pool(kind);
+  auto pool = make_pool(kind, fixed_segments());
   std::vector<void*> ptrs;
   for (std::size_t size : {std::size_t{100}, std::size_t{5000}, 2 * MiB + 3, std::size_t{300}}) {
     ptrs.push_back(pool->allocate(size));
@@ -117,7 +117,7 @@ TEST_CASE("snapshot: segments in address order, blocks tiling each one", "[pool_
 
 TEST_CASE("history: expandable ranges split reserved bytes by class", "[pool_history]") {
   PoolOptions options;
-  options.expandable = true;
+  options.segments = SegmentLayout::expandable;
   options.expandable_range = 256 * MiB;
   auto pool = make_pool(ResourceKind::host, options);
   void* small = pool->allocate(4096);

@@ -373,7 +373,7 @@ class StressStreams {
 // saying why, when it does not.
 std::shared_ptr<CachingPool> stress_pool(ResourceKind kind, bool expandable, std::string* why) {
   PoolOptions options;
-  options.expandable = expandable;
+  options.segments = expandable ? SegmentLayout::expandable : SegmentLayout::fixed;
   try {
     return std::make_shared<CachingPool>(gpukeeper::make_resource(kind, 0), options);
   } catch (const GpuError& e) {
@@ -467,7 +467,7 @@ TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and recla
   plan.probability = 0.02;
   plan.seed = 2026;
   PoolOptions options;
-  options.expandable = expandable;
+  options.segments = expandable ? SegmentLayout::expandable : SegmentLayout::fixed;
   auto faults = std::make_unique<FaultInjectingResource>(gpukeeper::make_resource(kind, 0), plan);
   FaultInjectingResource* injector = faults.get();
   std::shared_ptr<CachingPool> pool;

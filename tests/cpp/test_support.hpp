@@ -32,6 +32,7 @@ using gpukeeper::MemoryResource;
 using gpukeeper::PoolOptions;
 using gpukeeper::PoolStats;
 using gpukeeper::ResourceKind;
+using gpukeeper::SegmentLayout;
 using gpukeeper::stream_t;
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
@@ -70,6 +71,15 @@ inline bool kind_usable(ResourceKind kind, std::string* why) {
     auto gk_status_ = ::gpukeeper::cuda_status();                                      \
     if (!gk_status_.available) GK_SKIP("CUDA unavailable: " << gk_status_.reason);     \
   } while (0)
+
+// Options for cases whose numbers are those of fixed segments (sizes, counts, release):
+// PoolOptions{} is hybrid over device memory (test_pool_layout.cpp), whose ranges and
+// pages test_expandable.cpp counts.
+inline PoolOptions fixed_segments() {
+  PoolOptions options;
+  options.segments = SegmentLayout::fixed;
+  return options;
+}
 
 inline std::shared_ptr<CachingPool> make_pool(ResourceKind kind, PoolOptions options = {}) {
   return std::make_shared<CachingPool>(gpukeeper::make_resource(kind, 0), options);

@@ -13,7 +13,7 @@ is False, with its reason.
 from __future__ import annotations
 
 import gc
-from typing import Callable, List
+from typing import Any, Callable, List
 
 import pytest
 
@@ -95,10 +95,10 @@ class PoolFactory:
     def __init__(self) -> None:
         self.made: List[MemoryPool] = []
 
-    def __call__(self, kind: str = "auto") -> MemoryPool:
+    def __call__(self, kind: str = "auto", expandable: Any = "auto") -> MemoryPool:
         if kind not in ("auto", "host"):
             require_gpu()
-        pool = MemoryPool(kind)
+        pool = MemoryPool(kind, expandable=expandable)
         self.made.append(pool)
         return pool
 
@@ -131,6 +131,13 @@ def pools(request: pytest.FixtureRequest):
 def pool(pools: PoolFactory) -> MemoryPool:
     """MemoryPool() with the automatic kind: device memory with CUDA, else host memory."""
     return pools()
+
+
+@pytest.fixture
+def fixed_pool(pools: PoolFactory) -> MemoryPool:
+    """MemoryPool(expandable=False): for tests whose numbers are those of fixed segments
+    (their sizes and counts). The default is expandable ranges for large device requests."""
+    return pools(expandable=False)
 
 
 @pytest.fixture

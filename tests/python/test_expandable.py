@@ -42,9 +42,9 @@ def replay(pool, seed, steps=1500):
 
 
 def test_expandable_holds_less_than_fixed_segments_and_balances():
-    fixed = MemoryPool("host")
+    fixed = MemoryPool("host", expandable=False)
     expandable = MemoryPool("host", expandable=True)
-    assert expandable.expandable and not fixed.expandable
+    assert expandable.expandable is True and fixed.expandable is False
     peak_fixed = replay(fixed, seed=7)
     peak_exp = replay(expandable, seed=7)
     assert peak_fixed == peak_exp
@@ -101,10 +101,43 @@ def test_large_layout_keeps_small_blocks_in_fixed_segments_and_data_intact():
     assert pool.stats(0).reserved_bytes == 0
 
 
-@pytest.mark.parametrize("bad", ["small", "yes", 1, 0, None, 1.0])
-def test_expandable_takes_true_false_or_large(bad):
-    with pytest.raises(InvalidInputError, match="True, False or 'large'"):
+@pytest.mark.parametrize("bad", ["small", "yes", "Auto", 1, 0, None, 1.0])
+def test_expandable_takes_auto_true_false_or_large(bad):
+    with pytest.raises(InvalidInputError, match="'auto', True, False or 'large'"):
         MemoryPool("host", expandable=bad)
+
+
+def layouts_of(pool):
+    """(small, expandable) of each segment of device 0's pool."""
+    return {(seg.small, seg.expandable) for seg in pool.snapshot(0)}
+
+
+@pytest.mark.parametrize("kind", ["host", "pinned", "async"])
+def test_default_layout_is_fixed_where_pages_cannot_help(kind):
+    if kind != "host" and not gpukeeper.cuda_available():
+        pytest.skip("needs a CUDA device")
+    pool = MemoryPool(kind)
+    assert pool.expandable == "auto" and "expandable" not in repr(pool)
+    with pool.get_managed_buffer(0, 5 * MiB, Precision.Uint8), \
+            pool.get_managed_buffer(0, 4096, Precision.Uint8):
+        assert all(not expandable for _, expandable in layouts_of(pool))
+
+
+@pytest.mark.skipif(not gpukeeper.cuda_available(), reason="needs a CUDA device")
+def test_default_device_pool_is_hybrid():
+    """Large requests in an expandable range, small ones in fixed segments (issue 13)."""
+    pool = MemoryPool("device")
+    assert pool.expandable == "auto"
+    with pool.get_managed_buffer(0, 5 * MiB, Precision.Uint8) as big, \
+            pool.get_managed_buffer(0, 4096, Precision.Uint8):
+        assert layouts_of(pool) == {(True, False), (False, True)}
+        big.copy_from_host(bytes(range(256)) * (5 * MiB // 256))
+        assert big.to_bytes()[:512] == bytes(range(256)) * 2
+    peak = replay(pool, seed=5, steps=600)
+    assert pool.stats(0).peak_reserved_bytes / peak < 1.15
+    assert pool.validate(0) == ""
+    assert pool.emergency_cleanup(0) > 0
+    assert pool.stats(0).reserved_bytes == 0
 
 
 @pytest.mark.parametrize("kind", ["pinned", "async"])

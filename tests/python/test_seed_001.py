@@ -50,10 +50,12 @@ def test_raii_scope_without_with(pool, balanced):
 # if let Some(p) = pressure { if p > 0.8 { println!(...) } }
 # if pressure.unwrap_or(0.0) > 0.9 { pool.emergency_cleanup(device_id); }
 def test_memory_pressure_handling(pool, capsys):
+    # Sizes in whole 2 MiB pages, so that fixed segments and expandable ranges (the
+    # default on a device) hold the same bytes.
     pool.set_max_pool_size(device_id, 10 << 20)
-    held = pool.get_managed_buffer(device_id, 9 << 20, Precision.Uint8)  # 0.9 of the limit
+    held = pool.get_managed_buffer(device_id, 8 << 20, Precision.Uint8)  # 0.8 of the limit
     spare = pool.get_managed_buffer(device_id, 1000, Precision.Uint8)
-    spare.release()  # cached: reserved stays at 9 MiB + a small segment's worth
+    spare.release()  # cached: reserved stays at 8 MiB + a 2 MiB small segment
 
     pressure = pool.memory_pressure(device_id)
     if pressure is not None:
@@ -64,9 +66,9 @@ def test_memory_pressure_handling(pool, capsys):
 
     assert "High memory pressure: " in capsys.readouterr().out
     assert pressure > 0.9
-    # The cleanup dropped the cached segment; the live 9 MiB stays.
-    assert pool.stats(device_id).reserved_bytes == 9 << 20
-    assert pool.memory_pressure(device_id) == pytest.approx(0.9)
+    # The cleanup dropped the cached segment; the live 8 MiB stays.
+    assert pool.stats(device_id).reserved_bytes == 8 << 20
+    assert pool.memory_pressure(device_id) == pytest.approx(0.8)
     held.release()
 
 
@@ -252,20 +254,20 @@ def test_check_memory_health(pool):
                 log.append("error: critical memory pressure, performing emergency cleanup")
                 pool.emergency_cleanup(device_id)
 
-    pool.set_max_pool_size(device_id, 8 << 20)
+    # Whole 2 MiB pages: the same bytes in fixed segments and in expandable ranges.
+    pool.set_max_pool_size(device_id, 10 << 20)
     check_memory_health(pool, device_id)
     assert log == []
-    big = pool.get_managed_buffer(device_id, 7 << 20, Precision.Uint8)
+    big = pool.get_managed_buffer(device_id, 8 << 20, Precision.Uint8)
     check_memory_health(pool, device_id)
-    assert log == ["warn: high memory pressure on device 0: 87.5%"]
-    # A small request whose 2 MiB segment would pass the limit gets one of its own size.
-    small = pool.get_managed_buffer(device_id, 384 << 10, Precision.Uint8)
+    assert log == ["warn: high memory pressure on device 0: 80.0%"]
+    small = pool.get_managed_buffer(device_id, 384 << 10, Precision.Uint8)  # a 2 MiB segment
     big.release()
     small.release()
     log.clear()
     check_memory_health(pool, device_id)
     assert log == [
-        "warn: high memory pressure on device 0: 92.2%",
+        "warn: high memory pressure on device 0: 100.0%",
         "error: critical memory pressure, performing emergency cleanup",
     ]
     assert pool.stats(device_id).reserved_bytes == 0

@@ -25,7 +25,7 @@ CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions o
   if (!upstream_) throw InvalidInputError("CachingPool needs an upstream resource");
   check_options(options_);
   limit_.store(options_.max_pool_size, std::memory_order_relaxed);
-  if (options_.expandable) init_expandable();
+  init_layout();
 }
 
 CachingPool::~CachingPool() {
@@ -115,15 +115,26 @@ Block* CachingPool::try_allocate(std::size_t size, std::size_t requested, bool s
     block = take_cached(size, small, stream);
   }
   if (block != nullptr) {
+    // A cached block of an expandable range may need pages made: growth, as a segment is.
+    const std::size_t reserved_before = reserved_.load(std::memory_order_relaxed);
     Block* taken = carve(block, size, requested, stream);
     if (taken != nullptr) count(cache_hits_, 1);
+    if (reserved_.load(std::memory_order_relaxed) > reserved_before) grew = true;
     return taken;
   }
   count(cache_misses_, 1);
   block = grow(size, small, stream);
   if (block == nullptr) return nullptr;
   grew = true;
-  return carve(block, size, requested, stream);
+  Block* taken = carve(block, size, requested, stream);
+  // A range reserved for this request whose pages could not be had holds only
+  // addresses; it goes back, so that a failed request leaves the books as they were.
+  Segment* seg = block->segment;
+  if (taken == nullptr && seg->table != nullptr && seg->whole_free() &&
+      seg->table->mapped == 0 && seg->table->aliases == 0) {
+    release_expandable_segment(seg);
+  }
+  return taken;
 }
 
 CachingPool::StreamFree& CachingPool::stream_free(stream_t stream) {
@@ -181,7 +192,7 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
 // points (each move is an unmap, a map and an access change); failing that, the block
 // that needs the fewest pages mapped (fewest_pages_fit). Fixed segments: best fit.
 Block* CachingPool::own_fit(FreeIndex& index, std::size_t size, bool small, stream_t stream) {
-  if (paged_ && (!small || options_.expandable_small)) {
+  if (expandable_class(small)) {
     Block* mapped = index.first_fit_where(size, kMappedCandidates, [this, size](const Block* b) {
       return b->segment->table == nullptr || paged_->unmapped_pages(b->segment->table, b->addr, size) == 0;
     });
@@ -200,7 +211,7 @@ std::size_t CachingPool::segment_size_for(std::size_t size, bool small) const no
 // A new segment holding at least `size`, as one free block (not on any index), or
 // nullptr when the limit or the upstream refuses even the smallest segment that fits.
 Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
-  if (paged_ && (!small || options_.expandable_small)) return grow_expandable(size, small, stream);
+  if (expandable_class(small)) return grow_expandable(size, small, stream);
   const std::size_t limit = limit_.load(std::memory_order_relaxed);
   const std::size_t reserved = reserved_.load(std::memory_order_relaxed);
   // Preferred segment first, then the least that holds the request.

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -44,6 +45,24 @@ namespace detail {
 class Text;
 }  // namespace detail
 
+// How a pool lays out its segments (PoolOptions::segments).
+enum class SegmentLayout : std::uint8_t {
+  // The default. Hybrid where the upstream is device memory with virtual memory
+  // management: reserved memory then stays within 5 % of the most requested at once on
+  // every recorded trace, where fixed segments hold 1.15-3.40 times it
+  // (docs/performance.md). Fixed elsewhere: host memory, and upstreams without virtual
+  // memory (pinned, async, a device or driver without the support).
+  automatic,
+  fixed,       // segments from the upstream, each kept whole until released
+  expandable,  // every size class in expandable ranges
+  // Requests over small_size in expandable ranges, small ones in fixed segments: no page
+  // is ever moved for them (most operations of a training step are small), and their
+  // waste is bounded by what small segments can strand, a small share of the footprint.
+  hybrid,
+};
+
+const char* to_string(SegmentLayout layout) noexcept;
+
 struct PoolOptions {
   std::size_t small_size = std::size_t{1} << 20;      // requests up to this are small
   std::size_t small_segment = std::size_t{2} << 20;   // segment size for small requests
@@ -51,15 +70,11 @@ struct PoolOptions {
   std::size_t large_cutoff = std::size_t{10} << 20;   // ... of up to this size
   std::size_t segment_granularity = std::size_t{2} << 20;  // bigger ones: rounded to this
   std::size_t max_pool_size = 0;                      // reserved-bytes limit; 0: none
-  // Expandable segments: one reserved address range per size class, with physical pages
-  // mapped only under allocated blocks and moved to where they are needed before new
-  // ones are made (needs upstream().virtual_memory(): device and host kinds).
-  bool expandable = false;
-  // With `expandable`: whether small requests (up to small_size) grow a range of their
-  // own too. false keeps them in fixed small segments: no page is ever moved for them
-  // (most operations of a training step are small), and their waste is bounded by what
-  // small segments can strand, a small share of the footprint.
-  bool expandable_small = true;
+  // Where blocks live: segments taken from the upstream whole (fixed), or expandable
+  // ranges: one reserved address range per size class, with physical pages mapped only
+  // under allocated blocks and moved to where they are needed before new ones are made
+  // (needs upstream().virtual_memory(): device and host kinds).
+  SegmentLayout segments = SegmentLayout::automatic;
   std::size_t expandable_range = 0;  // bytes of addresses per range; 0: twice the memory
   // The memory an expandable pool may hold beyond what was asked of it, as a fraction of
   // the most bytes requested at once (since it was made or last released its cache):
@@ -153,6 +168,7 @@ class CachingPool {
   const MemoryResource& upstream() const noexcept { return *upstream_; }
   ResourceKind kind() const noexcept { return upstream_->kind(); }
   int device() const noexcept { return upstream_->device(); }
+  // The options in force: `segments` is never automatic here, but the layout it chose.
   const PoolOptions& options() const noexcept { return options_; }
 
   // Walks the books and returns what is inconsistent ("" when all is well): blocks that
@@ -213,7 +229,12 @@ class CachingPool {
   void unlink_free_segment(detail::Segment* segment);
   std::size_t segment_size_for(std::size_t size, bool small) const noexcept;
   // caching_pool_expandable.cpp: expandable segments.
+  void init_layout();
   void init_expandable();
+  // Whether requests of this class live in expandable ranges.
+  bool expandable_class(bool small) const noexcept {
+    return paged_ && (!small || options_.segments == SegmentLayout::expandable);
+  }
   detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
   detail::Block* fewest_pages_fit(std::size_t size, bool small, stream_t stream) const;
   bool map_pages(detail::Block* block, std::size_t size, std::size_t requested);
@@ -244,6 +265,7 @@ class CachingPool {
   detail::PagedMemory::StreamsDone streams_done_fn_;
   std::function<bool()> may_create_page_fn_;
   detail::Segment* expandable_[2] = {nullptr, nullptr};  // growing range: [0] small, [1] large
+  std::size_t total_memory_ = 0;  // expandable: the upstream's whole memory; 0: unknown
 
   mutable SpinMutex mutex_;  // guards everything below up to the counters
   PoolHistory history_;

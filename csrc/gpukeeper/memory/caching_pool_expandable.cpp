@@ -11,16 +11,44 @@ namespace gpukeeper {
 using detail::Block;
 using detail::Segment;
 
-// Expandable mode (PoolOptions::expandable): pages of the upstream's virtual memory in
-// one reserved range per size class. Called by the constructor.
+const char* to_string(SegmentLayout layout) noexcept {
+  switch (layout) {
+    case SegmentLayout::automatic: return "automatic";
+    case SegmentLayout::fixed: return "fixed";
+    case SegmentLayout::expandable: return "expandable";
+    case SegmentLayout::hybrid: return "hybrid";
+  }
+  return "unknown";
+}
+
+// Settles PoolOptions::segments (automatic becomes the layout it stands for) and sets up
+// the expandable ranges. Called by the constructor.
+void CachingPool::init_layout() {
+  if (options_.segments == SegmentLayout::automatic) {
+    options_.segments = SegmentLayout::fixed;
+    if (upstream_->kind() == ResourceKind::device) {
+      try {
+        if (upstream_->virtual_memory() != nullptr) options_.segments = SegmentLayout::hybrid;
+      } catch (const DeviceError&) {
+        // No virtual memory management on this device or driver: fixed segments, which
+        // need none. Asked for explicitly, expandable segments raise this error instead.
+      }
+    }
+  }
+  if (options_.segments != SegmentLayout::fixed) init_expandable();
+}
+
+// Expandable and hybrid layouts: pages of the upstream's virtual memory in one reserved
+// range per size class.
 void CachingPool::init_expandable() {
   VirtualMemory* vm = upstream_->virtual_memory();
   if (vm == nullptr) {
     throw InvalidInputError(std::string("expandable segments need virtual memory, which ") +
                             to_string(upstream_->kind()) + " memory does not offer");
   }
+  total_memory_ = upstream_->memory_info().total;
   std::size_t range = options_.expandable_range;
-  if (range == 0) range = 2 * std::max<std::size_t>(upstream_->memory_info().total, 1u << 30);
+  if (range == 0) range = 2 * std::max<std::size_t>(total_memory_, 1u << 30);
   paged_ = std::make_unique<detail::PagedMemory>(*vm, range);
   streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
   may_create_page_fn_ = [this] {
@@ -33,6 +61,8 @@ void CachingPool::init_expandable() {
 // last block, if free on this stream, grows in place), else a new range. The pages are
 // mapped later, by carve(), under the part that is handed out.
 Block* CachingPool::grow_expandable(std::size_t size, bool small, stream_t stream) {
+  // More than the whole memory: refused here, not after making pages for all of it.
+  if (total_memory_ != 0 && size > total_memory_) return nullptr;
   Segment*& current = expandable_[small ? 0 : 1];
   const std::size_t page = paged_->page_size();
   if (current != nullptr) {
@@ -100,7 +130,9 @@ Block* CachingPool::fewest_pages_fit(std::size_t size, bool small, stream_t stre
 
 // Maps the pages under the first `size` bytes of `block` (not on any index).
 bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requested) {
-  const std::uint64_t mapped_before = paged_->mapped_bytes(), moved_before = paged_->pages_moved();
+  const std::uint64_t mapped_before = paged_->mapped_bytes(), moved_before = paged_->pages_moved(),
+                      created_before = paged_->pages_created(),
+                      released_before = paged_->pages_released();
   // The spare budget (PoolOptions::expandable_slack): reserved bytes within (1 + slack)
   // times the most bytes requested at once, this request included; what the fixed
   // segments hold comes off what the pages may take.
@@ -111,7 +143,21 @@ bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requeste
   const std::size_t spare_limit = pages_budget > 0 ? static_cast<std::size_t>(pages_budget) : 0;
   bool ok = paged_->acquire(block->segment->table, block->addr, size, streams_done_fn_,
                             may_create_page_fn_, spare_limit);
-  if (paged_->mapped_bytes() != mapped_before || paged_->pages_moved() != moved_before) {
+  if (!ok) {
+    // The call made `made` pages (given back now) before the next one was refused.
+    const std::size_t limit = limit_.load(std::memory_order_relaxed);
+    const std::uint64_t made = paged_->pages_created() - created_before;
+    if (limit != 0 && paged_->mapped_bytes() + fixed_reserved_ + (made + 1) * paged_->page_size() > limit) {
+      ++history_.limit_rejections;
+    }
+  }
+  // Pages a failed call made are given back (and a failed map drops its page).
+  if (const std::uint64_t released = paged_->pages_released() - released_before) {
+    count(upstream_frees_, static_cast<std::ptrdiff_t>(released));
+    history_.device_frees += released;
+  }
+  if (paged_->mapped_bytes() != mapped_before || paged_->pages_moved() != moved_before ||
+      paged_->pages_created() != created_before) {
     sync_reserved();
   }
   return ok;

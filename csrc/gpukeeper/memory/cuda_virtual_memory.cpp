@@ -1,5 +1,7 @@
 #include "gpukeeper/memory/cuda_virtual_memory.hpp"
 
+#include <vector>
+
 #include "gpukeeper/core/errors.hpp"
 #include "gpukeeper/device/runtime.hpp"
 
@@ -77,8 +79,18 @@ class CudaVirtualMemory final : public VirtualMemory {
     prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop_.location.id = device_;
-    access_.location = prop_.location;
-    access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    access_.push_back(access_to(device_));
+    // Memory from cudaMalloc is open to peers once they enable peer access; mapped pages
+    // are open only to the devices named here. So every device that can reach this one
+    // is named, as NCCL's ncclMemAlloc does, and a kernel or copy on a peer works the same
+    // with either layout. One call grants them all.
+    for (int peer = 0; peer < cuda_device_count(); ++peer) {
+      int can = 0;
+      if (peer != device_ && cudaDeviceCanAccessPeer(&can, peer, device_) == cudaSuccess && can) {
+        access_.push_back(access_to(peer));
+      }
+      detail::clear_cuda_error();
+    }
     std::size_t granularity = 0;
     CUresult status =
         driver().granularity(&granularity, &prop_, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
@@ -119,7 +131,8 @@ class CudaVirtualMemory final : public VirtualMemory {
   }
 
   void set_access(std::uintptr_t address, std::size_t bytes) override {
-    CUresult status = driver().set_access(static_cast<CUdeviceptr>(address), bytes, &access_, 1);
+    CUresult status = driver().set_access(static_cast<CUdeviceptr>(address), bytes,
+                                          access_.data(), access_.size());
     if (status != CUDA_SUCCESS) throw_driver(status, "cuMemSetAccess");
   }
 
@@ -130,8 +143,16 @@ class CudaVirtualMemory final : public VirtualMemory {
  private:
   int device_;
   std::size_t page_size_ = 0;
+  static CUmemAccessDesc access_to(int device) {
+    CUmemAccessDesc desc{};
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = device;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return desc;
+  }
+
   CUmemAllocationProp prop_{};
-  CUmemAccessDesc access_{};
+  std::vector<CUmemAccessDesc> access_;  // this device first, then its peers
 };
 
 }  // namespace

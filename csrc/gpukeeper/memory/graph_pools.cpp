@@ -16,7 +16,7 @@ GraphPools::GraphPools(MakeUpstream make_upstream, PoolOptions options)
     : make_upstream_(std::move(make_upstream)), options_(options) {
   if (!make_upstream_) throw InvalidInputError("GraphPools needs a way to make upstreams");
   // Pages are never moved under a graph's addresses: its pools use fixed segments.
-  options_.expandable = false;
+  options_.segments = SegmentLayout::fixed;
   options_.max_pool_size = 0;
 }
 

@@ -59,7 +59,12 @@ void PagedMemory::ref_inner(PageTable* table, std::size_t first, std::size_t las
   for_each_word(first + 1, last - 1, [&](std::size_t w, std::uint64_t mask) {
     std::uint64_t bits = table->home_bits[w] & mask;
     table->movable[w] &= ~bits;
-    counted += static_cast<std::size_t>(__builtin_popcountll(bits));
+    const auto n = static_cast<std::size_t>(__builtin_popcountll(bits));
+    counted += n;
+    if (bits == mask) {  // all homes (the warm case): one run of slots
+      std::fill_n(table->refs.begin() + static_cast<std::ptrdiff_t>(w * 64 + __builtin_ctzll(mask)), n, 1u);
+      return;
+    }
     while (bits != 0) {
       table->refs[w * 64 + static_cast<unsigned>(__builtin_ctzll(bits))] = 1;
       bits &= bits - 1;
@@ -75,8 +80,8 @@ void PagedMemory::unref_inner(PageTable* table, std::size_t first, std::size_t l
   const std::size_t begin = first + 1, count = last - first - 1;
   std::fill_n(table->refs.begin() + static_cast<std::ptrdiff_t>(begin), count, 0u);
   if (stream_bits != 0) {
-    const std::uint32_t* ids = table->ids.data() + begin;
-    for (std::size_t k = 0; k < count; ++k) pages_[ids[k]].streams |= stream_bits;
+    std::uint64_t* streams = table->streams.data() + begin;
+    for (std::size_t k = 0; k < count; ++k) streams[k] |= stream_bits;
   }
   // A live block sits on homes only: every one of them becomes movable.
   for_each_word(begin, last - 1, [&](std::size_t w, std::uint64_t mask) {
@@ -141,6 +146,7 @@ void PagedMemory::extend(PageTable* table, std::size_t bytes) {
   if (pages > table->page_count()) {
     table->ids.resize(pages, 0);
     table->refs.resize(pages, 0);
+    table->streams.resize(pages, 0);
     table->home_bits.resize((pages + 63) / 64, 0);
     table->movable.resize((pages + 63) / 64, 0);
   }
@@ -180,6 +186,7 @@ std::uint32_t PagedMemory::new_page(VirtualMemory::page_t handle) {
   pages_[id].handle = handle;
   ++mapped_pages_;
   ++created_;
+  made_.push_back(id);
   return id;
 }
 
@@ -189,6 +196,7 @@ void PagedMemory::leave_home(std::uint32_t id) {
   const std::size_t i = p.home.index;
   set_home_bit(table, i, false);
   set_movable(table, i, false);
+  table->streams[i] = 0;
   --table->mapped;
   if (p.alias_count < kMaxAliases) {
     p.alias[p.alias_count++] = p.home;
@@ -203,6 +211,7 @@ void PagedMemory::leave_home(std::uint32_t id) {
 void PagedMemory::set_home(std::uint32_t id, PageTable* table, std::size_t index) noexcept {
   pages_[id].home = Slot{table, index};
   table->ids[index] = id;
+  table->streams[index] = 0;
   set_home_bit(table, index, true);
   ++table->mapped;
 }
@@ -234,12 +243,14 @@ void PagedMemory::drop_page(std::uint32_t id) noexcept {
     set_movable(table, i, false);
     table->ids[i] = 0;
     table->refs[i] = 0;
+    table->streams[i] = 0;
     --table->mapped;
   }
   vm_.release_page(p.handle);
   p = Page{};
   free_ids_.push_back(id);
   --mapped_pages_;
+  ++released_;
 }
 
 // Takes the highest movable page below `cursor` whose streams are done from its home,
@@ -247,10 +258,10 @@ void PagedMemory::drop_page(std::uint32_t id) noexcept {
 std::uint32_t PagedMemory::take_movable(Cursor& cursor, const StreamsDone& done) {
   while (next_movable(cursor)) {
     PageTable* table = tables_[cursor.table - 1].get();
+    const std::uint64_t streams = table->streams[cursor.page];
+    if (streams != 0 && !done(streams)) continue;  // busy: look lower
     const std::uint32_t id = table->ids[cursor.page];
-    if (pages_[id].streams != 0 && !done(pages_[id].streams)) continue;  // busy: look lower
     leave_home(id);
-    pages_[id].streams = 0;
     ++moved_;
     return id;
   }
@@ -272,6 +283,7 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
   }
   if (unmapped == 0) return true;  // the cached case: nothing to map
 
+  made_.clear();
   bool mapped = false;
   try {
     mapped = map_unmapped(table, first, last, done, may_create, spare_limit);
@@ -302,10 +314,10 @@ bool PagedMemory::revive(PageTable* table, std::size_t index, const Cursor& curs
       probe.page != p.home.index) {
     return false;
   }
-  if (p.streams != 0 && !done(p.streams)) return false;
+  const std::uint64_t streams = p.home.table->streams[p.home.index];
+  if (streams != 0 && !done(streams)) return false;
   forget_alias(table, index);
   leave_home(id);  // the old home becomes the alias now (room was just made)
-  p.streams = 0;
   set_home(id, table, index);
   ref(table, index);
   ++revived_;
@@ -403,16 +415,21 @@ void PagedMemory::flush_run(PageTable* table, Run& run) {
   }
 }
 
-// A failed acquire: the block is uncounted from the homes of [first, last]; pages mapped
-// by the call stay mapped and become movable.
+// A failed acquire: the block is uncounted from the homes of [first, last]. Pages the call
+// made are released, so that a failed request holds no more memory than before; pages it
+// moved stay where they are now, movable (moving them back would cost as much again).
 void PagedMemory::undo_acquire(PageTable* table, std::size_t first, std::size_t last) {
   for (std::size_t j = first; j <= last; ++j) {
     if (is_home(table, j)) unref(table, j, 0);
   }
+  for (std::uint32_t id : made_) {
+    if (pages_[id].handle != 0) drop_page(id);  // a failed map may have dropped it already
+  }
+  made_.clear();
 }
 
 void PagedMemory::unref(PageTable* table, std::size_t index, std::uint64_t stream_bits) {
-  pages_[table->ids[index]].streams |= stream_bits;
+  table->streams[index] |= stream_bits;
   if (--table->refs[index] != 0) return;
   --live_;
   set_movable(table, index, true);
@@ -456,6 +473,7 @@ std::string PagedMemory::check(const PageTable* table,
       problems << "page " << i << " counts " << refs << " blocks, " << expected << " live; ";
     }
     if (refs > 0 && !home) problems << "page " << i << " used but not a page's home; ";
+    if (table->streams[i] != 0 && !home) problems << "page " << i << " keeps streams but is not a home; ";
     const bool movable = (table->movable[i / 64] >> (i % 64)) & 1u;
     if (movable != (home && refs == 0)) {
       problems << "page " << i << (movable ? " listed as movable but in use or not a home; "

@@ -55,6 +55,10 @@ struct PageTable {
   // Per slot, covering the part of the range that blocks tile:
   std::vector<std::uint32_t> ids;   // the physical page mapped here (PagedMemory's id); 0: none
   std::vector<std::uint32_t> refs;  // allocated blocks on the page
+  // Stream slots (bits) that freed blocks on the page since it came home here: it may move
+  // once their work is done. 0 for a slot that is not a home. A column rather than a
+  // field of the page, so that freeing a large block ORs one run of words.
+  std::vector<std::uint64_t> streams;
   // Bit i: slot i holds its page's home. Counting a block's missing pages is a popcount.
   std::vector<std::uint64_t> home_bits;
   // Bit i: slot i is movable (a home with no allocated block on it). A bitmap rather than
@@ -83,6 +87,8 @@ class PagedMemory {
   // with no driver call at all.
   std::uint64_t pages_revived() const noexcept { return revived_; }
   std::uint64_t pages_created() const noexcept { return created_; }
+  // Pages given back to the driver (unmapped and released), for whatever reason.
+  std::uint64_t pages_released() const noexcept { return released_; }
   std::size_t live_pages() const noexcept { return live_; }
   std::size_t peak_live_pages() const noexcept { return peak_live_; }
 
@@ -96,8 +102,9 @@ class PagedMemory {
   // Counts a new allocated block on the pages under [addr, addr + size) and maps those
   // that are unmapped: with new pages while the pages held stay within the live peak or
   // `spare_limit` bytes, else by moving movable pages whose streams `done` says are
-  // finished, else with new pages while `may_create` allows. Returns false, with the
-  // books as before, when no page can be had.
+  // finished, else with new pages while `may_create` allows. Returns false when no page
+  // can be had: the block is uncounted and the pages the call made are released (pages
+  // it moved stay moved).
   bool acquire(PageTable* table, std::uintptr_t addr, std::size_t size, const StreamsDone& done,
                const std::function<bool()>& may_create, std::size_t spare_limit);
 
@@ -134,7 +141,6 @@ class PagedMemory {
   static constexpr unsigned kMaxAliases = 2;
   struct Page {
     VirtualMemory::page_t handle = 0;  // 0: the id is free
-    std::uint64_t streams = 0;         // stream slots that freed blocks on it since it moved
     Slot home;
     unsigned alias_count = 0;
     Slot alias[kMaxAliases];
@@ -193,12 +199,14 @@ class PagedMemory {
   std::vector<std::unique_ptr<PageTable>> tables_;
   std::vector<Page> pages_{1};  // by id; id 0 is "none"
   std::vector<std::uint32_t> free_ids_;
+  std::vector<std::uint32_t> made_;  // pages made by the acquire() call under way
   std::size_t mapped_pages_ = 0;  // physical pages held
   std::size_t live_ = 0;          // pages with allocated blocks on them
   std::size_t peak_live_ = 0;
   std::uint64_t moved_ = 0;
   std::uint64_t revived_ = 0;
   std::uint64_t created_ = 0;
+  std::uint64_t released_ = 0;
 };
 
 }  // namespace gpukeeper::detail

@@ -69,7 +69,7 @@ struct PoolHistory {
   StatFamily inactive_splits;
   std::uint64_t alloc_retries = 0;     // upstream refusals that led to a cache release
   std::uint64_t ooms = 0;              // allocations that failed and raised
-  std::uint64_t limit_rejections = 0;  // segments not taken because of the pool's limit
+  std::uint64_t limit_rejections = 0;  // segments or pages not taken because of the pool's limit
   std::uint64_t device_allocs = 0;     // upstream allocations (pages, for expandable ones)
   std::uint64_t device_frees = 0;
   std::uint64_t device_syncs = 0;      // device-wide waits before memory went back

@@ -1,0 +1,125 @@
+// Which segment layout a pool takes: PoolOptions{} (SegmentLayout::automatic) is hybrid
+// over device memory with virtual memory and fixed everywhere else, and options() says
+// what was chosen.
+#include <memory>
+#include <string>
+
+#include "gpukeeper/memory/cuda_virtual_memory.hpp"
+#include "test_support.hpp"
+
+using namespace gktest;
+using gpukeeper::DeviceError;
+using gpukeeper::SegmentSnapshot;
+using gpukeeper::VirtualMemory;
+
+namespace {
+
+// Host memory that calls itself device memory, with host virtual memory, none, or a
+// device that refuses it (as cuda_virtual_memory.cpp does without the support).
+enum class Pages { host, none, refused };
+
+class DeviceLike final : public MemoryResource {
+ public:
+  explicit DeviceLike(Pages pages) : pages_(pages) {}
+  void* allocate(std::size_t bytes, stream_t stream) override { return host_.allocate(bytes, stream); }
+  void deallocate(void* ptr, std::size_t bytes, stream_t stream) noexcept override {
+    host_.deallocate(ptr, bytes, stream);
+  }
+  ResourceKind kind() const noexcept override { return ResourceKind::device; }
+  int device() const noexcept override { return 0; }
+  bool stream_ordered() const noexcept override { return false; }
+  bool device_accessible() const noexcept override { return true; }
+  bool host_accessible() const noexcept override { return true; }
+  MemoryInfo memory_info() const override { return host_.memory_info(); }
+  VirtualMemory* virtual_memory() override {
+    if (pages_ == Pages::refused) {
+      throw DeviceError("make_cuda_virtual_memory", 0, "unsupported",
+                        "device 0 does not support virtual memory management");
+    }
+    return pages_ == Pages::host ? host_.virtual_memory() : nullptr;
+  }
+
+ private:
+  Pages pages_;
+  gpukeeper::HostResource host_;
+};
+
+PoolOptions with_layout(SegmentLayout layout) {
+  PoolOptions options;
+  options.segments = layout;
+  options.expandable_range = 256 * MiB;
+  return options;
+}
+
+// Whether the pool put a 5 MiB block in an expandable range.
+bool large_block_expandable(CachingPool& pool) {
+  void* p = pool.allocate(5 * MiB);
+  bool expandable = false;
+  for (const SegmentSnapshot& seg : pool.snapshot()) {
+    for (const auto& b : seg.blocks) {
+      if (b.address == reinterpret_cast<std::uintptr_t>(p)) expandable = seg.expandable;
+    }
+  }
+  pool.deallocate(p);
+  return expandable;
+}
+
+}  // namespace
+
+TEST_CASE("layout: the default is hybrid over device memory with virtual memory",
+          "[caching_pool]") {
+  CachingPool pool(std::make_unique<DeviceLike>(Pages::host), with_layout(SegmentLayout::automatic));
+  CHECK(pool.options().segments == SegmentLayout::hybrid);
+  CHECK(large_block_expandable(pool));
+  void* small = pool.allocate(4096);  // small requests stay in fixed segments
+  for (const SegmentSnapshot& seg : pool.snapshot()) {
+    if (seg.small) CHECK_FALSE(seg.expandable);
+  }
+  pool.deallocate(small);
+  CHECK(pool.validate() == "");
+  CHECK(PoolOptions{}.segments == SegmentLayout::automatic);
+}
+
+TEST_CASE("layout: the default is fixed without virtual memory, and for host memory",
+          "[caching_pool]") {
+  SECTION("a device without the support") {
+    CachingPool pool(std::make_unique<DeviceLike>(Pages::refused), PoolOptions{});
+    CHECK(pool.options().segments == SegmentLayout::fixed);
+    CHECK_FALSE(large_block_expandable(pool));
+  }
+  SECTION("an upstream with no virtual memory") {
+    CachingPool pool(std::make_unique<DeviceLike>(Pages::none), PoolOptions{});
+    CHECK(pool.options().segments == SegmentLayout::fixed);
+    CHECK_FALSE(large_block_expandable(pool));
+  }
+  SECTION("host memory, which has virtual memory but little to gain") {
+    auto pool = make_pool(ResourceKind::host);
+    CHECK(pool->options().segments == SegmentLayout::fixed);
+    CHECK_FALSE(large_block_expandable(*pool));
+  }
+}
+
+TEST_CASE("layout: asked for explicitly, expandable segments need the support",
+          "[caching_pool]") {
+  CHECK_THROWS_AS(CachingPool(std::make_unique<DeviceLike>(Pages::refused),
+                              with_layout(SegmentLayout::hybrid)),
+                  DeviceError);
+  CHECK_THROWS_AS(CachingPool(std::make_unique<DeviceLike>(Pages::none),
+                              with_layout(SegmentLayout::expandable)),
+                  gpukeeper::InvalidInputError);
+  CachingPool fixed(std::make_unique<DeviceLike>(Pages::host), with_layout(SegmentLayout::fixed));
+  CHECK(fixed.options().segments == SegmentLayout::fixed);
+  CHECK_FALSE(large_block_expandable(fixed));
+  CHECK(std::string(gpukeeper::to_string(SegmentLayout::automatic)) == "automatic");
+  CHECK(std::string(gpukeeper::to_string(SegmentLayout::hybrid)) == "hybrid");
+}
+
+TEST_CASE("layout: a CUDA device pool is hybrid by default where the device supports it",
+          "[caching_pool]") {
+  GK_SKIP_UNLESS_USABLE(ResourceKind::device);
+  auto pool = make_pool(ResourceKind::device);
+  const bool supported = gpukeeper::cuda_virtual_memory_supported(0);
+  CHECK(pool->options().segments == (supported ? SegmentLayout::hybrid : SegmentLayout::fixed));
+  CHECK(large_block_expandable(*pool) == supported);
+  CHECK(pool->validate() == "");
+}
