@@ -80,8 +80,11 @@ void print_list(const char* title, const std::vector<std::string>& lines) {
   std::fflush(stdout);
 }
 
-// Catch's exit code, amended by what the listener saw.
+// Catch's exit code, amended by what the listener saw. Catch exits with the number of
+// failed assertions; a failed run exits with 1 here, so that 4 failures never read as
+// ctest's SKIP_RETURN_CODE 4 (every test case skipped).
 int finish(int rc) {
+  if (rc == 4) rc = 1;
   const SkipBook& b = book();
   print_list("SKIPPED test cases", b.skipped);
   print_list("partly skipped test cases (the rest of their runs passed)", b.partly_skipped);

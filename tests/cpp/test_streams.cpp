@@ -171,7 +171,7 @@ TEST_CASE("streams: a busy stream's free blocks are adopted only once its work i
   GK_FOR_EACH_STREAM_ORDERED_KIND();
   TwoStreams s;
   {
-    auto pool = make_pool(kind);
+    auto pool = make_pool(kind, fixed_segments());
     Gate gate;
     // One 20 MiB segment: [a 4M on A][b 4M on B][tail 12M on B].
     void* a = pool->allocate(4 * MiB, s.id_a());
