@@ -20,8 +20,8 @@
 #   traces      records allocation traces (benchmarks/python/record_traces.py) of the workloads
 #               in GPUKEEPER_TRACE_WORKLOADS (default twostream); they come back in the tar
 #   replay      what one page move costs, call by call (page_move_bench), then the recorded
-#               traces (benchmarks/traces) replayed on the device, every segment layout, 3 warm
-#               passes: peak reserved / requested and warm ns per operation
+#               traces (benchmarks/traces) replayed on the device, every segment layout and the
+#               default options, 3 warm passes: peak reserved / requested and warm ns per operation
 #   peers       gpukeeper against RMM (C++: rmm_pair_bench, built against the librmm wheel in
 #               build/bench-rmm), CuPy and PyTorch's allocators (benchmarks/python/peers_bench.py);
 #               needs the librmm-cu13, rmm-cu13 and rapids_logger wheels in .whl/
@@ -244,6 +244,12 @@ if want replay; then
       --json "$OUT/bench/trace_replay_device.json" benchmarks/traces/*.trace 2>&1 | tee "$LOG/replay.txt"
     rc=${PIPESTATUS[0]}; summary "trace replay (device): rc=$rc"
     grep -E "\.trace +device" "$LOG/replay.txt" >> "$OUT/summary.txt"; [ "$rc" = 0 ] || status=1
+    # The default options (PoolOptions{}), as users get them: a row of their own.
+    build/bench/benchmarks/cpp/trace_replay --mode device --passes 3 --no-min-capacity --segments default \
+      --no-async-reference --json "$OUT/bench/trace_replay_device_default.json" benchmarks/traces/*.trace \
+      2>&1 | tee "$LOG/replay-default.txt"
+    rc=${PIPESTATUS[0]}; summary "trace replay (device, default options): rc=$rc"
+    grep -E "\.trace +device" "$LOG/replay-default.txt" >> "$OUT/summary.txt"; [ "$rc" = 0 ] || status=1
   else
     tail -30 "$LOG/replay-build.txt"; summary "trace replay: BUILD FAILED"; status=1
   fi
