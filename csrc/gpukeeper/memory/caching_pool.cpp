@@ -194,7 +194,7 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
 Block* CachingPool::own_fit(FreeIndex& index, std::size_t size, bool small, stream_t stream) {
   if (expandable_class(small)) {
     Block* mapped = index.first_fit_where(size, kMappedCandidates, [this, size](const Block* b) {
-      return b->segment->table == nullptr || paged_->unmapped_pages(b->segment->table, b->addr, size) == 0;
+      return b->segment->table == nullptr || paged_->all_mapped(b->segment->table, b->addr, size);
     });
     if (mapped != nullptr) return mapped;
     return fewest_pages_fit(size, small, stream);

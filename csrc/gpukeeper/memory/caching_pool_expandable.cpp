@@ -130,6 +130,11 @@ Block* CachingPool::fewest_pages_fit(std::size_t size, bool small, stream_t stre
 
 // Maps the pages under the first `size` bytes of `block` (not on any index).
 bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requested) {
+  detail::PageTable* table = block->segment->table;
+  if (paged_->all_mapped(table, block->addr, size)) {  // the warm case: nothing to map
+    paged_->count_in(table, block->addr, size);
+    return true;
+  }
   const std::uint64_t mapped_before = paged_->mapped_bytes(), moved_before = paged_->pages_moved(),
                       created_before = paged_->pages_created(),
                       released_before = paged_->pages_released();
@@ -141,7 +146,7 @@ bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requeste
   const double budget = peak * (1.0 + options_.expandable_slack);
   const double pages_budget = budget - static_cast<double>(fixed_reserved_);
   const std::size_t spare_limit = pages_budget > 0 ? static_cast<std::size_t>(pages_budget) : 0;
-  bool ok = paged_->acquire(block->segment->table, block->addr, size, streams_done_fn_,
+  bool ok = paged_->acquire(table, block->addr, size, streams_done_fn_,
                             may_create_page_fn_, spare_limit);
   if (!ok) {
     // The call made `made` pages (given back now) before the next one was refused.

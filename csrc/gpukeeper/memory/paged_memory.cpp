@@ -59,12 +59,14 @@ void PagedMemory::ref_inner(PageTable* table, std::size_t first, std::size_t las
   for_each_word(first + 1, last - 1, [&](std::size_t w, std::uint64_t mask) {
     std::uint64_t bits = table->home_bits[w] & mask;
     table->movable[w] &= ~bits;
-    const auto n = static_cast<std::size_t>(__builtin_popcountll(bits));
-    counted += n;
-    if (bits == mask) {  // all homes (the warm case): one run of slots
-      std::fill_n(table->refs.begin() + static_cast<std::ptrdiff_t>(w * 64 + __builtin_ctzll(mask)), n, 1u);
+    if (bits == mask) {  // all homes (the warm case): one run of slots, counted without popcount
+      const unsigned low = static_cast<unsigned>(__builtin_ctzll(mask));
+      const std::size_t n = 64u - low - static_cast<unsigned>(__builtin_clzll(mask));
+      std::fill_n(table->refs.begin() + static_cast<std::ptrdiff_t>(w * 64 + low), n, 1u);
+      counted += n;
       return;
     }
+    counted += static_cast<std::size_t>(__builtin_popcountll(bits));
     while (bits != 0) {
       table->refs[w * 64 + static_cast<unsigned>(__builtin_ctzll(bits))] = 1;
       bits &= bits - 1;
@@ -102,6 +104,29 @@ std::size_t PagedMemory::unmapped_pages(const PageTable* table, std::uintptr_t a
     homes += static_cast<std::size_t>(__builtin_popcountll(table->home_bits[w] & mask));
   });
   return last - first + 1 - homes;
+}
+
+bool PagedMemory::all_mapped(const PageTable* table, std::uintptr_t addr,
+                             std::size_t size) const noexcept {
+  const std::size_t first = (addr - table->base) / page_;
+  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  if (last >= table->page_count()) return false;
+  bool all = true;
+  for_each_word(first, last, [&](std::size_t w, std::uint64_t mask) {
+    all &= (table->home_bits[w] & mask) == mask;
+  });
+  return all;
+}
+
+void PagedMemory::count_in(PageTable* table, std::uintptr_t addr, std::size_t size) noexcept {
+  const std::size_t first = (addr - table->base) / page_;
+  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  // The two end pages may be shared with neighbours; those inside are the block's alone.
+  ref_inner(table, first, last);
+  for (std::size_t i : {first, last}) {
+    if (is_home(table, i)) ref(table, i);
+    if (last == first) break;
+  }
 }
 
 // Pages up to the most that live blocks touched at once are memory the trace needed, never
@@ -274,14 +299,9 @@ bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t siz
   const std::size_t first = (addr - table->base) / page_;
   const std::size_t last = (addr + size - 1 - table->base) / page_;
   // Count the block on its homes first, so that none of them is moved into a hole.
-  // The two end pages may be shared with neighbours; those inside are the block's alone.
-  std::size_t unmapped = unmapped_pages(table, addr, size);
-  ref_inner(table, first, last);
-  for (std::size_t i : {first, last}) {
-    if (is_home(table, i)) ref(table, i);
-    if (last == first) break;
-  }
-  if (unmapped == 0) return true;  // the cached case: nothing to map
+  const bool mapped_already = all_mapped(table, addr, size);
+  count_in(table, addr, size);
+  if (mapped_already) return true;  // the cached case: nothing to map
 
   made_.clear();
   bool mapped = false;

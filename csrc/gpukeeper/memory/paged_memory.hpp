@@ -112,6 +112,14 @@ class PagedMemory {
   // there would cost in page maps.
   std::size_t unmapped_pages(const PageTable* table, std::uintptr_t addr, std::size_t size) const noexcept;
 
+  // Whether every page under [addr, addr + size) of `table` is mapped: placing a block
+  // there maps nothing. Word compares, no counting: the check of every warm placement.
+  bool all_mapped(const PageTable* table, std::uintptr_t addr, std::size_t size) const noexcept;
+
+  // Counts a new block on pages that are all mapped (all_mapped()): acquire() with
+  // nothing to map.
+  void count_in(PageTable* table, std::uintptr_t addr, std::size_t size) noexcept;
+
   // Uncounts a freed block, freed on the streams in `stream_bits`.
   void release(PageTable* table, std::uintptr_t addr, std::size_t size, std::uint64_t stream_bits);
 
