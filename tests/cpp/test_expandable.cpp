@@ -172,3 +172,38 @@ TEST_CASE("expandable: new pages while reserved stays within the slack over the 
     CHECK(pool->validate() == "");
   }
 }
+
+TEST_CASE("expandable: a refused request gives back the pages and the range it took",
+          "[caching_pool]") {
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.03));
+  pool->set_limit(4 * MiB);
+  const Books before(pool->stats());
+  // Two of its four pages fit the limit: they are made, then given back with the range.
+  CHECK_THROWS_AS(pool->allocate(8 * MiB), gpukeeper::AllocationError);
+  GK_REQUIRE_BALANCED(pool, before);
+  const gpukeeper::PoolStats s = pool->stats();
+  CHECK(s.upstream_allocations > 0);
+  CHECK(s.upstream_frees == s.upstream_allocations);
+  CHECK(pool->history().limit_rejections >= 1);
+  CHECK(pool->validate() == "");
+}
+
+TEST_CASE("expandable: pages made for a cached block are growth that watermarks see",
+          "[caching_pool]") {
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.03));
+  pool->set_limit(100 * MiB);
+  std::vector<double> fired;
+  pool->add_watermark(0.5, [&](double pressure) { fired.push_back(pressure); });
+  void* a = pool->allocate(12 * MiB);
+  void* b = pool->allocate(40 * MiB);  // 52 %: crosses
+  REQUIRE(fired.size() == 1);
+  pool->deallocate(b);
+  REQUIRE(pool->emergency_cleanup() == 40 * MiB);  // b's pages go; its block stays, unmapped
+  void* d = pool->allocate(40 * MiB);              // that cached block, its pages made again
+  REQUIRE(fired.size() == 2);
+  CHECK(near(fired[1], 0.52));
+  CHECK(pool->stats().pages_moved == 0);
+  pool->deallocate(d);
+  pool->deallocate(a);
+  CHECK(pool->validate() == "");
+}
