@@ -35,8 +35,14 @@ void set_bit(std::vector<std::uint64_t>& bits, std::size_t index, bool on) noexc
 }  // namespace
 
 PagedMemory::PagedMemory(VirtualMemory& vm, std::size_t range_bytes)
-    : vm_(vm), page_(vm.page_size()), range_((range_bytes + page_ - 1) / page_ * page_) {
+    : vm_(vm), page_(vm.page_size()), range_(page_ ? (range_bytes + page_ - 1) / page_ * page_ : 0) {
   if (page_ == 0 || range_ == 0) throw InvalidInputError("PagedMemory: empty page or range");
+  // Page indices are shifts, not divisions: a 64-bit division costs tens of cycles, and
+  // every allocation and free of an expandable block computes four of them.
+  if ((page_ & (page_ - 1)) != 0) {
+    throw InvalidInputError("PagedMemory: page size " + std::to_string(page_) + " is not a power of two");
+  }
+  shift_ = static_cast<unsigned>(__builtin_ctzll(page_));
 }
 
 void PagedMemory::set_movable(PageTable* table, std::size_t index, bool movable) noexcept {
@@ -94,8 +100,7 @@ void PagedMemory::unref_inner(PageTable* table, std::size_t first, std::size_t l
 
 std::size_t PagedMemory::unmapped_pages(const PageTable* table, std::uintptr_t addr,
                                         std::size_t size) const noexcept {
-  const std::size_t first = (addr - table->base) / page_;
-  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  const std::size_t first = page_index(table, addr), last = page_index(table, addr + size - 1);
   const std::size_t n = table->page_count();
   if (first >= n) return last - first + 1;
   const std::size_t end = std::min(last, n - 1);
@@ -108,8 +113,7 @@ std::size_t PagedMemory::unmapped_pages(const PageTable* table, std::uintptr_t a
 
 bool PagedMemory::all_mapped(const PageTable* table, std::uintptr_t addr,
                              std::size_t size) const noexcept {
-  const std::size_t first = (addr - table->base) / page_;
-  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  const std::size_t first = page_index(table, addr), last = page_index(table, addr + size - 1);
   if (last >= table->page_count()) return false;
   bool all = true;
   for_each_word(first, last, [&](std::size_t w, std::uint64_t mask) {
@@ -119,8 +123,7 @@ bool PagedMemory::all_mapped(const PageTable* table, std::uintptr_t addr,
 }
 
 void PagedMemory::count_in(PageTable* table, std::uintptr_t addr, std::size_t size) noexcept {
-  const std::size_t first = (addr - table->base) / page_;
-  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  const std::size_t first = page_index(table, addr), last = page_index(table, addr + size - 1);
   // The two end pages may be shared with neighbours; those inside are the block's alone.
   ref_inner(table, first, last);
   for (std::size_t i : {first, last}) {
@@ -296,8 +299,7 @@ std::uint32_t PagedMemory::take_movable(Cursor& cursor, const StreamsDone& done)
 bool PagedMemory::acquire(PageTable* table, std::uintptr_t addr, std::size_t size,
                           const StreamsDone& done, const std::function<bool()>& may_create,
                           std::size_t spare_limit) {
-  const std::size_t first = (addr - table->base) / page_;
-  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  const std::size_t first = page_index(table, addr), last = page_index(table, addr + size - 1);
   // Count the block on its homes first, so that none of them is moved into a hole.
   const bool mapped_already = all_mapped(table, addr, size);
   count_in(table, addr, size);
@@ -457,8 +459,7 @@ void PagedMemory::unref(PageTable* table, std::size_t index, std::uint64_t strea
 
 void PagedMemory::release(PageTable* table, std::uintptr_t addr, std::size_t size,
                           std::uint64_t stream_bits) {
-  const std::size_t first = (addr - table->base) / page_;
-  const std::size_t last = (addr + size - 1 - table->base) / page_;
+  const std::size_t first = page_index(table, addr), last = page_index(table, addr + size - 1);
   unref_inner(table, first, last, stream_bits);
   unref(table, first, stream_bits);
   if (last != first) unref(table, last, stream_bits);

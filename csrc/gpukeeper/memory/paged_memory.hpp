@@ -154,7 +154,11 @@ class PagedMemory {
     Slot alias[kMaxAliases];
   };
   std::uintptr_t address_of(const PageTable* t, std::size_t i) const noexcept {
-    return t->base + i * page_;
+    return t->base + (i << shift_);
+  }
+  // The slot of `table` holding byte `addr`.
+  std::size_t page_index(const PageTable* t, std::uintptr_t addr) const noexcept {
+    return (addr - t->base) >> shift_;
   }
   static bool is_home(const PageTable* table, std::size_t i) noexcept {
     return (table->home_bits[i / 64] >> (i % 64)) & 1u;
@@ -203,6 +207,7 @@ class PagedMemory {
 
   VirtualMemory& vm_;
   std::size_t page_;
+  unsigned shift_ = 0;  // log2(page_)
   std::size_t range_;
   std::vector<std::unique_ptr<PageTable>> tables_;
   std::vector<Page> pages_{1};  // by id; id 0 is "none"
