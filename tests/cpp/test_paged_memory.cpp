@@ -19,7 +19,8 @@ constexpr std::size_t kPage = 2 * MiB;
 // Addresses are numbers (nothing is touched); every call is counted and checked.
 class CountingVirtualMemory final : public VirtualMemory {
  public:
-  std::size_t page_size() const noexcept override { return kPage; }
+  explicit CountingVirtualMemory(std::size_t page = kPage) : page_(page) {}
+  std::size_t page_size() const noexcept override { return page_; }
   std::uintptr_t reserve(std::size_t bytes) override {
     const std::uintptr_t base = next_;
     next_ += bytes + kPage;
@@ -46,6 +47,7 @@ class CountingVirtualMemory final : public VirtualMemory {
   int maps = 0, unmaps = 0, grants = 0, bad_unmaps = 0, live_pages = 0;
 
  private:
+  std::size_t page_;
   std::uintptr_t next_ = std::uintptr_t{1} << 40;
   page_t last_ = 0;
 };
@@ -139,4 +141,12 @@ TEST_CASE_METHOD(EightPages,
   CHECK(vm.mapped.empty());
   CHECK(vm.live_pages == 0);
   CHECK(vm.bad_unmaps == 0);
+}
+
+TEST_CASE("paged memory: a page size that is not a power of two is refused", "[caching_pool]") {
+  // Page indices are shifts of addresses; a driver granularity is a power of two.
+  CountingVirtualMemory odd(3 * MiB);
+  CHECK_THROWS_AS(PagedMemory(odd, 64 * MiB), gpukeeper::InvalidInputError);
+  CountingVirtualMemory none(0);
+  CHECK_THROWS_AS(PagedMemory(none, 64 * MiB), gpukeeper::InvalidInputError);
 }
