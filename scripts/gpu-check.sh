@@ -124,7 +124,7 @@ fi
 
 if want stress && [ -x "$CPP_TESTS" ]; then
   step "full fault stress (${GPUKEEPER_FULL_STRESS_OPS:-10000000} operations per memory kind)"
-  # The fault-injection stress at its full size: 8 threads, expandable segments on and off;
+  # The fault-injection stress at its full size: 8 threads, fixed, expandable and hybrid layouts;
   # one process per memory kind, side by side (a kind at a time would outlast a call of the
   # device tool). Each run prints its counts (allocations, refusals, faults).
   start=$SECONDS; pids=()

@@ -43,6 +43,8 @@ TEST_CASE("expandable, hybrid: small requests in fixed segments, large ones in a
   gpukeeper::PoolStats s = pool->stats();
   CHECK(s.reserved_bytes == fixed + expandable);
   CHECK(s.peak_reserved_bytes == fixed + expandable);
+  CHECK(s.upstream_allocations == 1 + 3);  // the small segment and three pages
+  CHECK(pool->history().device_allocs == 1 + 3);
   gpukeeper::PoolHistory h = pool->history();
   CHECK(h.reserved_bytes.small.current == fixed);
   CHECK(h.reserved_bytes.large.current == expandable);

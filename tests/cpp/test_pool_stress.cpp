@@ -456,9 +456,11 @@ TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and recla
   INFO("memory kind: " << gpukeeper::to_string(kind));
   if (!stress_kind_selected(kind)) GK_SKIP("not in GPUKEEPER_STRESS_KINDS");
   GK_SKIP_UNLESS_USABLE(kind);
-  const bool expandable = GENERATE(false, true);
-  INFO("expandable segments: " << expandable);
-  if (expandable && kind != ResourceKind::host && kind != ResourceKind::device) {
+  // Fixed segments, every class expandable, and hybrid (the default over device memory).
+  const SegmentLayout layout =
+      GENERATE(SegmentLayout::fixed, SegmentLayout::expandable, SegmentLayout::hybrid);
+  INFO("segments: " << gpukeeper::to_string(layout));
+  if (layout != SegmentLayout::fixed && kind != ResourceKind::host && kind != ResourceKind::device) {
     GK_SKIP("expandable segments need device or host memory");
   }
   StressStreams streams(kind);
@@ -467,7 +469,7 @@ TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and recla
   plan.probability = 0.02;
   plan.seed = 2026;
   PoolOptions options;
-  options.segments = expandable ? SegmentLayout::expandable : SegmentLayout::fixed;
+  options.segments = layout;
   auto faults = std::make_unique<FaultInjectingResource>(gpukeeper::make_resource(kind, 0), plan);
   FaultInjectingResource* injector = faults.get();
   std::shared_ptr<CachingPool> pool;
@@ -485,10 +487,10 @@ TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and recla
   cfg.threads = 8;
   cfg.rounds = 4;
   // GPUKEEPER_STRESS_OPS counts per memory kind: host and device memory split it between
-  // their two layouts. The CI bound (unset) counts per run.
-  const bool two_layouts = kind == ResourceKind::host || kind == ResourceKind::device;
-  const int total_ops = std::getenv("GPUKEEPER_STRESS_OPS") != nullptr && two_layouts
-                            ? stress_ops(0) / 2
+  // their three layouts. The CI bound (unset) counts per run.
+  const bool three_layouts = kind == ResourceKind::host || kind == ResourceKind::device;
+  const int total_ops = std::getenv("GPUKEEPER_STRESS_OPS") != nullptr && three_layouts
+                            ? stress_ops(0) / 3
                             : stress_ops(kind == ResourceKind::host ? 320000 : 160000);
   cfg.ops_per_round = std::max(1000, total_ops / (cfg.threads * cfg.rounds));
   cfg.max_log2 = 24.0;  // 16 MiB
@@ -505,7 +507,7 @@ TEST_CASE("stress: injected upstream faults, 8 threads, limit, cleanup and recla
   CHECK(pool->stats().reserved_bytes == 0);  // run() ends with an emergency_cleanup
   CHECK(injector->outstanding_bytes() == 0);
   CHECK(injector->outstanding_pages() == 0);
-  WARN("fault stress (" << gpukeeper::to_string(kind) << (expandable ? ", expandable" : "")
+  WARN("fault stress (" << gpukeeper::to_string(kind) << ", " << gpukeeper::to_string(layout)
        << "): " << stress.total(&Worker::allocations) << " allocations, " << stress.total(&Worker::frees)
        << " frees, " << stress.total(&Worker::refusals) << " refused (AllocationError), "
        << injector->injected() << " upstream calls refused on purpose of " << injector->calls()

@@ -275,6 +275,7 @@ class CachingPool {
   // cache, the base of the spare-page budget (expandable_slack). Not reset by
   // reset_peaks(): a user's peak statistics must not change how much the pool keeps.
   std::size_t budget_peak_requested_ = 0;
+  std::uint64_t pages_counted_ = 0;  // expandable: pages made that upstream_allocations_ holds
   detail::RecordArena<detail::Block> blocks_;
   detail::RecordArena<detail::Segment> segment_records_;
   detail::Segment* segments_ = nullptr;

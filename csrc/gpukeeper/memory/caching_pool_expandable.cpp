@@ -196,9 +196,12 @@ void CachingPool::sync_reserved() noexcept {
     }
     history_mapped_[cls] = mapped[cls];
   }
-  const std::uint64_t created = paged_->pages_created();
-  history_.device_allocs += created - upstream_allocations_.load(std::memory_order_relaxed);
-  upstream_allocations_.store(created, std::memory_order_relaxed);
+  // Pages made since the last look count as upstream allocations, beside the fixed
+  // segments that grow() counts (hybrid has both).
+  const std::uint64_t made = paged_->pages_created() - pages_counted_;
+  pages_counted_ += made;
+  count(upstream_allocations_, static_cast<std::ptrdiff_t>(made));
+  history_.device_allocs += made;
   pages_moved_.store(paged_->pages_moved(), std::memory_order_relaxed);
 }
 
