@@ -185,8 +185,10 @@ class PagedMemory {
   // room for one, else it is unmapped. The caller gives the page a new home.
   void leave_home(std::uint32_t id);
   void set_home(std::uint32_t id, PageTable* table, std::size_t index) noexcept;
-  // Takes the stale alias at a slot off its page's list (the mapping stays), and unmaps it.
+  // Takes the stale alias at a slot off its page's list; the mapping stays (revive() makes
+  // it the page's home).
   void forget_alias(PageTable* table, std::size_t index) noexcept;
+  // forget_alias(), then unmaps the slot.
   void drop_alias(PageTable* table, std::size_t index) noexcept;
   // Unmaps every mapping of a page with no block on it, and frees it.
   void drop_page(std::uint32_t id) noexcept;
