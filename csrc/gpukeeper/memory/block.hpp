@@ -30,6 +30,7 @@ struct Block {
   std::uint32_t bin = 0;
   bool free = false;
   bool pending = false;
+  bool recent = false;  // free, held back from the free index (CachingPool's recent frees)
 };
 
 struct Segment {

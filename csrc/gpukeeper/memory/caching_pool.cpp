@@ -69,6 +69,11 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
   bool hopeless = false;
   {
     std::lock_guard<SpinMutex> lock(mutex_);
+    if (Block* recent = take_recent(size, stream)) {
+      count(cache_hits_, 1);
+      hand_out(recent, bytes, stream);
+      return reinterpret_cast<void*>(recent->addr);
+    }
     block = try_allocate(size, bytes, small, stream, grew);
     if (block == nullptr) {
       count(oom_events_, 1);
@@ -110,6 +115,11 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
 // expandable one). nullptr when the limit, the upstream or the pages refuse.
 Block* CachingPool::try_allocate(std::size_t size, std::size_t requested, bool small,
                                  stream_t stream, bool& grew) {
+  // Placement sees every free block: none may stay held back from the index.
+  if (recent_count_ != 0) {
+    settle_recent();
+    if (pending_count_ > kMergeWindow) merge_pending();
+  }
   Block* block = take_cached(size, small, stream);
   if (block == nullptr && streams_.size() > 1 && adopt_idle_streams(stream, small)) {
     block = take_cached(size, small, stream);
@@ -296,6 +306,14 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
     insert_free(rest);
     if (rest->next != nullptr && rest->next->free) add_pending(rest);
   }
+  hand_out(block, requested, stream);
+  if (was_largest) largest_stale_.store(true, std::memory_order_relaxed);
+  return block;
+}
+
+// Marks a free block (on no index, its pages counted in) allocated, and counts it.
+void CachingPool::hand_out(Block* block, std::size_t requested, stream_t stream) {
+  const std::size_t size = block->size;
   block->free = false;
   block->stream = stream;
   block->requested = requested;
@@ -316,8 +334,70 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
   if (now > peak_allocated_.load(std::memory_order_relaxed)) {
     peak_allocated_.store(now, std::memory_order_relaxed);
   }
-  if (was_largest) largest_stale_.store(true, std::memory_order_relaxed);
-  return block;
+}
+
+// Recent frees. A freed block first waits, off the free index and with its pages still
+// counted in, among the last kRecentFrees freed: a request of the same rounded size on the
+// same stream takes the newest such block back whole. Repeated sizes, most of a training
+// step's or a benchmark's requests, then cost neither the index nor the merge queue, nor
+// counting an expandable block's pages out and in again. Every other request settles the
+// held blocks first (try_allocate), as do merging, releasing and reading the books, so
+// that placement and reports see every free block as if it had been settled at its free.
+Block* CachingPool::take_recent(std::size_t size, stream_t stream) noexcept {
+  for (unsigned i = recent_count_; i-- > 0;) {
+    if (recent_[i].size != size || recent_[i].stream != stream) continue;
+    Block* block = recent_[i].block;
+    for (unsigned j = i + 1; j < recent_count_; ++j) recent_[j - 1] = recent_[j];
+    --recent_count_;
+    block->recent = false;
+    return block;
+  }
+  return nullptr;
+}
+
+void CachingPool::hold_recent(Block* block) {
+  bool evicted = false;
+  if (recent_count_ == kRecentFrees) {
+    Block* oldest = recent_[0].block;
+    for (unsigned j = 1; j < recent_count_; ++j) recent_[j - 1] = recent_[j];
+    --recent_count_;
+    oldest->recent = false;
+    settle(oldest);
+    evicted = true;
+  }
+  block->recent = true;
+  recent_[recent_count_++] = Recent{block->size, block->stream, block};
+  // The largest free block reported must count held blocks, merged with their free
+  // neighbours as settling would (stats() settles them when this is stale).
+  if (block->size > largest_free_.load(std::memory_order_relaxed) ||
+      (block->prev != nullptr && block->prev->free) || (block->next != nullptr && block->next->free)) {
+    largest_stale_.store(true, std::memory_order_relaxed);
+  }
+  // Only now, with `block` held: a merge settles it first. Free on no list, a merging
+  // neighbour would take it in while it is still to be handed out.
+  if (evicted && pending_count_ > kMergeWindow) merge_pending();
+}
+
+// Every held block onto its index (newest first); merges nothing.
+void CachingPool::settle_recent() {
+  while (recent_count_ != 0) {
+    Block* block = recent_[--recent_count_].block;
+    block->recent = false;
+    settle(block);
+  }
+}
+
+void CachingPool::settle(Block* block) {
+  if (block->segment->table != nullptr) {
+    paged_->release(block->segment->table, block->addr, block->size,
+                    stream_free(block->stream).bit);
+  }
+  insert_free(block);
+  // A block with no free neighbour needs no merge now; a neighbour freed later will
+  // queue itself and merge with this one.
+  if ((block->prev != nullptr && block->prev->free) || (block->next != nullptr && block->next->free)) {
+    add_pending(block);
+  }
 }
 
 void CachingPool::insert_free(Block* block) {
@@ -381,18 +461,7 @@ bool CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
   block->free = true;
   block->requested = 0;
   if (has_stream && upstream_->stream_ordered()) block->stream = stream;
-  if (block->segment->table != nullptr) {
-    paged_->release(block->segment->table, block->addr, block->size,
-                    stream_free(block->stream).bit);
-  }
-
-  insert_free(block);
-  // A block with no free neighbour needs no merge now; a neighbour freed later will
-  // queue itself and merge with this one.
-  if ((block->prev != nullptr && block->prev->free) || (block->next != nullptr && block->next->free)) {
-    add_pending(block);
-    if (pending_count_ > kMergeWindow) merge_pending();
-  }
+  hold_recent(block);
   return true;
 }
 
@@ -456,6 +525,7 @@ Block* CachingPool::merge_neighbours(Block* block) {
 }
 
 void CachingPool::merge_pending() {
+  settle_recent();  // a held block's neighbours would see it free but find it on no index
   while (pending_ != nullptr) {
     Block* block = pending_;
     remove_pending(block);
@@ -483,6 +553,7 @@ std::size_t CachingPool::requested_size(const void* ptr) const {
 // reuse them) and returns whole free segments until reserved <= keep_reserved.
 std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
   if (reserved_.load(std::memory_order_relaxed) <= keep_reserved) return 0;
+  settle_recent();  // held blocks onto their indexes, so that the wait below covers them
   for (auto& sf : streams_) {
     // Pages remember every stream that freed a block on them: wait for all streams (one
     // device-wide wait, see StreamEvents::synchronize_device).

@@ -10,9 +10,13 @@
 // Neighbouring free blocks of a segment are merged a little late: a freed block is
 // reusable at its own size at once, and the few blocks whose merge is pending are
 // merged before any request that would split a block, once there are more than
-// kMergeWindow of them, and before stats are read. A repeated size thus costs no split
-// and merge, while every other placement sees free runs merged. Whole free segments go back to the upstream on
-// emergency_cleanup(), trim(), a limit change, or when the upstream runs out.
+// kMergeWindow of them, and before stats are read. Before even that, the last
+// kRecentFrees freed blocks wait off the free index: a request of the same rounded size
+// on the same stream takes the newest back whole, and any other request puts them all on
+// their indexes first (take_recent). A repeated size thus costs no split, merge or index
+// update, while every other placement sees free runs merged. Whole free segments go back
+// to the upstream on emergency_cleanup(), trim(), a limit change, or when the upstream
+// runs out.
 // All members are thread-safe. Prefer ManagedBuffer (managed_buffer.hpp) to raw calls.
 // The code is split by concern, as RMM splits its resources: caching_pool.cpp (allocate,
 // free, merge, release), caching_pool_limits.cpp (limit, pressure, callbacks),
@@ -99,6 +103,8 @@ class CachingPool {
   static constexpr std::size_t kMergeWindow = 4;
   // Free blocks an expandable class looks through for one already mapped (own_fit).
   static constexpr unsigned kMappedCandidates = 16;
+  // Freed blocks held back from the free index at a time (see take_recent).
+  static constexpr unsigned kRecentFrees = 8;
 
   // Returns the bytes it released (a guess is fine); `needed` is the failed request.
   using ReclaimCallback = std::function<std::size_t(std::size_t needed)>;
@@ -194,6 +200,12 @@ class CachingPool {
     ReclaimCallback callback;
   };
   struct Tally;  // what validate() counts while it walks the segments
+  // A freed block held back from the free index, with what a request must match.
+  struct Recent {
+    std::size_t size;
+    stream_t stream;
+    detail::Block* block;
+  };
 
   static constexpr std::size_t round_up(std::size_t value, std::size_t to) noexcept {
     return (value + to - 1) / to * to;
@@ -214,6 +226,13 @@ class CachingPool {
                                bool small, detail::PageTable* table);
   detail::Block* carve(detail::Block* block, std::size_t size, std::size_t requested,
                        stream_t stream);
+  void hand_out(detail::Block* block, std::size_t requested, stream_t stream);
+  detail::Block* take_recent(std::size_t size, stream_t stream) noexcept;
+  void hold_recent(detail::Block* block);
+  void settle_recent();
+  // Puts a freed block on its index (its pages counted out), pending a merge when a
+  // neighbour is free; merges nothing itself.
+  void settle(detail::Block* block);
   void insert_free(detail::Block* block);
   void add_pending(detail::Block* block) noexcept;
   void remove_pending(detail::Block* block) noexcept;
@@ -281,6 +300,8 @@ class CachingPool {
   detail::Segment* segments_ = nullptr;
   detail::Block* pending_ = nullptr;  // freed blocks not yet merged
   std::size_t pending_count_ = 0;
+  Recent recent_[kRecentFrees];  // oldest first
+  unsigned recent_count_ = 0;
   detail::PtrMap<detail::Block> live_;
   std::vector<std::unique_ptr<StreamFree>> streams_;
   StreamFree* last_stream_ = nullptr;

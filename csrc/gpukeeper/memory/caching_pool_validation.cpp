@@ -74,7 +74,7 @@ std::string CachingPool::oom_message(std::size_t bytes) const {
 // What the walk over the segments found, to compare with the counters.
 struct CachingPool::Tally {
   std::size_t reserved = 0, segments = 0, allocated = 0, allocated_count = 0, requested = 0;
-  std::size_t free_blocks = 0;
+  std::size_t free_blocks = 0, recent_blocks = 0;
 };
 
 std::string CachingPool::validate() const {
@@ -115,19 +115,31 @@ void CachingPool::validate_block(const Segment* seg, const Block* b, const Block
   if (b->prev != prev) problems << "broken prev link at " << hex((void*)b->addr) << "; ";
   if (b->segment != seg) problems << "block in wrong segment; ";
   if (b->size == 0 || b->size % kAlignment) problems << "bad block size; ";
+  auto waits = [](const Block* x) { return x->pending || x->recent; };  // a merge to come
   if (b->free) {
     ++tally.free_blocks;
-    if (prev && prev->free && prev->stream == b->stream && !prev->pending && !b->pending) {
+    if (prev && prev->free && prev->stream == b->stream && !waits(prev) && !waits(b)) {
       problems << "unmerged free pair at " << hex((void*)prev->addr) << " (" << prev->size
                << " + " << b->size << " bytes), neither pending a merge; ";
     }
     if (live_.find(b->addr) != nullptr) problems << "free block in live map; ";
-    return;
+    if (!b->recent) return;
+    ++tally.recent_blocks;
+    bool held = false;
+    for (unsigned i = 0; i < recent_count_; ++i) {
+      const Recent& r = recent_[i];
+      if (r.block == b) held = r.size == b->size && r.stream == b->stream;
+    }
+    if (!held) problems << "recent block " << hex((void*)b->addr) << " not held as it is; ";
+    if (b->pending) problems << "recent block pending a merge; ";
+  } else {
+    if (b->recent) problems << "live block marked recent; ";
+    ++tally.allocated_count;
+    tally.allocated += b->size;
+    tally.requested += b->requested;
+    if (live_.find(b->addr) != b) problems << "live block missing from map; ";
   }
-  ++tally.allocated_count;
-  tally.allocated += b->size;
-  tally.requested += b->requested;
-  if (live_.find(b->addr) != b) problems << "live block missing from map; ";
+  // A held block keeps its pages counted in, as a live one does.
   if (seg->table != nullptr) {
     const std::size_t page = paged_->page_size();
     for (std::size_t i = (b->addr - seg->base) / page;
@@ -141,8 +153,12 @@ void CachingPool::validate_block(const Segment* seg, const Block* b, const Block
 void CachingPool::validate_counters(const Tally& tally, detail::Text& problems) const {
   std::size_t indexed = 0;
   for (const auto& sf : streams_) indexed += sf->small.count() + sf->large.count();
-  if (indexed != tally.free_blocks) {
-    problems << "free blocks " << tally.free_blocks << " but " << indexed << " indexed; ";
+  if (indexed + tally.recent_blocks != tally.free_blocks) {
+    problems << "free blocks " << tally.free_blocks << " but " << indexed << " indexed and "
+             << tally.recent_blocks << " held; ";
+  }
+  if (tally.recent_blocks != recent_count_) {
+    problems << recent_count_ << " recent frees held but " << tally.recent_blocks << " found; ";
   }
   if (live_.size() != tally.allocated_count) problems << "live map size disagrees; ";
   auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
