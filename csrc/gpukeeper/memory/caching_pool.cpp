@@ -20,8 +20,9 @@ using detail::human_bytes;
 
 CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions options)
     : upstream_(std::move(upstream)),
+      stream_ordered_(upstream_ && upstream_->stream_ordered()),
       options_(options),
-      events_(upstream_ ? upstream_->device() : 0, upstream_ && upstream_->stream_ordered()) {
+      events_(upstream_ ? upstream_->device() : 0, stream_ordered_) {
   if (!upstream_) throw InvalidInputError("CachingPool needs an upstream resource");
   check_options(options_);
   limit_.store(options_.max_pool_size, std::memory_order_relaxed);
@@ -62,7 +63,7 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
   const std::size_t size = round_up(bytes, kAlignment);
   const bool small = size <= options_.small_size;
   // Host memory knows no streams: one free list, so that all neighbours can merge.
-  if (!upstream_->stream_ordered()) stream = 0;
+  if (!stream_ordered_) stream = 0;
 
   Block* block = nullptr;
   bool grew = false;
@@ -460,7 +461,7 @@ bool CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
   history_.requested_bytes.decrease(small, block->requested);
   block->free = true;
   block->requested = 0;
-  if (has_stream && upstream_->stream_ordered()) block->stream = stream;
+  if (has_stream && stream_ordered_) block->stream = stream;
   hold_recent(block);
   return true;
 }

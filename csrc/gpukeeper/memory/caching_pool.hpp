@@ -278,6 +278,8 @@ class CachingPool {
   }
 
   std::unique_ptr<MemoryResource> upstream_;
+  // upstream_->stream_ordered(), asked once: every allocation and free needs it.
+  bool stream_ordered_ = false;
   PoolOptions options_;
   std::unique_ptr<detail::PagedMemory> paged_;  // expandable mode only; dies before upstream_
   // Made once: building them per allocation would allocate on the hot path.

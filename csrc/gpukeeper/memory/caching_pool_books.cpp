@@ -64,7 +64,7 @@ PoolHistory CachingPool::history() const {
   for (StatFamily* f : {&h.inactive_split_bytes, &h.inactive_splits}) {
     for (StatCounter* c : {&f->all, &f->small, &f->large}) c->peak = c->allocated = 0;
   }
-  return h;
+  return h.totals();
 }
 
 void CachingPool::reset_accumulated() noexcept {

@@ -170,7 +170,7 @@ void CachingPool::validate_counters(const Tally& tally, detail::Text& problems) 
   if (get(allocated_) != allocated) problems << "allocated counter " << get(allocated_) << " != " << allocated << "; ";
   if (get(allocated_count_) != tally.allocated_count) problems << "allocated count disagrees; ";
   if (get(requested_) != tally.requested) problems << "requested counter disagrees; ";
-  const PoolHistory& h = history_;
+  const PoolHistory h = history_.totals();
   if (h.allocated_bytes.all.current != allocated ||
       h.allocated_bytes.small.current + h.allocated_bytes.large.current != allocated) {
     problems << "history's allocated bytes " << h.allocated_bytes.all.current << " != " << allocated << "; ";

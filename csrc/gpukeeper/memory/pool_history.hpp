@@ -37,22 +37,33 @@ struct StatCounter {
   }
 };
 
+// The size classes count as they change; `all` keeps only its peak then, and totals()
+// adds the classes up for the rest when the history is read. The allocation path thus
+// updates one counter per quantity, not two.
 struct StatFamily {
   StatCounter all, small, large;
 
   void increase(bool is_small, std::size_t n) noexcept {
-    all.increase(n);
     (is_small ? small : large).increase(n);
+    const std::size_t now = small.current + large.current;
+    if (now > all.peak) all.peak = now;
   }
-  void decrease(bool is_small, std::size_t n) noexcept {
-    all.decrease(n);
-    (is_small ? small : large).decrease(n);
-  }
+  void decrease(bool is_small, std::size_t n) noexcept { (is_small ? small : large).decrease(n); }
   void reset_peaks() noexcept {
-    for (StatCounter* c : {&all, &small, &large}) c->peak = c->current;
+    small.peak = small.current;
+    large.peak = large.current;
+    all.peak = small.current + large.current;
   }
   void reset_accumulated() noexcept {
     for (StatCounter* c : {&all, &small, &large}) c->allocated = c->freed = 0;
+  }
+  // This family with `all`'s current value and totals filled in from the classes.
+  StatFamily totals() const noexcept {
+    StatFamily f = *this;
+    f.all.current = small.current + large.current;
+    f.all.allocated = small.allocated + large.allocated;
+    f.all.freed = small.freed + large.freed;
+    return f;
   }
 };
 
@@ -80,6 +91,12 @@ struct PoolHistory {
   void reset_accumulated() noexcept {
     for (StatFamily* f : families()) f->reset_accumulated();
     alloc_retries = ooms = limit_rejections = device_allocs = device_frees = device_syncs = 0;
+  }
+  // As read: every family's `all` filled in (see StatFamily).
+  PoolHistory totals() const {
+    PoolHistory h = *this;
+    for (StatFamily* f : h.families()) *f = f->totals();
+    return h;
   }
 
  private:
