@@ -31,6 +31,11 @@ struct Block {
   bool free = false;
   bool pending = false;
   bool recent = false;  // free, held back from the free index (CachingPool's recent frees)
+
+  // Whether a neighbour in the segment is free: a merge may be due.
+  bool next_to_free() const noexcept {
+    return (prev != nullptr && prev->free) || (next != nullptr && next->free);
+  }
 };
 
 struct Segment {

@@ -370,8 +370,7 @@ void CachingPool::hold_recent(Block* block) {
   recent_[recent_count_++] = Recent{block->size, block->stream, block};
   // The largest free block reported must count held blocks, merged with their free
   // neighbours as settling would (stats() settles them when this is stale).
-  if (block->size > largest_free_.load(std::memory_order_relaxed) ||
-      (block->prev != nullptr && block->prev->free) || (block->next != nullptr && block->next->free)) {
+  if (block->size > largest_free_.load(std::memory_order_relaxed) || block->next_to_free()) {
     largest_stale_.store(true, std::memory_order_relaxed);
   }
   // Only now, with `block` held: a merge settles it first. Free on no list, a merging
@@ -396,9 +395,7 @@ void CachingPool::settle(Block* block) {
   insert_free(block);
   // A block with no free neighbour needs no merge now; a neighbour freed later will
   // queue itself and merge with this one.
-  if ((block->prev != nullptr && block->prev->free) || (block->next != nullptr && block->next->free)) {
-    add_pending(block);
-  }
+  if (block->next_to_free()) add_pending(block);
 }
 
 void CachingPool::insert_free(Block* block) {
