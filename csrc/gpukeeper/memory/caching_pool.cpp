@@ -346,24 +346,24 @@ void CachingPool::hand_out(Block* block, std::size_t requested, stream_t stream)
 // that placement and reports see every free block as if it had been settled at its free.
 Block* CachingPool::take_recent(std::size_t size, stream_t stream) noexcept {
   for (unsigned i = recent_count_; i-- > 0;) {
-    if (recent_[i].size != size || recent_[i].stream != stream) continue;
-    Block* block = recent_[i].block;
-    for (unsigned j = i + 1; j < recent_count_; ++j) recent_[j - 1] = recent_[j];
-    --recent_count_;
-    block->recent = false;
-    return block;
+    if (recent_[i].size == size && recent_[i].stream == stream) return drop_recent(i);
   }
   return nullptr;
+}
+
+// Takes entry `i` out of the held blocks, keeping the rest oldest first.
+Block* CachingPool::drop_recent(unsigned i) noexcept {
+  Block* block = recent_[i].block;
+  for (unsigned j = i + 1; j < recent_count_; ++j) recent_[j - 1] = recent_[j];
+  --recent_count_;
+  block->recent = false;
+  return block;
 }
 
 void CachingPool::hold_recent(Block* block) {
   bool evicted = false;
   if (recent_count_ == kRecentFrees) {
-    Block* oldest = recent_[0].block;
-    for (unsigned j = 1; j < recent_count_; ++j) recent_[j - 1] = recent_[j];
-    --recent_count_;
-    oldest->recent = false;
-    settle(oldest);
+    settle(drop_recent(0));
     evicted = true;
   }
   block->recent = true;

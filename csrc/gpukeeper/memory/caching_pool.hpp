@@ -200,7 +200,8 @@ class CachingPool {
     ReclaimCallback callback;
   };
   struct Tally;  // what validate() counts while it walks the segments
-  // A freed block held back from the free index, with what a request must match.
+  // A freed block held back from the free index, with what a request must match: copied
+  // from the block, so that the scan reads one small array rather than eight blocks.
   struct Recent {
     std::size_t size;
     stream_t stream;
@@ -228,6 +229,7 @@ class CachingPool {
                        stream_t stream);
   void hand_out(detail::Block* block, std::size_t requested, stream_t stream);
   detail::Block* take_recent(std::size_t size, stream_t stream) noexcept;
+  detail::Block* drop_recent(unsigned i) noexcept;
   void hold_recent(detail::Block* block);
   void settle_recent();
   // Puts a freed block on its index (its pages counted out), pending a merge when a
