@@ -4,11 +4,11 @@ always as ``InvalidInputError``."""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from gpukeeper.errors import InvalidInputError
 
-__all__ = ["check_int", "check_positive"]
+__all__ = ["check_fraction", "check_int", "check_positive"]
 
 
 def check_int(value: Any, what: str, minimum: int) -> int:
@@ -27,3 +27,19 @@ def check_positive(value: Any, what: str) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
         raise InvalidInputError(f"{what} must be a positive finite number or None, got {value!r}")
     return float(value)
+
+
+def check_fraction(value: Any, what: str) -> float:
+    """``value`` as a float when it is a number in [0, 1) (0.05: 5%); ``InvalidInputError``
+    naming ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < 1):
+        raise InvalidInputError(f"{what} must be a fraction in [0, 1) (0.05: 5%), got {value!r}")
+    return float(value)
+
+
+def check_choice(value: Any, what: str, choices: Sequence[str]) -> str:
+    """``value`` when it is one of the strings ``choices``; ``InvalidInputError`` naming
+    ``what`` and every choice otherwise."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidInputError(f"{what} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    return value

@@ -378,7 +378,7 @@ def test_comparison_table_marks_differences_within_noise() -> None:
     text = print_comparison_table({"base": base, "close": close, "far": far}, file=out)
     assert out.getvalue() == text
     lines = text.splitlines()
-    assert lines[0].split()[:3] == ["Implementation", "Median", "ms"]
+    assert lines[0].split()[:4] == ["Implementation", "Loop", "median", "ms"]
     row = {line.split()[0]: line for line in lines[2:5]}
     assert "1.00x (baseline)" in row["base"]
     assert "~0.96x" in row["close"]
@@ -386,6 +386,14 @@ def test_comparison_table_marks_differences_within_noise() -> None:
     assert "within the noise" in lines[-1]
     # without overlapping rows there is no footnote
     assert "~" not in format_comparison_table([base, far])
+
+
+def test_comparison_table_refuses_loop_and_device_times_side_by_side() -> None:
+    loop = _result("loop", [1.0, 1.1, 1.2])
+    device = BenchmarkResult(name="device", times_ms=[0.5, 0.6], gpu_times_ms=[0.5, 0.6], timing="gpu",
+                             work="gpu", measure="device")
+    with pytest.raises(InvalidInputError, match="time different things"):
+        format_comparison_table([loop, device])
 
 
 def test_comparison_table_prints_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:

@@ -162,6 +162,15 @@ class RankStep:
         # GPU, and the ranks are only in step once it has completed.
         return int(flag.item()) == 0
 
+    def agree_max(self, value: int) -> int:
+        """The largest ``value`` any rank of the group gives (a collective), so that every
+        rank sizes a loop alike: ranks that call ``fn`` a different number of times would
+        leave a collective inside it waiting."""
+        flag = self._flag
+        flag.fill_(int(value))
+        self._dist.all_reduce(flag, op=self._max, group=self.group)
+        return int(flag.item())
+
 
 def gather_objects(obj: Any, group: Any, dst: Optional[int]) -> Optional[List[Any]]:
     """Every rank's ``obj`` (picklable) in rank order: on ``dst`` (a global rank) only,

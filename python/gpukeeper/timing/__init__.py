@@ -6,7 +6,8 @@
   ``time_call`` for one call, waited for; a small backend layer (``select_backend``,
   ``register_backend``).
 - ``benchmark_function`` (``benchmark``): warm-up, per-call ``CUDATimer.time_call``
-  behind a launch-latency gate, optional L2 flush (``l2``), nvbench-style noise-based
+  behind a launch-latency gate (the device time), the loop time of back-to-back calls
+  and the verdict on what bounds a call (``loop_time``), optional L2 flush (``l2``), nvbench-style noise-based
   stopping (``stopping``), throttle detection (``throttle``), host-clock plans for JAX
   and engines and the memory readings (``plans``); returns a ``BenchmarkResult``
   (``result``).

@@ -28,6 +28,18 @@ launch floor: the same gated events around an empty kernel, measured once per de
 gate; the last warm-up call finds that out (its gate times out) and such functions are
 timed without a gate, with a warning. Steps 1 to 4 are ``CUDATimer.time_call``: the gate,
 the floor and the events are the timer's; this module decides when to gate.
+
+That per-call GPU time is the *device time*: the call's own work as if the host launched
+it infinitely fast. A user's loop does not see it when the host's launches, not the
+device, set the pace (a small model called millions of times, twenty small kernels, an
+eager step next to its CUDA graph). So the calls are then run once more the way a loop
+runs them: rounds of back-to-back calls, nothing between them, each round timed by the
+wall clock from a synchronized start to a synchronized end. A round lasts about
+``LOOP_ROUND_MS``, so its one synchronisation and the first launch on an idle device
+cost well under 1 % of it. That is the *loop time* per call, the headline by default
+(``measure="loop"``); the ratio of the two is the share of the loop the device was busy,
+and from it (and the gate) the verdict on what bounds the call: the device, the host's
+launches, or a synchronisation inside the call.
 """
 
 from __future__ import annotations
@@ -39,14 +51,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
-from gpukeeper.checks import check_int, check_positive
+from gpukeeper.checks import check_choice, check_int, check_positive
 from gpukeeper.devices import DeviceSpec
 from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.progress import ProgressBar, progress_wanted
 from gpukeeper.timing.l2 import L2Flusher
 from gpukeeper.timing.plans import HostSync, MemorySampler, host_sync_plan, jax_plan
+from gpukeeper.timing import stats
 from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.loop_time import LoopRounds, bound_verdict, run_rounds
 from gpukeeper.timing.stopping import StopRule
 from gpukeeper.timing.throttle import ClockWatch
 from gpukeeper.timing.timer import (
@@ -58,7 +72,7 @@ from gpukeeper.timing.timer import (
     timing_device,
 )
 
-__all__ = ["NOISY_THRESHOLD", "benchmark_function"]
+__all__ = ["DEVICE_BOUND_SHARE", "LOOP_ROUND_MS", "MEASURES", "NOISY_THRESHOLD", "benchmark_function"]
 
 #: Relative noise (std/mean) above which a result is flagged ``noisy`` when no
 #: ``max_noise`` was asked for.
@@ -70,6 +84,20 @@ NOISY_THRESHOLD = 0.10
 _GATE_TIMEOUT_FACTOR = 20.0
 _GATE_TIMEOUT_MIN_MS = 50.0
 _GATE_TIMEOUT_MAX_MS = 2000.0
+
+#: What the headline statistics of a result are of: ``"loop"``, the time per call of
+#: calls run back to back; ``"device"``, the call's own GPU work with the launch hidden.
+MEASURES = ("loop", "device")
+#: A loop round (back-to-back calls between two synchronisations) lasts about this long
+#: (ms): the round's one synchronisation, and the launch of its first call on an idle
+#: device, then cost a few microseconds of it.
+LOOP_ROUND_MS = 10.0
+#: At least this many rounds make a loop time's statistics.
+MIN_LOOP_ROUNDS = 10
+#: Calls in one round at most (a round of ~1 us calls is still 10 ms).
+MAX_LOOP_CALLS = 100_000
+#: The device bounds a call when it is busy for at least this share of the loop time.
+DEVICE_BOUND_SHARE = 0.9
 
 
 # --------------------------------------------------------------------- the function
@@ -89,6 +117,7 @@ def benchmark_function(
     gate_timeout_ms: Optional[float] = None,
     synchronize: Optional[Callable[[], Any]] = None,
     barrier: Any = None,
+    measure: str = "loop",
     **kwargs: Any,
 ) -> BenchmarkResult:
     """Times ``fn(*args, **kwargs)`` call by call and returns a ``BenchmarkResult``.
@@ -96,9 +125,17 @@ def benchmark_function(
     - ``warmup`` calls first (not measured), then a synchronisation: first calls pay for
       lazy initialisation, kernel compilation and allocator growth.
     - On a CUDA device (``device`` None picks CUDA when a loaded PyTorch or CuPy can use
-      it) each call is bracketed by events on the current stream and waited for; the
-      statistics are of GPU time, host latencies are kept too. On the CPU they are of
-      the host time (``time.perf_counter_ns``).
+      it) each call is bracketed by events on the current stream and waited for: its
+      *device time* (``gpu_times_ms``), host latencies are kept too. Then the calls run
+      back to back, as in a user's loop, in rounds of ``loop_calls`` calls between two
+      synchronisations: the *loop time* per call (``loop_times_ms``, one value a round).
+      On the CPU both are the host time of each call (``time.perf_counter_ns``).
+    - ``measure``: what the headline statistics (``median_ms``, ``mean_ms``, ...), and so
+      every speedup and comparison, are of: ``"loop"`` (default), the time per call a
+      loop of calls sees; ``"device"``, the device time (launch hidden). The result
+      carries both, the share of the loop the device was busy (``device_busy``) and what
+      bounds the call (``bound``: ``"device"``, ``"launch"``, ``"sync"``, or ``"host"``
+      for CPU work).
     - ``l2_flush``: overwrite a buffer of exactly the L2 size before each call (GPU only;
       ignored with a warning on the CPU).
     - ``hide_launch_latency``: take each call's GPU time behind a gate, so that it is the
@@ -150,11 +187,12 @@ def benchmark_function(
     ``InvalidInputError``.
     """
     opts = _check_options(fn, name, n_calls, warmup, l2_flush, min_time_s, max_noise,
-                          hide_launch_latency, gate_timeout_ms, synchronize, barrier)
+                          hide_launch_latency, gate_timeout_ms, synchronize, barrier, measure)
     run = _prepare(fn, args, kwargs, device, opts)
     _warm_up(run, opts)
     watch = _Watch(run)
     samples = _measure(run, opts)
+    _measure_loop(run, opts, samples)
     watch.stop(run)
     return _result(run, opts, samples, watch)
 
@@ -177,11 +215,13 @@ class _Options:
     synchronize: Optional[Callable[[], Any]]
     in_step: bool = False  # put the ranks of barrier_group in step before each call
     barrier_group: Any = None  # None with in_step: the default group
+    measure: str = "loop"
 
 
 def _check_options(
     fn: Any, name: Any, n_calls: Any, warmup: Any, l2_flush: Any, min_time_s: Any, max_noise: Any,
     hide_launch_latency: Any, gate_timeout_ms: Any, synchronize: Any, barrier: Any = None,
+    measure: Any = "loop",
 ) -> _Options:
     """The arguments checked, in this order; ``InvalidInputError`` for the first bad one."""
     if not callable(fn):
@@ -200,9 +240,10 @@ def _check_options(
     if synchronize is not None and not callable(synchronize):
         raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
     in_step, group = _check_barrier(barrier)
+    check_choice(measure, "measure", MEASURES)
     label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
     return _Options(label, n_calls, warmup, min_time, noise_limit, l2_flush, hide_launch_latency,
-                    fixed_timeout, synchronize, in_step, group)
+                    fixed_timeout, synchronize, in_step, group, measure)
 
 
 def _check_barrier(barrier: Any) -> Tuple[bool, Any]:
@@ -232,6 +273,7 @@ class _Run:
     hide: bool = False  # gate the calls (a GPU backend with the gate kernel, asked for)
     timer: Optional[CUDATimer] = None  # set for GPU events; None: the host clock
     ranks: Optional[RankStep] = None  # barrier=: the ranks stepped before each call
+    waits_inside: bool = False  # a gate timed out: the function waits for the GPU inside
 
 
 def _prepare(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], device: Any,
@@ -344,6 +386,7 @@ def _probe(run: _Run, opts: _Options, slowest_ms: Optional[float]) -> Any:
     run.backend.synchronize()
     if took.launch_hidden is False:
         timer.hides_launch_latency = False
+        run.waits_inside = True
         run.warnings.append(_gate_timed_out_warning(timer.gate_timeout_ms, "in the last warm-up call"))
     return took.result
 
@@ -383,6 +426,29 @@ class _Samples:
     host: List[float] = field(default_factory=list)
     stop_reason: str = "n_calls"
     total_s: float = 0.0
+    loop: Optional[LoopRounds] = None  # GPU work: the calls again, back to back
+
+
+def _measure_loop(run: _Run, opts: _Options, samples: _Samples) -> None:
+    """GPU work: the loop time (``loop_time``), the calls run back to back in rounds that end
+    at a wait for all their work. CPU work has none to take: each call's host time is
+    already what a loop of calls sees."""
+    if run.timer is None and run.plan is None:
+        return
+    if run.plan is not None:
+        wait = run.plan.wait
+
+        def settle(last: Any) -> None:
+            wait(last)
+    else:
+        sync = run.backend.synchronize
+
+        def settle(last: Any) -> None:
+            sync()
+    estimate = stats.median(samples.host) if samples.host else 0.0
+    samples.loop = run_rounds(run.fn, run.args, run.kwargs, settle, estimate, opts.n_calls, opts.min_time,
+                              opts.noise_limit, run.warnings, run.ranks, LOOP_ROUND_MS, MIN_LOOP_ROUNDS,
+                              MAX_LOOP_CALLS)
 
 
 def _measure(run: _Run, opts: _Options) -> _Samples:
@@ -479,6 +545,7 @@ def _gpu_step(run: _Run, samples: _Samples) -> Callable[[], Optional[float]]:
         took = time_call(fn, args, kwargs, flush)
         if took.launch_hidden is False:
             timer.hides_launch_latency = False
+            run.waits_inside = True
             run.warnings.append(_gate_timed_out_warning(timer.gate_timeout_ms, "in a measured call"))
             return None
         gpu(took.elapsed_ms)
@@ -580,24 +647,54 @@ class _Watch:
 # --------------------------------------------------------------------- the result
 
 
-def _timing_method(plan: Optional[HostSync], on_gpu: bool, backend: str, hidden: bool) -> str:
+def _timing_method(plan: Optional[HostSync], on_gpu: bool, backend: str, hidden: bool,
+                   loop: Optional[LoopRounds]) -> str:
     if plan is not None:
-        return plan.how
-    if on_gpu:
-        return (f"CUDA events ({backend}) on the current stream around each call"
-                + (", launch latency hidden behind a gate" if hidden else "")
-                + "; each call waited for")
-    return "host clock around each call (CPU work)"
+        how = plan.how
+    elif on_gpu:
+        how = (f"CUDA events ({backend}) on the current stream around each call"
+               + (", launch latency hidden behind a gate" if hidden else "")
+               + "; each call waited for")
+    else:
+        return "host clock around each call (CPU work)"
+    if loop is not None:
+        how += (f"; loop time: rounds of {loop.calls} back-to-back call(s), each round timed "
+                "from a synchronized start to the end of its work")
+    return how
+
+
+def _headline(opts: _Options, on_gpu: bool, samples: _Samples, warnings: List[str]) -> Tuple[str, List[float]]:
+    """(the measure the headline is of, its samples)."""
+    loop = samples.loop
+    if opts.measure == "device":
+        if on_gpu:
+            return "device", samples.gpu
+        if loop is not None:  # GPU work on the host clock: no device time to give
+            warnings.append("measure='device': this work has no device time (it runs where gpukeeper "
+                            "puts no events); the headline is each call's host time up to its wait")
+        return "device", samples.host
+    if loop is not None and loop.per_call:
+        return "loop", loop.per_call
+    return "loop", samples.host
 
 
 def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> BenchmarkResult:
     """The ``BenchmarkResult``, flagged noisy above ``max_noise`` (else 10 %)."""
-    timer, plan, memory = run.timer, run.plan, watch.memory
+    timer, plan, memory, loop = run.timer, run.plan, watch.memory, samples.loop
     on_gpu = timer is not None
     hidden = timer is not None and timer.hides_launch_latency
+    work = "gpu" if (on_gpu or plan is not None) else "cpu"
+    measure, headline = _headline(opts, on_gpu, samples, run.warnings)
+    loop_times = loop.per_call if loop is not None else (samples.host if work == "cpu" else None)
+    device_times = samples.gpu if on_gpu else (samples.host if work == "cpu" else None)
+    bound, busy = bound_verdict(
+        stats.median(loop_times) if loop_times else None,
+        stats.median(device_times) if device_times else None,
+        stats.median(loop.issue) if loop is not None and loop.issue else None,
+        run.waits_inside, work == "gpu", DEVICE_BOUND_SHARE)
     result = BenchmarkResult(
         name=opts.label,
-        times_ms=samples.gpu if on_gpu else samples.host,
+        times_ms=headline,
         host_times_ms=samples.host,
         gpu_times_ms=samples.gpu if on_gpu else None,
         timing="gpu" if on_gpu else "host",
@@ -608,7 +705,7 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         launch_latency=("hidden" if hidden else "included") if on_gpu else "n/a",
         gpu_floor_ms=timer.floor_ms if hidden else None,  # type: ignore[union-attr]
         stop_reason=samples.stop_reason,
-        total_time_s=samples.total_s,
+        total_time_s=samples.total_s + (loop.total_s if loop is not None else 0.0),
         memory_before_bytes=memory.before,
         memory_after_bytes=memory.after,
         memory_peak_bytes=memory.peak,
@@ -617,9 +714,16 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         recompiles=watch.recompiles,
         warnings=run.warnings,
         clocks=watch.clocks.clocks if watch.clocks is not None else {},
-        work="gpu" if (on_gpu or plan is not None) else "cpu",
-        timing_method=_timing_method(plan, on_gpu, run.backend.name, hidden) + _in_step_text(run.ranks),
+        work=work,
+        timing_method=(_timing_method(plan, on_gpu, run.backend.name, hidden, loop)
+                       + _in_step_text(run.ranks)),
         synchronized=plan.synchronized if plan is not None else True,
+        measure=measure,
+        loop_times_ms=list(loop_times) if loop_times is not None else None,
+        loop_calls=loop.calls if loop is not None else 1,
+        loop_issue_ms=list(loop.issue) if loop is not None else None,
+        bound=bound,
+        device_busy=busy,
     )
     limit = opts.noise_limit if opts.noise_limit is not None else NOISY_THRESHOLD
     noise = result.relative_noise

@@ -65,10 +65,13 @@ def compare_implementations(
 
     ``kwargs`` are those of ``benchmark_function`` (``n_calls``, ``warmup``, ``device``,
     ``l2_flush``, ``min_time_s``, ``max_noise``) plus keyword arguments for the
-    implementations. Returns ``{name: BenchmarkResult}`` in the order given (an
-    :class:`ImplementationComparison`, a dict), each with ``speedup`` = baseline median
-    / its median (the first implementation is the baseline; medians, because one slow
-    outlier call should not decide a speedup).
+    implementations, and ``measure``. Returns ``{name: BenchmarkResult}`` in the order
+    given (an :class:`ImplementationComparison`, a dict), each with ``speedup`` =
+    baseline median / its median (the first implementation is the baseline; medians,
+    because one slow outlier call should not decide a speedup). The medians are of the
+    loop time, the time per call a loop of calls sees, so an eager step and its CUDA
+    graph compare as a training or MD loop will find them; ``measure="device"`` compares
+    the device time instead (the GPU work alone, as if launches were free).
     """
     if not isinstance(impls, Mapping) or not impls:
         raise InvalidInputError("impls must be a non-empty dict of name -> callable")
@@ -121,7 +124,18 @@ def _result_pairs(
     for key, r in rows:
         if not isinstance(r, BenchmarkResult):
             raise InvalidInputError(f"result {key!r} is not a BenchmarkResult ({type(r).__name__})")
+    measures = {r.measure for _, r in rows}
+    if len(measures) > 1:
+        raise InvalidInputError(
+            "these results time different things (" + ", ".join(f"{k}: {r.measure} time" for k, r in rows)
+            + "); benchmark them with the same measure= to compare them")
     return rows
+
+
+def _other_median(r: BenchmarkResult) -> str:
+    """The median of the time the headline is not of (n/a where there is none)."""
+    value = r.device_median_ms if r.measure == "loop" else r.loop_median_ms
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _table_rows(
@@ -131,7 +145,9 @@ def _table_rows(
     is within the noise: the text table and the HTML one show the same cells."""
     rows = _result_pairs(results)
     baseline = rows[0][1]
-    header = ["Implementation", "Median ms", "Mean ms", "Std ms", "P95 ms", "P99 ms", "Calls/s", "Speedup"]
+    headline, other = ("Loop", "Device") if baseline.measure == "loop" else ("Device", "Loop")
+    header = ["Implementation", f"{headline} median ms", "Mean ms", "Std ms", "P95 ms", "P99 ms",
+              f"{other} median ms", "Bound", "Calls/s", "Speedup"]
     body: List[List[str]] = []
     for i, (key, r) in enumerate(rows):
         flags = "".join([" (noisy)" if r.noisy else "", " (throttled)" if r.throttled else ""])
@@ -142,6 +158,8 @@ def _table_rows(
             f"{r.std_ms:.4f}" if not math.isnan(r.std_ms) else "n/a",
             f"{r.p95_ms:.4f}",
             f"{r.p99_ms:.4f}",
+            _other_median(r),
+            r.bound or "n/a",
             f"{r.calls_per_s:,.1f}",
             speedup_label(r, baseline if i > 0 else None),
         ])
@@ -162,9 +180,11 @@ def print_comparison_table(
     results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]],
     file: Optional[TextIO] = None,
 ) -> str:
-    """Prints one row per result (median, mean, std, p95, p99, calls/s, speedup against
-    the first) to ``file`` (stdout by default) and returns the text. A speedup marked
-    ``~`` is within the noise: the IQRs of that result and the baseline overlap."""
+    """Prints one row per result (the headline median, mean, std, p95, p99, the median of
+    the other time, what bounds the call, calls/s, speedup against the first) to
+    ``file`` (stdout by default) and returns the text. A speedup marked ``~`` is within
+    the noise: the IQRs of that result and the baseline overlap. Results that time
+    different things (loop and device time) raise ``InvalidInputError``."""
     text = format_comparison_table(results)
     print(text, end="", file=file if file is not None else sys.stdout)
     return text

@@ -11,6 +11,7 @@ from gpukeeper.errors import InvalidInputError
 from gpukeeper.htmltable import html_fields
 from gpukeeper.plotting import PathLike
 from gpukeeper.timing import stats as _stats
+from gpukeeper.timing.loop_time import describe_bound
 
 __all__ = ["BenchmarkResult"]
 
@@ -36,6 +37,8 @@ _STAT_NAMES = (
     "calls_per_s",
     "host_mean_ms",
     "host_median_ms",
+    "loop_median_ms",
+    "device_median_ms",
     "memory_delta_bytes",
     "memory_delta_gb",
 )
@@ -45,18 +48,33 @@ _STAT_NAMES = (
 class BenchmarkResult:
     """The per-call times of one benchmark and their statistics.
 
-    Raw data:
+    Two times per call, and which one leads:
 
-    - ``times_ms``: the per-call times the statistics are computed from — the GPU time
-      between events when ``timing == "gpu"``, else the host time;
-    - ``gpu_times_ms``: per-call GPU time from events (None without a GPU);
+    - the **loop time** (``loop_times_ms``): the time per call when calls run back to
+      back, as in a user's loop: one value per round of ``loop_calls`` calls (the
+      round's wall clock from a synchronized start to the end of its work, divided by
+      ``loop_calls``). On the CPU, each call's host time (``loop_calls`` 1);
+    - the **device time** (``gpu_times_ms``): each call's own GPU work between events,
+      with the launch hidden behind a gate where ``launch_latency`` is ``"hidden"``
+      (None for work without events);
+    - ``measure``: which of the two ``times_ms`` holds, and so the headline statistics,
+      every speedup and every comparison: ``"loop"`` (the default) or ``"device"``;
+    - ``device_busy``: the share of the loop time the device was busy (device median /
+      loop median, at most 1); ``bound``: what sets the pace — ``"device"``,
+      ``"launch"`` (the host's launches: the device waits between kernels), ``"sync"``
+      (the call waits for the device inside) or ``"host"`` (CPU work); None where no
+      device time was taken;
     - ``host_times_ms``: per-call host time, from before the call until its work was done
-      (on a GPU: including the wait for its stop event).
+      (on a GPU: including the wait for its stop event); ``loop_issue_ms``: per round,
+      the host's time to issue one call (before the round's final wait).
 
     Statistics of ``times_ms`` (milliseconds): ``mean_ms``, ``median_ms``, ``std_ms``
     (sample std), ``min_ms``, ``max_ms``, ``p5_ms``, ``p25_ms``, ``p75_ms``, ``p95_ms``,
     ``p99_ms``, ``iqr_ms``; ``relative_noise`` = std/mean (nvbench's "noise"),
-    ``relative_iqr`` = IQR/median (robust); ``calls_per_s`` from the host times.
+    ``relative_iqr`` = IQR/median (robust); ``n_calls`` is the number of those samples
+    (with ``measure="loop"`` on a GPU: rounds). ``loop_median_ms`` and
+    ``device_median_ms`` give both medians whatever the measure; ``calls_per_s`` is from
+    the loop time.
 
     Memory (bytes; None where nothing could be read): ``memory_before_bytes``,
     ``memory_after_bytes``, ``memory_peak_bytes`` as read from ``memory_source``
@@ -110,6 +128,12 @@ class BenchmarkResult:
     work: Optional[str] = None
     timing_method: str = ""
     synchronized: Optional[bool] = None
+    measure: Optional[str] = None
+    loop_times_ms: Optional[List[float]] = None
+    loop_calls: int = 1
+    loop_issue_ms: Optional[List[float]] = None
+    bound: Optional[str] = None
+    device_busy: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not self.times_ms:
@@ -119,12 +143,24 @@ class BenchmarkResult:
             self.work = "gpu" if self.timing == "gpu" else "cpu"
         if self.work not in ("gpu", "cpu"):
             raise InvalidInputError(f"BenchmarkResult work must be 'gpu' or 'cpu', got {self.work!r}")
+        if self.measure is None:
+            # Results saved before loop time existed: GPU results held device time.
+            self.measure = "device" if self.timing == "gpu" else "loop"
+        if self.measure not in ("loop", "device"):
+            raise InvalidInputError(f"BenchmarkResult measure must be 'loop' or 'device', got {self.measure!r}")
         self.times_ms = [float(t) for t in self.times_ms]
         self.host_times_ms = [float(t) for t in self.host_times_ms]
         if self.gpu_times_ms is not None:
             self.gpu_times_ms = [float(t) for t in self.gpu_times_ms]
+        if self.loop_times_ms is not None:
+            self.loop_times_ms = [float(t) for t in self.loop_times_ms]
+        if self.loop_issue_ms is not None:
+            self.loop_issue_ms = [float(t) for t in self.loop_issue_ms]
         self._summary = _stats.summarize(self.times_ms)
         self._host = _stats.summarize(self.host_times_ms) if self.host_times_ms else None
+        self._loop = _stats.summarize(self.loop_times_ms) if self.loop_times_ms else None
+        device = self.gpu_times_ms if self.gpu_times_ms else (self.host_times_ms if self.work == "cpu" else None)
+        self._device = _stats.summarize(device) if device else None
 
     # ----------------------------------------------------------------- statistics
 
@@ -200,9 +236,34 @@ class BenchmarkResult:
         return self._host.median if self._host else None
 
     @property
+    def loop_stats(self) -> Optional[_stats.SampleStats]:
+        """Statistics of the loop time per call (None for results saved without it)."""
+        return self._loop
+
+    @property
+    def device_stats(self) -> Optional[_stats.SampleStats]:
+        """Statistics of the device time per call (the host time for CPU work; None for
+        GPU work without events)."""
+        return self._device
+
+    @property
+    def loop_median_ms(self) -> Optional[float]:
+        """Median loop time per call: what a loop of back-to-back calls sees."""
+        return self._loop.median if self._loop else None
+
+    @property
+    def device_median_ms(self) -> Optional[float]:
+        """Median device time per call: the call's own work, launch hidden."""
+        return self._device.median if self._device else None
+
+    @property
     def calls_per_s(self) -> float:
-        """Calls per second from the host times (what a loop of calls achieves)."""
-        mean = self._host.mean if self._host else self._summary.mean
+        """Calls per second a loop of calls achieves (from the loop time; the host times
+        for results saved without one)."""
+        if self._loop:
+            mean = self._loop.mean
+        else:
+            mean = self._host.mean if self._host else self._summary.mean
         return 1e3 / mean if mean > 0 else math.inf
 
     # seconds, for readers of the older API
@@ -228,22 +289,50 @@ class BenchmarkResult:
 
     # ----------------------------------------------------------------- text
 
+    def _headline_words(self) -> str:
+        if self.measure == "device":
+            return "device time per call (the call's own GPU work" + (
+                ", launch hidden)" if self.launch_latency == "hidden" else ")")
+        if self.work == "gpu" and self.loop_times_ms is not None:
+            return (f"loop time per call (calls back to back as in a loop; {self.n_calls} rounds of "
+                    f"{self.loop_calls})")
+        return "time per call"
+
+    def _other_rows(self) -> List[Tuple[str, str]]:
+        """(label, text): the time the headline is not of, and what bounds the call."""
+        rows: List[Tuple[str, str]] = []
+        if self.measure == "loop" and self.gpu_times_ms and self._device is not None:
+            d = self._device
+            rows.append(("device time per call", f"median {d.median:.4f} ms, p95 {d.p95:.4f} ms "
+                                                 f"(the call's own GPU work, launch {self.launch_latency})"))
+        elif self.measure == "device" and self._loop is not None and self.work == "gpu":
+            rows.append(("loop time per call", f"median {self._loop.median:.4f} ms "
+                                               "(calls back to back, as a loop sees them)"))
+        if self.work == "gpu" and self.device_busy is not None:
+            rows.append(("device busy", f"{self.device_busy * 100:.0f} % of the loop time"))
+        if self.work == "gpu" and (self.bound is not None or self.loop_times_ms is not None):
+            rows.append(("bound by", describe_bound(self.bound)))
+        return rows
+
     def summary(self) -> str:
-        """A few readable lines: latency statistics, throughput, memory, warnings."""
+        """A few readable lines: the headline statistics (saying which time they are of),
+        the other time, what bounds the call, throughput, memory, warnings."""
         s = self._summary
         lines = [
-            f"{self.name}: {s.count} calls on {self.device} ({(self.work or 'cpu').upper()} work, "
+            f"{self.name}: {s.count} samples on {self.device} ({(self.work or 'cpu').upper()} work, "
             f"{self.timing} time, {self.backend})",
+            f"  {self._headline_words()}:",
             f"  mean   {s.mean:.4f} ms ± {s.std:.4f} ms (noise {_pct(s.relative_std)})",
             f"  median {s.median:.4f} ms  IQR {s.iqr:.4f} ms ({_pct(s.relative_iqr)})",
             f"  min {s.min:.4f}  p5 {s.p5:.4f}  p25 {s.p25:.4f}  p75 {s.p75:.4f}  "
             f"p95 {s.p95:.4f}  p99 {s.p99:.4f}  max {s.max:.4f} ms",
             f"  throughput {self.calls_per_s:,.1f} calls/s",
         ]
+        lines += [f"  {label}: {text}" for label, text in self._other_rows()]
         if self.timing_method:
             lines.insert(1, f"  timed: {self.timing_method}")
         if self.gpu_times_ms is not None and self._host is not None:
-            lines.append(f"  host latency median {self._host.median:.4f} ms (launch + wait)")
+            lines.append(f"  host latency median {self._host.median:.4f} ms (launch + wait of one call)")
             lines.append(f"  launch latency {self.launch_latency} in the GPU times")
         if self.memory_source is not None:
             lines.append(
@@ -266,8 +355,10 @@ class BenchmarkResult:
                 f", speedup={self.speedup:.2f}x" if self.speedup is not None else "",
             ]
         )
+        if self.bound is not None and self.work == "gpu":
+            extra += f", bound={self.bound}"
         return (
-            f"BenchmarkResult({self.name!r}, median={s.median:.4f} ms, mean={s.mean:.4f} ms, "
+            f"BenchmarkResult({self.name!r}, {self.measure} median={s.median:.4f} ms, mean={s.mean:.4f} ms, "
             f"std={s.std:.4f} ms, p99={s.p99:.4f} ms, n={s.count}, {self.timing} on "
             f"{self.device}{extra})"
         )
@@ -279,7 +370,8 @@ class BenchmarkResult:
         rows = [
             ("device", f"{self.device} ({(self.work or 'cpu').upper()} work, {self.timing} time, "
                        f"{self.backend})"),
-            ("calls", f"{s.count}"),
+            ("headline", self._headline_words()),
+            ("samples", f"{s.count}"),
             ("median", f"{s.median:.4f} ms"),
             ("mean ± std", f"{s.mean:.4f} ± {s.std:.4f} ms"),
             ("p5 / p25 / p75", f"{s.p5:.4f} / {s.p25:.4f} / {s.p75:.4f} ms"),
@@ -288,6 +380,7 @@ class BenchmarkResult:
             ("noise (std/mean, IQR/median)", f"{_pct(s.relative_std)}, {_pct(s.relative_iqr)}"),
             ("throughput", f"{self.calls_per_s:,.1f} calls/s"),
         ]
+        rows += self._other_rows()
         if self.timing_method:
             rows.insert(1, ("timed", self.timing_method))
         if self.memory_source is not None:

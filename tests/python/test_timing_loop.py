@@ -1,0 +1,202 @@
+"""Loop time beside device time: the headline, the speedups and the verdict on what bounds a
+call, on a simulated GPU whose device and launch costs are known (tests/python/sim_device.py)."""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Iterator
+
+import pytest
+
+from gpukeeper import benchmark_function, compare_implementations
+from gpukeeper.errors import InvalidInputError
+from gpukeeper.timing import BenchmarkResult, register_backend
+from gpukeeper.timing import loop_time as rounds_module
+from gpukeeper.timing import throttle as throttle_module
+from gpukeeper.timing import timer as timer_module
+
+from sim_device import SimBackend, SimDevice, SimGates, now_ms
+
+
+@pytest.fixture
+def sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimDevice]:
+    """A simulated GPU chosen for every device, with its gates in place of ``_core``'s."""
+    device = SimDevice()
+    monkeypatch.setattr(timer_module, "gates", lambda: SimGates(device))
+    monkeypatch.setattr(throttle_module, "nvml_sample", lambda index: (None, "unavailable: simulated GPU"))
+    register_backend("simgpu", lambda spec: SimBackend(spec, device), lambda spec: True, priority=2000)
+    try:
+        yield device
+    finally:
+        del timer_module._BACKENDS["simgpu"]
+
+
+def _bench(fn: Any, **kw: Any) -> BenchmarkResult:
+    kw.setdefault("n_calls", 20)
+    kw.setdefault("warmup", 3)
+    return benchmark_function(fn, device="cpu", **kw)
+
+
+def test_launch_bound_call_leads_with_the_loop_time(sim: SimDevice) -> None:
+    # 20 kernels of 5 us behind 40 us launches: the device works 0.1 ms of each 0.8 ms.
+    def small_kernels() -> None:
+        for _ in range(20):
+            sim.kernel(0.005, 0.04)
+
+    r = _bench(small_kernels)
+    assert r.measure == "loop" and r.work == "gpu" and r.launch_latency == "hidden"
+    assert r.device_median_ms == pytest.approx(0.1, rel=0.3)
+    assert r.loop_median_ms == pytest.approx(0.8, rel=0.25)
+    assert r.median_ms == r.loop_median_ms  # the headline is the loop's
+    assert r.bound == "launch" and r.device_busy is not None and r.device_busy < 0.3
+    assert r.loop_calls >= 2 and r.n_calls >= 10 and r.times_ms == r.loop_times_ms
+    assert "loop time per call" in r.summary() and "host's launches" in r.summary()
+    # asked for, the device time leads
+    d = _bench(small_kernels, measure="device")
+    assert d.measure == "device" and d.median_ms == pytest.approx(0.1, rel=0.3)
+    assert d.loop_median_ms == pytest.approx(0.8, rel=0.25) and d.bound == "launch"
+
+
+def test_device_bound_call_reads_the_same_both_ways(sim: SimDevice) -> None:
+    def one_long_kernel() -> None:
+        sim.kernel(0.5, 0.01)
+
+    r = _bench(one_long_kernel)
+    assert r.bound == "device" and r.device_busy is not None and r.device_busy > 0.95
+    assert r.device_median_ms == pytest.approx(0.5, rel=0.05)
+    assert r.loop_median_ms == pytest.approx(r.device_median_ms, rel=0.03)
+    assert "bound by: the device" in r.summary()
+
+
+def test_a_call_that_waits_inside_is_sync_bound(sim: SimDevice) -> None:
+    def waits() -> None:
+        sim.kernel(0.1, 0.01)
+        sim.sync()
+
+    r = _bench(waits)
+    assert r.bound == "sync" and r.launch_latency == "included"
+    assert any(w.startswith("launch latency included") for w in r.warnings)
+
+
+def test_speedup_is_a_ratio_of_loop_times(sim: SimDevice) -> None:
+    # "eager": 20 launches of 40 us for 0.1 ms of device work; "graph": one 10 us launch
+    # for the same device work. The loop sees ~8x; the device sees the same work.
+    def eager() -> None:
+        for _ in range(20):
+            sim.kernel(0.005, 0.04)
+
+    def graph() -> None:
+        sim.kernel(0.1, 0.01)
+
+    loop = compare_implementations({"eager": eager, "graph": graph}, n_calls=20, warmup=3, device="cpu")
+    assert loop["graph"].speedup is not None and loop["graph"].speedup > 4.0
+    device = compare_implementations({"eager": eager, "graph": graph}, n_calls=20, warmup=3, device="cpu",
+                                     measure="device")
+    assert device["graph"].speedup == pytest.approx(1.0, rel=0.3)
+
+
+def test_rounds_last_about_the_target(sim: SimDevice) -> None:
+    def call() -> None:
+        sim.kernel(0.2, 0.01)
+
+    r = _bench(call, n_calls=10)
+    # 10 ms rounds of 0.2 ms calls
+    assert 30 <= r.loop_calls <= 70
+    assert r.loop_issue_ms is not None and len(r.loop_issue_ms) == len(r.loop_times_ms or [])
+
+
+def test_loop_time_is_the_wall_clock_of_a_plain_loop(sim: SimDevice) -> None:
+    def call() -> None:
+        for _ in range(4):
+            sim.kernel(0.02, 0.03)
+
+    r = _bench(call)
+    sim.busy_until = now_ms()
+    t0 = now_ms()
+    for _ in range(200):
+        call()
+    while now_ms() < sim.busy_until:
+        pass
+    truth = (now_ms() - t0) / 200
+    assert r.median_ms == pytest.approx(truth, rel=0.1)
+
+
+def test_cpu_work_loop_and_device_are_the_host_time() -> None:
+    r = benchmark_function(lambda: sum(range(200)), n_calls=15, warmup=2, device="cpu")
+    assert r.work == "cpu" and r.bound == "host" and r.device_busy is None
+    assert r.loop_times_ms == r.host_times_ms == r.times_ms and r.n_calls == 15
+    assert r.loop_median_ms == r.device_median_ms == r.median_ms
+    d = benchmark_function(lambda: sum(range(200)), n_calls=15, warmup=2, device="cpu", measure="device")
+    assert d.measure == "device" and d.n_calls == 15
+
+
+@pytest.mark.parametrize("bad", ["wall", "", None, 1, "Loop"])
+def test_measure_is_checked(bad: Any) -> None:
+    with pytest.raises(InvalidInputError, match="measure must be one of 'loop', 'device'"):
+        benchmark_function(lambda: None, n_calls=2, warmup=0, device="cpu", measure=bad)
+
+
+def test_results_round_trip_and_old_files_read_as_device_time() -> None:
+    r = BenchmarkResult(name="x", times_ms=[1.0, 1.2], gpu_times_ms=[0.4, 0.5], timing="gpu", work="gpu",
+                        loop_times_ms=[1.0, 1.2], loop_calls=7, bound="launch", device_busy=0.4,
+                        measure="loop")
+    back = BenchmarkResult.from_json(r.to_json())
+    assert back.measure == "loop" and back.loop_calls == 7 and back.bound == "launch"
+    assert back.to_dict()["loop_median_ms"] == pytest.approx(1.1)
+    assert back.to_dict()["device_median_ms"] == pytest.approx(0.45)
+    old = r.to_dict()
+    for key in ("measure", "loop_times_ms", "loop_calls", "loop_issue_ms", "bound", "device_busy"):
+        old.pop(key)
+    legacy = BenchmarkResult.from_dict(old)
+    assert legacy.measure == "device" and legacy.loop_median_ms is None
+    with pytest.raises(InvalidInputError, match="measure"):
+        BenchmarkResult(name="x", times_ms=[1.0], measure="wall")
+
+
+def test_bound_verdict_rules() -> None:
+    verdict = rounds_module.bound_verdict
+    assert verdict(1.0, 0.95, 0.3, False, True, 0.9) == ("device", 0.95)
+    assert verdict(1.0, 0.2, 0.9, False, True, 0.9) == ("launch", 0.2)
+    assert verdict(1.0, 0.2, 0.9, True, True, 0.9) == ("sync", 0.2)
+    assert verdict(1.0, 0.2, 0.1, False, True, 0.9) == ("sync", 0.2)
+    assert verdict(1.0, None, None, False, True, 0.9) == (None, None)
+    assert verdict(1.0, 1.0, None, False, False, 0.9) == ("host", None)
+    assert verdict(1.0, 1.3, 0.1, False, True, 0.9) == ("device", 1.0)  # capped
+
+
+def test_round_calls() -> None:
+    rc = rounds_module.round_calls
+    assert rc(0.1, 10.0, 1000) == 100
+    assert rc(50.0, 10.0, 1000) == 1
+    assert rc(1e-6, 10.0, 1000) == 1000
+    assert rc(0.0, 10.0, 1000) == 1000
+    assert rc(float("nan"), 10.0, 1000) == 1
+
+
+def test_ranks_agree_on_the_round_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list = []
+
+    class Ranks:
+        world_size = 2
+
+        def agree_max(self, value: int) -> int:
+            seen.append(value)
+            return value * 3  # the other rank wants more
+
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def step(self, done: bool) -> bool:
+            self.steps += 1
+            return done
+
+    calls = types.SimpleNamespace(n=0)
+
+    def fn() -> None:
+        calls.n += 1
+
+    ranks = Ranks()
+    out = rounds_module.run_rounds(fn, (), {}, lambda last: None, 5.0, 4, None, None, [], ranks,
+                                   target_ms=10.0, min_rounds=3)
+    assert seen == [2, out.calls // 3] and out.calls % 3 == 0
+    assert len(out.per_call) == 3 and ranks.steps == 4  # 3 rounds, then the step that ends them
