@@ -200,3 +200,86 @@ def test_ranks_agree_on_the_round_size(monkeypatch: pytest.MonkeyPatch) -> None:
                                    target_ms=10.0, min_rounds=3)
     assert seen == [2, out.calls // 3] and out.calls % 3 == 0
     assert len(out.per_call) == 3 and ranks.steps == 4  # 3 rounds, then the step that ends them
+
+
+# ===================================================================== GPU (torch)
+
+
+def _torch_cuda() -> Any:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return torch
+
+
+def _wall_per_call(torch: Any, fn: Any, n: int, repeats: int = 5) -> float:
+    """The truth the loop time is held to: n back-to-back calls between two
+    synchronisations, by the wall clock, per call (median of ``repeats``)."""
+    import statistics
+    import time
+
+    out = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3 / n)
+    return statistics.median(out)
+
+
+@pytest.mark.gpu
+def test_gpu_launch_bound_region_matches_the_loops_wall_clock() -> None:
+    torch = _torch_cuda()
+    x = torch.randn(256, device="cuda")
+
+    def small_kernels() -> Any:
+        y = x
+        for _ in range(20):
+            y = y * 1.0001 + 0.0001
+        return y
+
+    r = benchmark_function(small_kernels, n_calls=100, warmup=20)
+    truth = _wall_per_call(torch, small_kernels, 500)
+    assert r.measure == "loop" and r.bound == "launch"
+    assert r.median_ms == pytest.approx(truth, rel=0.05)
+    assert r.device_median_ms is not None and r.device_median_ms < 0.7 * r.median_ms
+
+
+@pytest.mark.gpu
+def test_gpu_device_bound_matmul_reads_the_same_both_ways() -> None:
+    torch = _torch_cuda()
+    a = torch.randn(4096, 4096, device="cuda")
+
+    r = benchmark_function(lambda: a @ a, n_calls=50, warmup=5)
+    truth = _wall_per_call(torch, lambda: a @ a, 100)
+    assert r.bound == "device" and r.device_busy is not None and r.device_busy > 0.95
+    assert r.median_ms == pytest.approx(truth, rel=0.02)
+    assert r.device_median_ms == pytest.approx(r.loop_median_ms, rel=0.03)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_speedup_is_the_loops() -> None:
+    torch = _torch_cuda()
+    x = torch.randn(256, device="cuda")
+
+    def eager() -> Any:
+        y = x
+        for _ in range(30):
+            y = y * 1.0001 + 0.0001
+        return y
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            eager()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        eager()
+    results = compare_implementations({"eager": eager, "graph": graph.replay}, n_calls=100, warmup=20)
+    truth = _wall_per_call(torch, eager, 300) / _wall_per_call(torch, graph.replay, 300)
+    assert results["graph"].speedup == pytest.approx(truth, rel=0.10)
+    assert results["eager"].bound == "launch"
