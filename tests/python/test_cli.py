@@ -144,9 +144,36 @@ def test_timeit_times_a_statement(tmp_path: Path) -> None:
     assert len(result["times_ms"]) == 20
 
 
+def test_timeit_statement_rebinds_the_setup_names() -> None:
+    # The setup's exit hook reads x from the namespace the statement ran in: 2 warm-up
+    # and 5 measured calls of x += 1 leave it at 7 (a statement compiled as a function
+    # body could not rebind x at all).
+    setup = "import atexit; x = 0; atexit.register(lambda: print('final x =', x))"
+    done = gk("timeit", "-d", "cpu", "-n", "5", "-w", "2", "-s", setup, "x += 1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("x += 1: ") and "final x = 7" in done.stdout
+    assert gk("timeit", "-d", "cpu", "-n", "3", "-s", "x = 0", "x += 1").returncode == 0
+
+
+def test_timeit_prepare_runs_the_statement_in_the_setup_namespace() -> None:
+    from gpukeeper.cli.timeit_cmd import prepare
+
+    statement, fn = prepare("total += len(items)\nitems.append(total)\ntotal", "items = [0]\ntotal = 0")
+    assert [fn() for _ in range(4)] == [1, 3, 6, 10]  # each call sees the last one's names
+    _, fn = prepare("y = 2 * x", "x = 21")
+    assert fn() is None  # no final expression: nothing returned
+    assert statement.body is not None and statement.last is not None
+
+
 @pytest.mark.parametrize("args, needle", [
-    (["1/"], "not Python"),
-    (["-s", "raise ValueError('nope')", "1"], "the setup raised ValueError"),
+    (["1/"], "the statement is not Python: invalid syntax"),
+    (["-s", "x = (", "x"], "the setup is not Python"),
+    (["-s", "raise ValueError('nope')", "1"], "the setup raised ValueError: nope"),
+    (["-d", "cpu", "1/0"], "the statement raised ZeroDivisionError: division by zero"),
+    (["-d", "cpu", "-s", "from gpukeeper.errors import InvalidInputError",
+      "raise InvalidInputError('line one\\nline two')"], "the statement raised InvalidInputError: line one ..."),
+    (["-d", "cpu", "-s", "x = 0", "x += 1; x > 3 and undefined_name"], "the statement raised NameError"),
+    (["-d", "cpu", "# only a comment"], "no statement to time"),
     (["-n", "0", "1"], "n_calls"),
     (["-d", "cuda:99", "1"], "cuda:99"),
 ])

@@ -109,7 +109,19 @@ def test_gpu_timeit_cell_runs_setup_once_and_times_the_body(shell):
     assert calls.count("setup") == 1
     assert calls.count(2) == 3 + 5  # warm-up, then the measured calls
     assert result.result.n_calls == 5
-    assert "x" not in shell.user_ns  # setup's names are the statement's, not the notebook's
+    assert shell.user_ns["x"] == 2  # the setup ran in the notebook's namespace
+
+
+def test_gpu_timeit_statement_rebinds_the_notebook_names(shell):
+    run(shell, "x = 0")
+    result, shown, _ = run(shell, "%gpu_timeit -n 5 -w 2 -d cpu x += 1")
+    assert result.success, result.error_in_exec
+    assert shown.startswith("x += 1: ")
+    assert shell.user_ns["x"] == 2 + 5  # every call rebound the notebook's x
+    result, _, _ = run(shell, "%%gpu_timeit -o -n 3 -w 1 -d cpu x = 10\nx += 1\nx")
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["x"] == 10 + 1 + 3  # the body rebinds what the setup bound
+    assert result.result.n_calls == 3
 
 
 def test_gpu_timeit_rounds_keep_the_best_median(shell):
@@ -164,9 +176,25 @@ def test_bad_options_are_one_line_usage_errors(shell, line, message):
     assert shown == ""  # nothing ran
 
 
-def test_a_statement_that_is_not_python_is_a_syntax_error(shell):
-    result, _, _ = run(shell, "%gpu_timeit -n 2 1 +")
-    assert isinstance(result.error_in_exec, SyntaxError)
+FAILING_CODE = [
+    ("%gpu_timeit -n 2 1 +", "%gpu_timeit: the statement is not Python: invalid syntax (line 1: 1 +)"),
+    ("%%gpu_timeit -n 2\nx = 1\n1 +", "%%gpu_timeit: the statement is not Python: invalid syntax (line 3: 1 +)"),
+    ("%%gpu_timeit -n 2 x = (\nx", "%%gpu_timeit: the setup is not Python: "),
+    ("%gpu_timeit -n 2 -d cpu 1 / 0", "%gpu_timeit: the statement raised ZeroDivisionError: division by zero"),
+    ("%gpu_timeit -n 2 -d cpu raise KeyError('k')", "%gpu_timeit: the statement raised KeyError: 'k'"),
+    ("%%gpu_timeit -n 2 -d cpu raise ValueError('no\\nmore')\nx = 1",
+     "%%gpu_timeit: the setup raised ValueError: no ..."),
+]
+
+
+@pytest.mark.parametrize("cell, message", FAILING_CODE, ids=[c[0].split("\n")[0] for c in FAILING_CODE])
+def test_failing_code_is_a_one_line_error(shell, cell, message):
+    result, shown, cap = run(shell, cell)
+    error = result.error_in_exec
+    assert isinstance(error, UsageError), error
+    assert str(error).startswith(message) and "\n" not in str(error)
+    assert "Traceback" not in cap.stderr and cap.stderr.strip() == f"UsageError: {error}"
+    assert shown == ""
 
 
 # --------------------------------------------------------------------- %%gpu_memory
@@ -238,9 +266,10 @@ def test_gpu_memory_failed_cell_keeps_no_memory(shell, host_pool):
 def test_gpu_timeit_failed_statement_keeps_no_memory(shell, host_pool):
     shell.run_cell(f"def bad():\n    held = {BUFFER}\n    raise ValueError('bad call')\n")
     result, _, _ = run(shell, "%gpu_timeit -n 3 bad()")
-    assert isinstance(result.error_in_exec, ValueError)
-    assert sys.last_traceback is not None
-    assert allocated(host_pool) == 0 and host_pool.stats(0).reserved_bytes == 0
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == "%gpu_timeit: the statement raised ValueError: bad call"
+    assert allocated(host_pool) == 0  # the failed call's frames went with its exception...
+    assert result.error_in_exec.__context__ is None  # ...which the error shown does not keep
 
 
 # --------------------------------------------------------------------- %gpu_report

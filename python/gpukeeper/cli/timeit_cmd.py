@@ -4,15 +4,15 @@ defaults (warm-up, events around each call on a GPU, the launch floor subtracted
 from __future__ import annotations
 
 import argparse
-import ast
 import textwrap
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Tuple
 
 from gpukeeper.cli.output import (
     OK, UserError, add_command, add_json_option, check_json_target, console, plain, write_json,
 )
+from gpukeeper.statements import Statement, compile_statement, describe_exception
 
-__all__ = ["add_parser", "compile_statement"]
+__all__ = ["add_parser", "prepare"]
 
 EXAMPLES = """examples:
   gpukeeper timeit -s "import torch; a = torch.randn(4096, 4096, device='cuda')" "a @ a"
@@ -38,30 +38,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def compile_statement(statement: str, setup: str) -> Callable[[], Any]:
-    """Runs ``setup`` in a fresh namespace and returns a function of no arguments that
-    runs ``statement`` there (returning its last expression's value, so that the
-    benchmark sees a JAX array or a tensor as the call's result). ``UserError`` for
-    code that is not Python or a setup that raises."""
+def prepare(statement: str, setup: str) -> Tuple[Statement, Callable[[], Any]]:
+    """Runs ``setup`` in a fresh namespace and returns the compiled ``statement`` with
+    a function of no arguments that runs it in that same namespace, as module-level
+    code: it reads and rebinds the names the setup made (``-s "x = 0" "x += 1"``), and
+    returns its final expression's value, so that the benchmark sees a JAX array or a
+    tensor as the call's result. ``UserError`` for code that is not Python, a statement
+    with nothing to run, or a setup that raises."""
     namespace: Dict[str, Any] = {"__name__": "__gpukeeper_timeit__"}
-    try:
-        body: List[ast.stmt] = ast.parse(textwrap.dedent(statement)).body
-        setup_code = compile(textwrap.dedent(setup), "<setup>", "exec")
-    except SyntaxError as e:
-        raise UserError(f"not Python: {e.msg} ({e.text.strip() if e.text else ''})") from None
-    if not body:
+    setup_code = _compiled("setup", setup, "<setup>")
+    timed = _compiled("statement", statement, "<stmt>")
+    if timed.empty:
         raise UserError("no statement to time")
-    if isinstance(body[-1], ast.Expr):
-        body[-1] = ast.copy_location(ast.Return(value=body[-1].value), body[-1])
-    module = ast.parse("def __timed():\n    pass\n")  # a template: FunctionDef's fields vary by version
-    module.body[0].body = body  # type: ignore[attr-defined]
-    module = ast.fix_missing_locations(module)
     try:
-        exec(setup_code, namespace)
+        setup_code.function(namespace)()
     except Exception as e:
-        raise UserError(f"the setup raised {type(e).__name__}: {e}") from None
-    exec(compile(module, "<stmt>", "exec"), namespace)
-    return namespace["__timed"]
+        raise UserError(f"the setup raised {describe_exception(e)}") from None
+    return timed, timed.function(namespace)
+
+
+def _compiled(what: str, source: str, filename: str) -> Statement:
+    try:
+        return compile_statement(textwrap.dedent(source), filename)
+    except SyntaxError as e:
+        where = f"line {e.lineno}: {e.text.strip()}" if e.text else f"line {e.lineno}"
+        raise UserError(f"the {what} is not Python: {e.msg} ({where})") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,15 +70,21 @@ def run(args: argparse.Namespace) -> int:
     from gpukeeper.timing import benchmark_function, timing_device
 
     check_json_target(args.json)
-    fn = compile_statement("\n".join(args.statement), "\n".join(args.setup))
+    timed, fn = prepare("\n".join(args.statement), "\n".join(args.setup))
     try:
         device = args.device if args.device is None or not args.device.isdigit() else int(args.device)
         on_gpu = timing_device(device).is_cuda
         result = benchmark_function(fn, n_calls=args.number, warmup=args.warmup, device=device,
                                     l2_flush=on_gpu and not args.no_flush,
                                     name=" ; ".join(args.statement))
-    except InvalidInputError as e:
-        raise UserError(str(e)) from None
+    except Exception as e:
+        # The statement's own exception is the user's mistake, whatever its type; an
+        # InvalidInputError from outside it is a bad option. Anything else is ours.
+        if timed.raised(e):
+            raise UserError(f"the statement raised {describe_exception(e)}") from None
+        if isinstance(e, InvalidInputError):
+            raise UserError(str(e)) from None
+        raise
     if args.json != "-":
         console().print(result.summary(), markup=False, highlight=False)
     if args.json is not None:

@@ -2,11 +2,13 @@
 
 Each is a thin surface over a feature: ``benchmark_function``, ``GPUContext`` and
 ``memory_report``. Options are checked before anything runs; a bad one is a one-line
-``UsageError``. The user's code runs in the shell's namespace, and its exceptions
-propagate as the cell's own error (with the magic's frames hidden from the traceback).
-After a failed cell the traceback IPython keeps holds no device memory: a
-``%%gpu_memory`` cell's ``GPUContext`` says so to gpukeeper's IPython hook, and
-``%gpu_timeit`` does the same for its statement's exception.
+``UsageError``. The user's code runs in the shell's namespace. A ``%%gpu_memory``
+cell's exception propagates as the cell's own error (with the magic's frames hidden
+from the traceback), and the traceback IPython keeps holds no device memory: the
+cell's ``GPUContext`` says so to gpukeeper's IPython hook. A ``%gpu_timeit`` statement
+or setup that is not Python or raises is a one-line ``UsageError`` naming the
+exception, as ``gpukeeper timeit`` reports it; the failed call's traceback is dropped,
+and the device memory its frames held with it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from gpukeeper.cleanup import CleanupReport, GPUContext
 from gpukeeper.cleanup.ipython_refs import note_failed_block
 from gpukeeper.cleanup.measure import devices_in_use, peaks, reset_peaks
 from gpukeeper.errors import InvalidInputError
-from gpukeeper.ipython.cells import NothingToTime, compile_cell, compile_timed
+from gpukeeper.ipython.cells import compile_cell
 from gpukeeper.ipython.memory_cell import BufferWatch, CellMemory
 from gpukeeper.ipython.options import (
     OptionSpec,
@@ -34,6 +36,7 @@ from gpukeeper.ipython.options import (
     positive_int,
 )
 from gpukeeper.report import memory_report
+from gpukeeper.statements import Statement, compile_statement, describe_exception
 from gpukeeper.timing import BenchmarkResult, benchmark_function, timing_device
 
 __all__ = ["GPUKeeperMagics"]
@@ -109,6 +112,21 @@ def _timeit_settings(magic: str, opts: Dict[str, Value]) -> TimeitSettings:
     )
 
 
+def _compile_timed(shell: Any, magic: str, what: str, text: str, first_line: int) -> Statement:
+    """``text`` (IPython syntax allowed: ``%magics``, ``!commands``) as a ``Statement``,
+    cached by IPython's compiler under the cell's name, so that the user's functions
+    it defines show their lines in tracebacks. ``first_line``: the number of its first
+    line in the notebook cell. Text that is not Python is a one-line ``UsageError``."""
+    try:
+        source = "\n" * (first_line - 1) + shell.transform_cell(text)
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=source)
+        tree = shell.transform_ast(shell.compile.ast_parse(source, filename=filename))
+        return compile_statement(tree, filename, shell.compile)
+    except SyntaxError as exc:
+        where = f"line {exc.lineno}: {exc.text.strip()}" if exc.text else f"line {exc.lineno}"
+        raise UsageError(f"{magic}: the {what} is not Python: {exc.msg} ({where})") from None
+
+
 def _label(statement: str) -> str:
     lines = [ln.strip() for ln in statement.strip().splitlines() if ln.strip()]
     text = lines[0] + (" ..." if len(lines) > 1 else "")
@@ -161,10 +179,14 @@ class GPUKeeperMagics(Magics):
           loaded PyTorch or CuPy uses it, else the CPU).
         - ``-o``: return the ``BenchmarkResult`` (as ``%timeit -o`` does).
 
-        The statement runs in the notebook's namespace; names it assigns stay local to
-        each call.
+        The statement (and the set-up code) runs in the notebook's namespace as a cell's
+        code does: it reads and rebinds the notebook's names (after ``x = 0``, each call
+        of ``%gpu_timeit x += 1`` adds one to ``x``), and the names the set-up binds
+        land there. A statement or set-up that is not Python or raises is a one-line
+        ``UsageError`` naming the exception; run the statement on its own for its
+        traceback.
         """
-        __tracebackhide__ = True  # the user's frames, not the magic's, in a traceback
+        __tracebackhide__ = True  # an interrupt's traceback starts at the user's frames
         magic = "%gpu_timeit" if cell is None else "%%gpu_timeit"
         opts, rest = parse_line(magic, line, _TIMEIT_OPTIONS)
         settings = _timeit_settings(magic, opts)
@@ -172,17 +194,33 @@ class GPUKeeperMagics(Magics):
         if not statement.strip():
             where = "after the options" if cell is None else "in the cell's body"
             raise UsageError(f"{magic}: no statement to time {where}")
+        timed = _compile_timed(self.shell, magic, "statement", statement, 1 if cell is None else 2)
+        if timed.empty:
+            raise UsageError(f"{magic}: no statement to time (only comments or blank lines)")
+        prepare = _compile_timed(self.shell, magic, "setup", setup, 1)
+        namespace = self.shell.user_ns
+        failure = None
         try:
-            make = compile_timed(self.shell, statement, setup)
-        except NothingToTime as exc:
-            raise UsageError(f"{magic}: {exc}") from None
-        try:
-            results = _best_of(make(), settings, _label(statement))
-        except BaseException as exc:
-            # Its traceback's frames hold the statement's locals (tensors of a failed
-            # call): gpukeeper's post-cell hook clears them once IPython has shown it.
-            note_failed_block(exc)
-            raise
+            prepare.function(namespace)()
+        except Exception as exc:
+            failure = f"{magic}: the setup raised {describe_exception(exc)}"
+        if failure is None:
+            try:
+                results = _best_of(timed.function(namespace), settings, _label(statement))
+            except BaseException as exc:
+                if not (isinstance(exc, Exception) and timed.raised(exc)):
+                    # An interrupt, or a failure of the timing itself, keeps its traceback,
+                    # whose frames hold the statement's locals (tensors of the call that
+                    # stopped): gpukeeper's post-cell hook clears them once IPython has
+                    # shown it.
+                    note_failed_block(exc)
+                    raise
+                failure = f"{magic}: the statement raised {describe_exception(exc)}"
+        if failure is not None:
+            # Raised here, outside the handlers, so that the failed call's exception is
+            # not kept as this one's context: its traceback's frames, and the device
+            # memory they hold, go now.
+            raise UsageError(failure)
         _show(_rounds_text(results), results[0])
         return results[0] if settings.return_result else None
 
