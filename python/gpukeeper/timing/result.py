@@ -294,8 +294,7 @@ class BenchmarkResult:
             return "device time per call (the call's own GPU work" + (
                 ", launch hidden)" if self.launch_latency == "hidden" else ")")
         if self.work == "gpu" and self.loop_times_ms is not None:
-            return (f"loop time per call (calls back to back as in a loop; {self.n_calls} rounds of "
-                    f"{self.loop_calls})")
+            return "loop time per call (calls back to back, as a loop runs them)"
         return "time per call"
 
     def _other_rows(self) -> List[Tuple[str, str]]:
@@ -318,8 +317,10 @@ class BenchmarkResult:
         """A few readable lines: the headline statistics (saying which time they are of),
         the other time, what bounds the call, throughput, memory, warnings."""
         s = self._summary
+        counted = (f"{s.count} rounds of {self.loop_calls} calls" if self.measure == "loop" and self.loop_calls > 1
+                   else f"{s.count} calls")
         lines = [
-            f"{self.name}: {s.count} samples on {self.device} ({(self.work or 'cpu').upper()} work, "
+            f"{self.name}: {counted} on {self.device} ({(self.work or 'cpu').upper()} work, "
             f"{self.timing} time, {self.backend})",
             f"  {self._headline_words()}:",
             f"  mean   {s.mean:.4f} ms ± {s.std:.4f} ms (noise {_pct(s.relative_std)})",
