@@ -141,7 +141,9 @@ def test_timeit_times_a_statement(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "30 calls" in done.stdout and "median" in done.stdout
     result = json.loads(gk("timeit", "-d", "cpu", "-n", "20", "--json", "-", "sum(range(9))").stdout)
-    assert len(result["times_ms"]) == 20
+    assert len(result["times_ms"]) == 20 and result["measure"] == "loop" and result["bound"] == "host"
+    device = json.loads(gk("timeit", "-d", "cpu", "-n", "5", "--device-time", "--json", "-", "1").stdout)
+    assert device["measure"] == "device"
 
 
 def test_timeit_statement_rebinds_the_setup_names() -> None:

@@ -91,6 +91,14 @@ def test_gpu_timeit_line_shows_the_benchmark(shell):
     assert result.result is None  # displayed, not returned, without -o
 
 
+def test_gpu_timeit_device_time_leads_when_asked(shell):
+    result, _, _ = run(shell, "res = %gpu_timeit -o --device-time -n 5 -w 1 sum(range(10))")
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["res"].measure == "device"
+    result, _, _ = run(shell, "res2 = %gpu_timeit -o -n 5 -w 1 sum(range(10))")
+    assert shell.user_ns["res2"].measure == "loop"
+
+
 def test_gpu_timeit_o_returns_the_result(shell):
     result, shown, _ = run(shell, "res = %gpu_timeit -o -n 7 -w 2 sum(range(10))")
     assert result.success, result.error_in_exec

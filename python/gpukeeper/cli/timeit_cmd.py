@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-d", "--device", default=None, help="cuda:N, N or cpu (default: CUDA when the setup "
                                                         "made a framework use it, else the CPU)")
     p.add_argument("--no-flush", action="store_true", help="do not flush the L2 cache between calls")
+    p.add_argument("--device-time", action="store_true",
+                   help="lead with the device time (the GPU work alone, launch hidden) instead of the "
+                        "loop time (calls back to back, as a loop sees them)")
     add_json_option(p, "write the BenchmarkResult")
     p.set_defaults(func=run)
 
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         on_gpu = timing_device(device).is_cuda
         result = benchmark_function(fn, n_calls=args.number, warmup=args.warmup, device=device,
                                     l2_flush=on_gpu and not args.no_flush,
-                                    name=" ; ".join(args.statement))
+                                    name=" ; ".join(args.statement),
+                                    measure="device" if args.device_time else "loop")
     except Exception as e:
         # The statement's own exception is the user's mistake, whatever its type; an
         # InvalidInputError from outside it is a bad option. Anything else is ours.

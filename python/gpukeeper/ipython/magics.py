@@ -50,6 +50,7 @@ _TIMEIT_OPTIONS = (
     OptionSpec("w", ("-w",), True, "W"),
     OptionSpec("d", ("-d",), True, "DEVICE"),
     OptionSpec("no_flush", ("--no-flush",), False),
+    OptionSpec("device_time", ("--device-time",), False),
     OptionSpec("o", ("-o",), False),
 )
 _MEMORY_OPTIONS = (
@@ -96,6 +97,7 @@ class TimeitSettings:
     device: Any
     l2_flush: bool
     return_result: bool
+    measure: str = "loop"
 
 
 def _timeit_settings(magic: str, opts: Dict[str, Value]) -> TimeitSettings:
@@ -109,6 +111,7 @@ def _timeit_settings(magic: str, opts: Dict[str, Value]) -> TimeitSettings:
         # Only a GPU's L2 is flushed: on the CPU the request would only add a warning.
         l2_flush=not opts.get("no_flush", False) and spec.is_cuda,
         return_result=bool(opts.get("o", False)),
+        measure="device" if opts.get("device_time", False) else "loop",
     )
 
 
@@ -139,7 +142,8 @@ def _best_of(fn: Callable[[], Any], settings: TimeitSettings, label: str) -> Lis
     results = []
     for _ in range(settings.rounds):
         results.append(benchmark_function(fn, n_calls=settings.n_calls, warmup=settings.warmup,
-                                          device=settings.device, name=label, l2_flush=settings.l2_flush))
+                                          device=settings.device, name=label, l2_flush=settings.l2_flush,
+                                          measure=settings.measure))
     return sorted(results, key=lambda r: r.median_ms)
 
 
@@ -161,7 +165,7 @@ class GPUKeeperMagics(Magics):
 
         Usage::
 
-            %gpu_timeit [-n N] [-r R] [-w W] [-d DEVICE] [--no-flush] [-o] STATEMENT
+            %gpu_timeit [-n N] [-r R] [-w W] [-d DEVICE] [--no-flush] [--device-time] [-o] STATEMENT
             %%gpu_timeit [options] [SETUP]
             STATEMENTS
 
@@ -170,7 +174,10 @@ class GPUKeeperMagics(Magics):
 
         - ``-n N``: calls measured (default 100), each timed on its own: GPU time from
           CUDA events on a GPU (launch latency hidden behind a gate where the build has
-          one), host time on the CPU; ``-w W`` warm-up calls first (default 10).
+          one), host time on the CPU; ``-w W`` warm-up calls first (default 10). On a GPU
+          the calls then run back to back in rounds: the loop time, the headline.
+        - ``--device-time``: lead with the device time (the GPU work alone) instead of
+          the loop time (what a loop of calls sees).
         - ``-r R``: R rounds, each a whole ``benchmark_function`` run with its own
           warm-up; the round with the lowest median is shown (default 1).
         - ``--no-flush``: do not flush the GPU's L2 cache before each call (by default
