@@ -6,7 +6,8 @@
 # Wheels in .whl/ (carried to the machine) are installed first, into /tmp/site; Debian
 # packages in .whl/debs/ are unpacked into /tmp/debroot.
 #   --no-bench      build, check and tests only
-#   --timing-bench  and only issue 4's benchmarks (timing accuracy, trajectory overhead)
+#   --timing-bench  and only issue 4's benchmarks (timing accuracy, trajectory overhead) and the
+#                   timing truth (benchmarks/python/timing_truth_bench.py)
 #   --plugin-bench  and only the pytest plugin's per-test cost (issue 11)
 # GPUKEEPER_STEPS names the steps to run, so that a round longer than one call of the device
 # tool (10 minutes) is split over calls on the same warm machine; the default is all of
@@ -25,6 +26,10 @@
 #   peers       gpukeeper against RMM (C++: rmm_pair_bench, built against the librmm wheel in
 #               build/bench-rmm), CuPy and PyTorch's allocators (benchmarks/python/peers_bench.py);
 #               needs the librmm-cu13, rmm-cu13 and rapids_logger wheels in .whl/
+#   truth       gpukeeper's benchmark_function, triton's do_bench and torch.utils.benchmark
+#               against truths of their own (a synchronized wall clock around back-to-back
+#               calls, an event pair around them, the calibration kernels' %globaltimer, plain
+#               MD loops): benchmarks/python/timing_truth_bench.py, its targets met or missed
 # A call that leaves out `install` uses the gpukeeper that an earlier call installed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -282,6 +287,16 @@ if want peers; then
   [ "$rc" = 0 ] || status=1
 fi
 
+if want truth; then
+  step "timing truth: gpukeeper, do_bench and torch.utils.benchmark against independent truths"
+  mkdir -p "$OUT/bench"
+  "$PY" benchmarks/python/timing_truth_bench.py --json "$OUT/bench/timing_truth.json" 2>&1 | tee "$LOG/timing-truth.txt"
+  rc=${PIPESTATUS[0]}
+  summary "timing truth (timing_truth_bench.py): rc=$rc; $(grep -E '^[0-9]+ met, ' "$LOG/timing-truth.txt")"
+  grep -E "^  (missed|not measured) " "$LOG/timing-truth.txt" >> "$OUT/summary.txt"
+  [ "$rc" = 0 ] || status=1
+fi
+
 if ! want bench; then
   :
 elif [ "${1:-}" = "--timing-bench" ]; then
@@ -290,8 +305,12 @@ elif [ "${1:-}" = "--timing-bench" ]; then
   { "$PY" benchmarks/python/timing_accuracy_bench.py --json "$OUT/bench/timing_accuracy.json"
     echo "timing_accuracy rc=$?"
     "$PY" benchmarks/python/md_overhead_bench.py --json "$OUT/bench/md_overhead.json"
-    echo "md_overhead rc=$?"; } 2>&1 | tee "$LOG/bench.txt"
-  summary "benchmarks: $(grep -E '^(timing_accuracy|md_overhead) rc=' "$LOG/bench.txt" | tr '\n' ' ')"
+    echo "md_overhead rc=$?"
+    "$PY" benchmarks/python/timing_truth_bench.py --json "$OUT/bench/timing_truth.json"
+    echo "timing_truth rc=$?"; } 2>&1 | tee "$LOG/bench.txt"
+  summary "benchmarks: $(grep -E '^(timing_accuracy|md_overhead|timing_truth) rc=' "$LOG/bench.txt" | tr '\n' ' ')"
+  summary "timing truth targets: $(grep -E '^[0-9]+ met, ' "$LOG/bench.txt")"
+  grep -E "^  (missed|not measured) " "$LOG/bench.txt" >> "$OUT/summary.txt"
 elif [ "${1:-}" = "--plugin-bench" ]; then
   step "pytest plugin benchmark"
   mkdir -p "$OUT/bench"
