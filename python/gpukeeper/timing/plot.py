@@ -21,7 +21,8 @@ def plot_benchmark(result: BenchmarkResult, path: Optional[PathLike] = None, *,
                    bins: int = 50) -> Any:
     """The histogram of ``result``'s per-call times with vertical lines (and a legend)
     for the mean, median, p5, p95 and p99, as a matplotlib Figure saved to ``path`` when
-    given.
+    given. For a GPU result led by the loop time, the histogram is of the per-call device
+    times, and the loop time per call is a line of its own.
 
     Raises ``InvalidInputError`` when ``bins`` is not an int >= 1, ``ImportError``
     naming the fix when matplotlib is not installed.
@@ -29,21 +30,30 @@ def plot_benchmark(result: BenchmarkResult, path: Optional[PathLike] = None, *,
     check_int(bins, "bins", 1)
     plt = pyplot(path, "BenchmarkResult.plot()")
     fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
-    ax.hist(result.times_ms, bins=bins, color="tab:blue", alpha=0.75)
-    marks = (
-        ("mean", result.mean_ms, "tab:purple", "-"),
-        ("median", result.median_ms, "k", "--"),
-        ("p5", result.p5_ms, "tab:green", ":"),
-        ("p95", result.p95_ms, "tab:orange", ":"),
-        ("p99", result.p99_ms, "tab:red", "-."),
-    )
+    # The loop time has a value per round, too few for a histogram: a GPU result shows
+    # the per-call device times, with the loop time per call as a line of its own.
+    per_call = result.device_stats if result.measure == "loop" and result.gpu_times_ms else None
+    times = result.gpu_times_ms if per_call is not None else result.times_ms
+    s = per_call if per_call is not None else result.stats
+    ax.hist(times, bins=bins, color="tab:blue", alpha=0.75)
+    marks = [
+        ("mean", s.mean, "tab:purple", "-"),
+        ("median", s.median, "k", "--"),
+        ("p5", s.p5, "tab:green", ":"),
+        ("p95", s.p95, "tab:orange", ":"),
+        ("p99", s.p99, "tab:red", "-."),
+    ]
+    if per_call is not None and result.loop_median_ms is not None:
+        marks.append(("loop time per call", result.loop_median_ms, "tab:brown", "-"))
     for name, value, colour, ls in marks:
         ax.axvline(value, color=colour, lw=1.0, ls=ls, label=f"{name} {value:.4f} ms")
     ax.legend(loc="upper right", fontsize=8)
-    ax.set_xlabel(f"{result.timing} time per call (ms)")
-    ax.set_ylabel("calls")
+    what = "device" if per_call is not None or result.measure == "device" else (
+        "loop" if result.work == "gpu" else result.timing)
+    ax.set_xlabel(f"{what} time per call (ms)")
+    ax.set_ylabel("calls" if what != "loop" else "rounds")
     ax.locator_params(axis="y", integer=True)  # counts of calls: no half calls on the axis
-    ax.set_title(f"{result.name}: {result.n_calls} calls on {result.device} "
+    ax.set_title(f"{result.name}: {len(times)} {'rounds' if what == 'loop' else 'calls'} on {result.device} "
                  f"({(result.work or 'cpu').upper()} work)")
     return finish(fig, path)
 
