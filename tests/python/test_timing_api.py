@@ -538,10 +538,11 @@ def test_l2_flush_buffer_is_exactly_l2() -> None:
     flusher = L2Flusher(backend)
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     assert flusher.nbytes == l2 == l2_cache_size("cuda")
-    assert flusher._buffer.numel() * flusher._buffer.element_size() == l2
+    buffer = flusher.scratch.array
+    assert flusher.backend == "torch" and buffer.numel() * buffer.element_size() == l2
     flusher.flush()
     torch.cuda.synchronize()
-    assert int(flusher._buffer.max()) == 0
+    assert int(buffer.max()) == 0
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a usable CUDA device")

@@ -3,18 +3,20 @@
 One adapter per framework (:mod:`.torch_adapter`, :mod:`.cupy_adapter`,
 :mod:`.jax_adapter`, gpukeeper's own pools in :mod:`.pools_adapter`, and a CUDA context
 with no framework in :mod:`.cuda_context_adapter`), each owning its memory counters,
-release, synchronize and timing marks. This module holds the registry and the answers
-over all of them; :mod:`.contexts` says which devices hold contexts, :mod:`.live_arrays`
-which tensors and arrays hold memory. Nothing here imports a framework: one that is not
+release, synchronize, timing marks and L2 scratch. This module holds the registry and
+the answers over all of them (the measuring code reads the frameworks only through
+these: ``allocated_reader``, ``reserved_bytes``, ``l2_cache_size``, ``l2_scratch``);
+:mod:`.contexts` says which devices hold contexts, :mod:`.live_arrays` which tensors
+and arrays hold memory. Nothing here imports a framework: one that is not
 in ``sys.modules`` is not in use, and importing it would cost seconds and create a CUDA
 context.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
-from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, memory_dict
+from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, memory_dict
 from gpukeeper.frameworks.contexts import (
     ENGINE,
     ContextCensus,
@@ -47,6 +49,7 @@ from gpukeeper.frameworks.pools_adapter import (
 from gpukeeper.frameworks.torch_adapter import (
     TorchAdapter,
     loaded_torch,
+    torch_allocated_reader,
     torch_cuda,
     torch_in_use,
     torch_uses_gpukeeper,
@@ -60,7 +63,9 @@ __all__ = [
     "FrameworkMemory",
     "LiveArray",
     "active_devices",
+    "Scratch",
     "adapter",
+    "allocated_reader",
     "context_census",
     "context_devices",
     "engine_memory",
@@ -73,6 +78,8 @@ __all__ = [
     "jax_gpu_devices",
     "jax_memory_stats",
     "jax_release_hint",
+    "l2_cache_size",
+    "l2_scratch",
     "live_array_holders",
     "live_arrays",
     "live_pools",
@@ -85,9 +92,11 @@ __all__ = [
     "register_pool",
     "release_all_caches",
     "release_hint",
+    "reserved_bytes",
     "reset_host_pool_peak",
     "reset_peaks",
     "synchronize_all",
+    "torch_allocated_reader",
     "torch_cuda",
     "torch_in_use",
     "torch_uses_gpukeeper",
@@ -178,3 +187,54 @@ def release_hint(name: str) -> Optional[str]:
     empties."""
     fw = ADAPTERS.get(name)
     return fw.release_hint() if fw is not None else None
+
+
+def reserved_bytes(device: int) -> int:
+    """The bytes every loaded framework holds from the driver on ``device`` (0: their
+    counters see nothing there)."""
+    return sum(m.reserved or 0 for m in memory_by_framework(device).values())
+
+
+def allocated_reader(device: int) -> Tuple[Callable[[], int], str]:
+    """(the cheapest reader of allocated bytes on ``device`` that sees every loaded
+    framework, the name its figures go under): PyTorch's counters (or the pool behind
+    it) when PyTorch is the one framework, that framework's own when another is alone,
+    else the sum over all of them (``"frameworks"``)."""
+    loaded = loaded_frameworks()
+    if loaded == ["torch"] or (not loaded and torch_cuda() is not None):
+        return torch_allocated_reader(device)
+    if len(loaded) == 1:
+        fw = ADAPTERS[loaded[0]]
+
+        def read_one() -> int:
+            m = fw.memory(device)
+            return (m.allocated or 0) if m is not None else 0
+
+        return read_one, loaded[0]
+
+    def read_all() -> int:
+        return sum(m.allocated or 0 for m in memory_by_framework(device).values())
+
+    return read_all, "frameworks"
+
+
+def l2_cache_size(device: int) -> int:
+    """The L2 cache size of CUDA device ``device`` in bytes, from the first loaded
+    framework that can read it (PyTorch, then CuPy); 0 when none can."""
+    for fw in ADAPTERS.values():
+        size = fw.l2_cache_size(device)
+        if size:
+            return size
+    return 0
+
+
+def l2_scratch(device: int, nbytes: int, prefer: Optional[str] = None) -> Optional[Tuple[str, Scratch]]:
+    """(the framework's name, a buffer of ``nbytes`` on ``device`` from it) to flush the
+    L2 cache with: from ``prefer`` (the framework whose stream is timed) when it can,
+    else from the first loaded framework that can; None when none can."""
+    names = ([prefer] if prefer in ADAPTERS else []) + [n for n in ADAPTERS if n != prefer]
+    for name in names:
+        scratch = ADAPTERS[name].l2_scratch(device, nbytes)
+        if scratch is not None:
+            return name, scratch
+    return None

@@ -3,7 +3,8 @@
 An adapter is one framework's view of a device: its memory counters (``memory``), how to
 make it let go of its cache (``release``), how to wait for its queued work
 (``synchronize``) and, for timing, its marks on a stream (``timer_backend``: the current
-stream, events, elapsed time). Adapters sit on the base layer (devices, nvml, host,
+stream, events, elapsed time) and its view of the L2 cache (``l2_cache_size``, a
+``Scratch`` buffer to flush it with). Adapters sit on the base layer (devices, nvml, host,
 errors) and never import a feature or a surface. None imports its framework: one that is
 not in ``sys.modules`` is not in use, and importing it would cost seconds and create a
 CUDA context.
@@ -21,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from gpukeeper.devices import DeviceSpec
 
-__all__ = ["CpuBackend", "FrameworkAdapter", "FrameworkMemory", "TimerBackend", "memory_dict"]
+__all__ = ["CpuBackend", "FrameworkAdapter", "FrameworkMemory", "Scratch", "TimerBackend", "memory_dict"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,27 @@ class FrameworkAdapter:
         """The most bytes allocated on ``device`` since ``reset_peak``; None when the
         framework keeps no resettable peak (CuPy) or is not in use."""
         return None
+
+    def l2_cache_size(self, device: int) -> Optional[int]:
+        """The L2 cache size of ``device`` in bytes as the framework reads it; None when
+        it cannot (not loaded, CUDA unusable through it)."""
+        return None
+
+    def l2_scratch(self, device: int, nbytes: int) -> Optional["Scratch"]:
+        """A buffer of ``nbytes`` on ``device`` from the framework's allocator, to flush
+        the L2 cache with; None when the framework cannot make one."""
+        return None
+
+
+class Scratch:
+    """A device buffer one framework allocated (see ``FrameworkAdapter.l2_scratch``):
+    ``array`` is the framework's own array of it."""
+
+    array: Any = None
+
+    def fill(self, stream: Any = None) -> None:
+        """Overwrites all of the buffer, queued on ``stream`` (the current one when None)."""
+        raise NotImplementedError
 
 
 class TimerBackend:

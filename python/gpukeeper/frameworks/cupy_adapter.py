@@ -1,5 +1,5 @@
-"""The CuPy adapter: its default pool's counters, release, synchronize and
-``cupy.cuda.Event`` marks."""
+"""The CuPy adapter: its default pool's counters, release, synchronize,
+``cupy.cuda.Event`` marks and an L2 scratch buffer."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, List, Optional
 
 from gpukeeper.devices import DeviceSpec
 from gpukeeper.errors import InvalidInputError
-from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, TimerBackend
+from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, TimerBackend
 
 __all__ = ["CupyAdapter", "CupyBackend", "cupy_cuda"]
 
@@ -71,6 +71,33 @@ class CupyAdapter(FrameworkAdapter):
         for d in _usable(cupy, devices):
             with cupy.cuda.Device(d):
                 cupy.cuda.runtime.deviceSynchronize()
+
+    def l2_cache_size(self, device: int) -> Optional[int]:
+        cupy = cupy_cuda()
+        if cupy is None:
+            return None
+        return int(cupy.cuda.runtime.getDeviceProperties(device)["l2CacheSize"])
+
+    def l2_scratch(self, device: int, nbytes: int) -> Optional[Scratch]:
+        cupy = cupy_cuda()
+        if cupy is None:
+            return None
+        with cupy.cuda.Device(device):
+            return _CupyScratch(cupy.empty(nbytes, dtype=cupy.uint8))
+
+
+class _CupyScratch(Scratch):
+    """A ``cupy.uint8`` array, overwritten with ``fill(0)``."""
+
+    def __init__(self, buffer: Any) -> None:
+        self.array = buffer
+
+    def fill(self, stream: Any = None) -> None:
+        if stream is None:
+            self.array.fill(0)
+            return
+        with stream:
+            self.array.fill(0)
 
 
 class CupyBackend(TimerBackend):

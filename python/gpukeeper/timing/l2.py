@@ -1,15 +1,17 @@
 """The L2 cache of a CUDA device: ``l2_cache_size`` and ``L2Flusher`` (nvbench's l2flush).
 
 ``L2Flusher`` evicts everything from L2 before a measured call, so that every call
-starts cold.
+starts cold. The size and the buffer come from the frameworks' adapters
+(:func:`gpukeeper.frameworks.l2_cache_size`, :func:`gpukeeper.frameworks.l2_scratch`).
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+from typing import Any, Optional
 
+from gpukeeper import frameworks
 from gpukeeper.devices import DeviceSpec
+from gpukeeper.frameworks import Scratch
 from gpukeeper.timing.timer import TimerBackend, timing_device
 
 __all__ = ["L2Flusher", "l2_cache_size"]
@@ -20,18 +22,7 @@ def l2_cache_size(device: Any = None) -> int:
     spec = device if isinstance(device, DeviceSpec) else timing_device(device)
     if not spec.is_cuda:
         return 0
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                return int(torch.cuda.get_device_properties(spec.index).L2_cache_size)
-        except Exception:
-            pass  # fall through to CuPy
-    cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        props = cupy.cuda.runtime.getDeviceProperties(spec.index or 0)
-        return int(props["l2CacheSize"])
-    return 0
+    return frameworks.l2_cache_size(spec.index or 0)
 
 
 class L2Flusher:
@@ -43,46 +34,26 @@ class L2Flusher:
     """
 
     def __init__(self, backend: TimerBackend) -> None:
-        # The buffer comes from the framework whose streams are timed: CuPy for the cupy
-        # backend, else PyTorch when loaded, else CuPy when loaded (gpukeeper's own
-        # backend without either cannot read the L2 size: nothing is flushed).
-        if backend.name == "cupy" or ("torch" not in sys.modules and "cupy" in sys.modules):
-            self.backend = "cupy"
-        elif "torch" in sys.modules:
-            self.backend = "torch"
-        else:
-            self.backend = ""
-        self.nbytes = l2_cache_size(backend.device) if self.backend else 0
-        self._buffer: Any = None
+        # The buffer comes from the framework whose streams are timed (CuPy for the cupy
+        # backend), else from the first loaded framework that can make one (PyTorch,
+        # then CuPy); gpukeeper's own backend without either flushes nothing.
+        self.backend = ""
+        self.nbytes = l2_cache_size(backend.device)
+        self.scratch: Optional[Scratch] = None
         if self.nbytes <= 0:
+            self.nbytes = 0
             return
-        index = backend.device.index or 0
-        if self.backend == "cupy":
-            import cupy  # loaded: the cupy backend was chosen
-
-            with cupy.cuda.Device(index):
-                self._buffer = cupy.empty(self.nbytes, dtype=cupy.uint8)
-        else:
-            torch = sys.modules["torch"]
-            self._buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=f"cuda:{index}")
+        made = frameworks.l2_scratch(backend.device.index or 0, self.nbytes, prefer=backend.name)
+        if made is None:
+            self.nbytes = 0
+            return
+        self.backend, self.scratch = made
 
     def flush(self, stream: Any = None) -> None:
         """Overwrites the buffer on ``stream`` (the current one when None)."""
-        if self._buffer is None:
-            return
-        if self.backend == "cupy":
-            if stream is not None:
-                with stream:
-                    self._buffer.fill(0)
-            else:
-                self._buffer.fill(0)
-            return
-        torch = sys.modules["torch"]
-        if stream is not None:
-            with torch.cuda.stream(stream):
-                self._buffer.fill_(0)
-        else:
-            self._buffer.fill_(0)
+        if self.scratch is not None:
+            self.scratch.fill(stream)
 
     def release(self) -> None:
-        self._buffer = None
+        """Gives the buffer back to its framework."""
+        self.scratch = None
