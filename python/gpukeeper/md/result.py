@@ -1,94 +1,27 @@
-"""What an MD trajectory measured: ``TrajectoryResult``, and ``LatencyStats`` of a per-step series.
+"""What an MD trajectory measured: ``TrajectoryResult``.
 
-The statistics come from :mod:`gpukeeper.timing.stats`, so they mean what they mean in
-``benchmark_function``: standard deviations are *sample* ones (``ddof=1``, as
-``timing.stats.std``; ``nan`` for a single value), percentiles interpolate linearly
-(numpy's default method).
+Its statistics are timing's :class:`~gpukeeper.timing.latency.LatencyStats` (also
+importable from here), so they mean what they mean in ``benchmark_function``: standard
+deviations are *sample* ones (``ddof=1``, as ``timing.stats.std``; ``nan`` for a single
+value), percentiles interpolate linearly (numpy's default method).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper.figures import fmt_bytes
-from gpukeeper.errors import InvalidInputError
 from gpukeeper.htmltable import html_fields
 from gpukeeper.plotting import PathLike
-from gpukeeper.timing import stats as tstats
+from gpukeeper.timing.latency import LatencyStats, latency_stats
+from gpukeeper.timing.stats import json_safe
 
 __all__ = ["LatencyStats", "latency_stats", "TrajectoryResult", "GB", "MB", "json_safe"]
 
 GB = float(1 << 30)
 MB = float(1 << 20)
-
-
-def json_safe(d: Dict[str, Any]) -> Dict[str, Any]:
-    """``d`` with NaN floats as None (NaN is not JSON)."""
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    """Statistics of one per-step series, in milliseconds.
-
-    ``std_ms`` is the sample standard deviation (``ddof=1``, as
-    :func:`gpukeeper.timing.stats.std`; ``nan`` for one step), ``jitter_ms`` the sample
-    standard deviation of successive differences (``nan`` below three steps). Percentiles
-    interpolate linearly; ``drift_ms`` is the median of the last decile minus that of the
-    first; outliers lie above ``median + k * max(1.4826 * MAD, 1% of the median)``.
-    """
-
-    n: int
-    mean_ms: float
-    median_ms: float
-    std_ms: float
-    min_ms: float
-    max_ms: float
-    p5_ms: float
-    p95_ms: float
-    p99_ms: float
-    jitter_ms: float
-    drift_ms: float
-    drift_pct: float
-    mad_ms: float
-    outlier_threshold_ms: float
-    outlier_steps: Tuple[int, ...]
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The fields as plain values (NaN as None)."""
-        d = dict(self.__dict__)
-        d["outlier_steps"] = list(self.outlier_steps)
-        return json_safe(d)
-
-
-def latency_stats(x_ms: Sequence[float], outlier_k: float = 5.0) -> LatencyStats:
-    """Statistics of a per-step series (see :class:`LatencyStats` for each definition).
-
-    Raises ``InvalidInputError`` for an empty series.
-    """
-    n = len(x_ms)
-    if n == 0:
-        raise InvalidInputError("latency_stats: empty series")
-    s = tstats.summarize(x_ms)
-    median = s.median
-    jitter = tstats.std([x_ms[i + 1] - x_ms[i] for i in range(n - 1)]) if n >= 2 else math.nan
-    decile = max(1, n // 10)
-    first = tstats.median(x_ms[:decile])
-    last = tstats.median(x_ms[n - decile:])
-    drift = last - first
-    drift_pct = 100.0 * drift / first if first > 0 else math.nan
-    mad = tstats.median([abs(v - median) for v in x_ms])
-    scale = max(1.4826 * mad, 0.01 * abs(median))
-    threshold = median + outlier_k * scale
-    outliers = tuple(i for i, v in enumerate(x_ms) if v > threshold)
-    return LatencyStats(
-        n=n, mean_ms=s.mean, median_ms=median, std_ms=s.std, min_ms=s.min, max_ms=s.max,
-        p5_ms=s.p5, p95_ms=s.p95, p99_ms=s.p99, jitter_ms=jitter, drift_ms=drift,
-        drift_pct=drift_pct, mad_ms=mad, outlier_threshold_ms=threshold, outlier_steps=outliers,
-    )
 
 
 @dataclass

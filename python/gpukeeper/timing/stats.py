@@ -14,7 +14,7 @@ Two measures of noise are provided, because they answer different questions:
   noise (``print_comparison_table``).
 
 Both are fractions (0.01 = 1 %) and are ``nan`` where undefined (fewer than two samples
-for the std, a zero mean or median).
+for the std, a zero mean or median); ``json_safe`` turns such a ``nan`` into None for JSON.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, Iterable, List, Sequence
+from typing import Any, Deque, Dict, Iterable, List, Sequence
 
 from gpukeeper.errors import InvalidInputError
 
@@ -37,6 +37,7 @@ __all__ = [
     "relative_std",
     "relative_iqr",
     "summarize",
+    "json_safe",
     "SampleStats",
     "NoiseCriterion",
     "PERCENTILES",
@@ -130,6 +131,11 @@ def relative_iqr(samples: Iterable[float]) -> float:
     values = _values(samples)
     med = median(values)
     return iqr(values) / med if med != 0 else math.nan
+
+
+def json_safe(d: Dict[str, Any]) -> Dict[str, Any]:
+    """``d`` with NaN floats as None (NaN is not JSON)."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
 @dataclass(frozen=True)
