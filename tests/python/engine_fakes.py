@@ -8,6 +8,8 @@
   ``block_until_ready`` and a configurable ``memory_stats()``.
 - ``install_engine``: a process in which no framework is loaded and an engine holds a
   CUDA context of its own on device 0 (the OpenMM case).
+- ``FakeTorch``: PyTorch imported, its counters at a fixed level (an engine's memory is
+  not in them).
 """
 
 from __future__ import annotations
@@ -134,6 +136,29 @@ def install_engine(monkeypatch: Any, used: Any) -> FakeNvml:
     hide_frameworks(monkeypatch)
     install_driver(monkeypatch, FakeDriver({0: False}))
     return install_nvml(monkeypatch, FakeNvml(used))
+
+
+class FakeTorch(types.ModuleType):
+    """torch with CUDA usable (``available``) and its counters at a fixed level: the
+    engine's work is elsewhere, so nothing moves them. Counts peak resets."""
+
+    def __init__(self, allocated: int, reserved: int, available: bool = True) -> None:
+        super().__init__("torch")
+        stats = {"allocated_bytes": {"all": {"current": allocated, "peak": reserved}},
+                 "reserved_bytes": {"all": {"current": reserved}}}
+        self.peak_resets = 0
+
+        def reset_peak(device: int) -> None:
+            self.peak_resets += 1
+
+        memory = types.SimpleNamespace(memory_stats_as_nested_dict=lambda d: stats)
+        self.cuda = types.SimpleNamespace(
+            is_available=lambda: available, is_initialized=lambda: available, device_count=lambda: 1,
+            current_device=lambda: 0, synchronize=lambda d=None: None, memory=memory,
+            reset_peak_memory_stats=reset_peak,
+        )
+        self._C = types.SimpleNamespace()
+        self.Tensor = type("Tensor", (), {})
 
 
 class Growing:

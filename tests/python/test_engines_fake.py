@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 import warnings
 from typing import Any, Dict
 
@@ -19,6 +18,7 @@ from engine_fakes import (
     MiB,
     FakeDriver,
     FakeNvml,
+    FakeTorch,
     Growing,
     counter,
     fake_jax,
@@ -281,25 +281,8 @@ def test_md_engine_without_nvml_watches_the_host_and_says_why(monkeypatch):
                for w in r.warnings)
 
 
-class _FakeTorch(types.ModuleType):
-    """torch with CUDA usable and its counters at a fixed level (the engine's work is
-    elsewhere, so nothing moves them)."""
-
-    def __init__(self) -> None:
-        super().__init__("torch")
-        stats = {"allocated_bytes": {"all": {"current": 4 * MiB}},
-                 "reserved_bytes": {"all": {"current": 20 * MiB}}}
-        memory = types.SimpleNamespace(memory_stats_as_nested_dict=lambda d: stats)
-        self.cuda = types.SimpleNamespace(
-            is_available=lambda: True, is_initialized=lambda: True, device_count=lambda: 1,
-            current_device=lambda: 0, synchronize=lambda d=None: None, memory=memory,
-        )
-        self._C = types.SimpleNamespace()
-        self.Tensor = type("Tensor", (), {})
-
-
 def test_md_torch_loaded_but_the_engine_allocates_is_a_warning(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch", _FakeTorch())
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch(4 * MiB, 20 * MiB))
     install_driver(monkeypatch, FakeDriver({0: True}))
     calls = {"n": 0}
     install_nvml(monkeypatch, FakeNvml(used=lambda: GiB + calls["n"] * 100_000))
@@ -319,7 +302,7 @@ def test_md_torch_loaded_but_the_engine_allocates_is_a_warning(monkeypatch):
 
 
 def test_md_torch_loaded_and_counters_explain_the_memory_no_warning(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch", _FakeTorch())
+    monkeypatch.setitem(sys.modules, "torch", FakeTorch(4 * MiB, 20 * MiB))
     install_driver(monkeypatch, FakeDriver({0: True}))
     install_nvml(monkeypatch, FakeNvml(used=GiB))
     r = benchmark_md_trajectory(_step, STEPS, n_steps=50, warmup_steps=1, timing="host")

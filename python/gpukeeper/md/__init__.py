@@ -18,11 +18,16 @@ The package, one concern a module:
 - :mod:`~gpukeeper.md.trajectory`: ``benchmark_md_trajectory`` (checks, warm-up, plan,
   loop, result), the step statistics and the throughput;
 - :mod:`~gpukeeper.md.loop`: the measured loop (one loop for every option);
-- :mod:`~gpukeeper.md.events`: GPU event marks every k-th step, and the choice of k;
-- :mod:`~gpukeeper.md.probes`: the memory series, their sampler and the NVML cross-check;
-- :mod:`~gpukeeper.md.leak`: leak verdicts; :mod:`~gpukeeper.md.plan`: where the work runs;
-- :mod:`~gpukeeper.md.result`: ``TrajectoryResult``, ``LatencyStats``;
-  :mod:`~gpukeeper.md.plot`: its figure.
+- :mod:`~gpukeeper.md.events`: GPU event marks every k-th step, the choice of k, and the
+  timing method they make;
+- :mod:`~gpukeeper.md.leak`: leak verdicts;
+- :mod:`~gpukeeper.md.result`: ``TrajectoryResult``; :mod:`~gpukeeper.md.plot`: its figure.
+
+What it shares with ``benchmark_function`` is timing's, so that both decide and read
+alike: where the work runs (:mod:`gpukeeper.timing.plans`), the memory series and the
+rule that picks them (:mod:`gpukeeper.timing.memory`), their sampler
+(:mod:`gpukeeper.timing.sampling`), and the statistics (``LatencyStats``,
+:mod:`gpukeeper.timing.latency`, over :mod:`gpukeeper.timing.stats`).
 
 How it measures (and why):
 
@@ -58,8 +63,10 @@ How it measures (and why):
   otherwise: 45-70 us a read, hence sampling), cross-checked at the start and the end
   against NVML's figure for this process: device memory that grows and that no counter
   explains (an engine allocating in its own context) is a warning. Where the work is
-  not a framework's (an engine's own CUDA context, or a ``synchronize`` callable was
-  given) it is NVML's figure for this process (``"nvml_process"``); for JAX steps,
+  not a framework's (an engine's own CUDA context, a ``synchronize`` callable was
+  given, or the frameworks' counters hold nothing on the device while NVML sees this
+  process holding memory there) it is NVML's figure for this process
+  (``"nvml_process"``), whatever else is imported; for JAX steps,
   JAX's ``bytes_in_use``. In CPU mode three series are sampled: the process's resident
   set size (``memory_source`` ``"process_rss"``, what ``memory_delta_gb`` reports), and
   the in-use counts that exist: glibc's ``mallinfo2()`` (``"malloc_in_use"``) and

@@ -1,4 +1,4 @@
-"""GPU lap marks for the MD loop: ``EventMarks`` (one event every k-th step) and the choice of k.
+"""GPU lap marks for the MD loop: ``EventMarks`` (one event every k-th step), the choice of k, and its words.
 
 A mark is an event recorded on the current stream after a step; the GPU time of an
 *interval* is the time from the previous mark (or a fresh origin) to its own. One record
@@ -40,6 +40,7 @@ __all__ = [
     "event_backend",
     "choose_event_every",
     "event_cost_ns",
+    "events_how",
     "RING_KEEP",
     "EVENT_DEVICE_NS",
     "DEVICE_SHARE",
@@ -84,6 +85,15 @@ def choose_event_every(step_ns: float, event_ns: float, n: int) -> int:
     if step_ns > 0:
         k = max(k, math.ceil(EVENT_DEVICE_NS / (DEVICE_SHARE * step_ns)))
     return max(1, min(k, n // MIN_INTERVALS))
+
+
+def events_how(event_every: int, synchronize: Optional[Callable[[], Any]] = None) -> str:
+    """The timing method of steps timed by CUDA events, one mark every ``event_every`` steps."""
+    marks = ("one per step" if event_every == 1 else
+             f"one after every {event_every} steps (a step's GPU time is its interval's, "
+             "divided over the interval's steps)")
+    return (f"CUDA events on the framework's current stream, {marks}"
+            + ("; the wall clock ends at the caller's synchronize()" if synchronize is not None else ""))
 
 
 class EventMarks:

@@ -202,7 +202,7 @@ def memory_outcome(sampler: Any, final: Optional[List[int]], n: int, leak_tolera
     """The samples of a run turned into series, slopes and the leak verdict; what is
     worth saying goes to ``warnings``.
 
-    ``sampler``: a :class:`gpukeeper.md.probes.MemorySampler` (or None: memory was not
+    ``sampler``: a :class:`gpukeeper.timing.sampling.StepSampler` (or None: memory was not
     checked); ``final``: each series' reading after the loop's synchronization.
     """
     if sampler is None or not sampler.series:

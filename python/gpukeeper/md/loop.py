@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Tuple
 
 from gpukeeper.md.events import RING_KEEP, EventMarks
-from gpukeeper.md.probes import MemorySampler
 from gpukeeper.progress import ProgressBar
+from gpukeeper.timing.sampling import StepSampler
 
 __all__ = ["LoopOptions", "run_loop", "step_hook"]
 
@@ -47,7 +47,7 @@ class LoopOptions:
     sync_every: Optional[int] = None
     marks: Optional[EventMarks] = None
     event_every: int = 1
-    sampler: Optional[MemorySampler] = None
+    sampler: Optional[StepSampler] = None
     bar: Optional[ProgressBar] = None
 
 

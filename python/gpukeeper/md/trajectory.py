@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -12,15 +11,16 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 
 from gpukeeper import frameworks
 from gpukeeper.checks import check_int, check_positive
-from gpukeeper.devices import resolve_device
 from gpukeeper.errors import InvalidInputError
 import gpukeeper.md.events as events
-import gpukeeper.md.probes as probes
 from gpukeeper.md.leak import memory_outcome
 from gpukeeper.md.loop import LoopOptions, run_loop
 from gpukeeper.progress import ProgressBar, progress_wanted
-from gpukeeper.md.plan import Plan, events_how, make_plan
 from gpukeeper.md.result import LatencyStats, TrajectoryResult, latency_stats
+from gpukeeper.timing import memory
+from gpukeeper.timing.plans import Plan, choose_plan, confirm_plan, cpu_plan
+from gpukeeper.timing.sampling import StepSampler, sample_period
+from gpukeeper.timing.timer import timing_device
 
 __all__ = [
     "benchmark_md_trajectory",
@@ -134,27 +134,23 @@ def _event_marks(plan: Plan, n: int, event_ring: int, event_every: Union[int, st
     backend = events.event_backend(plan.index)  # type: ignore[arg-type]
     if not backend.is_gpu:
         return Plan("framework", plan.index, "host clock (no CUDA events usable here), ended by a "
-                    "device synchronization"), None, None
+                    "device synchronization", synchronize, per_call=False), None, None
     marks = events.EventMarks(backend, min(n, event_ring))
     if event_every == "auto":
         k = events.choose_event_every(step_ns, events.event_cost_ns(marks), n)
     else:
         k = int(event_every)
-    return Plan("events", plan.index, events_how(k, synchronize)), marks, k
+    return Plan("events", plan.index, events.events_how(k, synchronize), synchronize, per_call=False), marks, k
 
 
-def _memory_probes(plan: Plan, synchronize: Optional[Callable[[], Any]],
-                   memory_sample_every: Union[int, str], n: int, warm_ns: List[int],
+def _memory_probes(plan: Plan, memory_sample_every: Union[int, str], n: int, warm_ns: List[int],
                    event_every: Optional[int], warnings: List[str],
-                   ) -> Tuple[Optional[probes.MemorySampler], Optional[probes.MemorySeries]]:
-    """The memory sampler of the run and the NVML cross-check series (either may be None)."""
-    cross = None
-    if plan.kind == "cpu":
-        series = probes.host_series()
-    else:
-        series, cross = probes.device_series(plan.kind, plan.index, synchronize, warnings)
-    every = probes.sample_period(series, memory_sample_every, n, warm_ns, align=event_every or 1)
-    return probes.MemorySampler(series, every, n), cross
+                   ) -> Tuple[Optional[StepSampler], Optional[memory.MemorySeries]]:
+    """The memory sampler of the run and the NVML cross-check series (either may be None):
+    the series :func:`gpukeeper.timing.memory.memory_series` picks for the plan."""
+    series, cross = memory.memory_series(plan.kind, plan.index, plan.synchronize, warnings)
+    every = sample_period(series, memory_sample_every, n, warm_ns, align=event_every or 1)
+    return StepSampler(series, every, n), cross
 
 
 def _progress_bar(progress: Optional[bool], n: int, event_every: Optional[int]) -> Optional[ProgressBar]:
@@ -246,46 +242,39 @@ class _Run:
     leak_tolerance_mb: float
     outlier_k: float
     synchronize: Optional[Callable[[], Any]]
-    plan: Plan = field(default_factory=lambda: Plan("cpu", None, ""))
+    plan: Plan = field(default_factory=lambda: cpu_plan(per_call=False))
     warnings: List[str] = field(default_factory=list)
     warmup_time: float = 0.0
     marks: Optional[events.EventMarks] = None
     event_every: Optional[int] = None
-    sampler: Optional[probes.MemorySampler] = None
-    cross: Optional[probes.MemorySeries] = None
+    sampler: Optional[StepSampler] = None
+    cross: Optional[memory.MemorySeries] = None
 
     def sync(self) -> None:
         """Waits for the steps' work: the frameworks' on the device, and the caller's."""
-        if self.plan.index is not None:
-            frameworks.synchronize_all(self.plan.index)
-        if self.synchronize is not None:
-            self.synchronize()
+        self.plan.sync()
 
 
 def _prepare(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], device: Any, timing: str,
              event_every: Union[int, str], event_ring: int) -> Any:
     """Device, warm-up, plan and GPU marks of ``run``; returns the last warm-up result."""
-    # Without an explicit device, CUDA when a framework that could run the model is
-    # loaded; otherwise the warm-up's result and the process's CUDA contexts decide
-    # (a pure-Python/numpy model must not be "timed" on an idle GPU).
-    torch_or_cupy = frameworks.loaded_torch() is not None or "cupy" in sys.modules
-    index = resolve_device(device, auto_cuda=torch_or_cupy).index
-    use_events = index is not None and timing != "host" and torch_or_cupy
-    if timing == "gpu" and not use_events:
+    # The plan is timing's (one rule for benchmark_function and this): a pure-Python or
+    # numpy model must not be "timed" on an idle GPU, and a synchronize callable says the
+    # steps run where gpukeeper cannot wait (another engine's context): events on the
+    # framework's stream would time that stream, and on the legacy default stream they
+    # serialize the engine's streams at every mark (an OpenMM loop beside torch ran 8%
+    # slower with them). Host clock then, unless timing="gpu" asks for events.
+    plan = choose_plan(device, timing_device(device), run.synchronize, timing, per_call=False)
+    if timing == "gpu" and plan.kind != "events":
         raise InvalidInputError(
             f"timing='gpu' needs a CUDA device and PyTorch or CuPy loaded (device: "
-            f"{'cpu' if index is None else f'cuda:{index}'}); an engine's own context or JAX "
-            "is timed on the host clock")
-    # A synchronize callable says the steps run where gpukeeper cannot wait (another
-    # engine's context): events on the framework's stream would time that stream, and
-    # on the legacy default stream they serialize the engine's streams at every mark
-    # (an OpenMM loop beside torch ran 8% slower with them). Host clock, unless asked.
-    events_wanted = use_events and (run.synchronize is None or timing == "gpu")
-    settle = (lambda: frameworks.synchronize_all(index)) if events_wanted and event_every == "auto" else None
+            f"{'cpu' if plan.index is None else f'cuda:{plan.index}'}); an engine's own context "
+            "or JAX is timed on the host clock")
+    index = plan.index
+    settle = (lambda: frameworks.synchronize_all(index)) if plan.kind == "events" and event_every == "auto" else None
     t_w = time.perf_counter()
     warm = warm_up(model_func, itertools.cycle(data), run.warmup_steps, settle)
-    run.plan = make_plan(index, device is None and index is None, events_wanted,
-                         torch_or_cupy and run.synchronize is None, warm.last, run.synchronize)
+    run.plan = confirm_plan(plan, device, warm.last)
     if run.plan.kind == "jax":
         frameworks.jax_block_until_ready(warm.last)
     warm.last = None
@@ -312,19 +301,16 @@ def _result(run: _Run, host_ns: "array[int]", total_time: float, initial: Option
     plan, n, warnings = run.plan, run.n, run.warnings
     mem = memory_outcome(run.sampler, final, n, run.leak_tolerance_mb, warnings)
     series = run.sampler.series if run.sampler is not None else []
-    probes.cross_check_warning(cross[0], cross[1], series, run.leak_tolerance_mb, warnings)
+    memory.cross_check_warning(cross[0], cross[1], series, run.leak_tolerance_mb, warnings)
     host_ms = [v / 1e6 for v in host_ns]
     gpu_ms = run.marks.step_times_ms() if run.marks is not None else None
     host_stats, gpu_stats, gpu_ms, busy = step_statistics(host_ms, gpu_ms, run.marks, run.sync_every,
                                                           run.outlier_k, n, warnings)
     # ---- throughput: the wall clock, unless the events provably hold the work
-    synchronized: Optional[bool] = True
-    if plan.kind == "engine" and run.synchronize is None:
-        synchronized = False
-        warnings.append(
-            "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, "
-            "so the work it still had queued after the last step may be missing from the wall "
-            "clock (pass synchronize=, e.g. lambda: simulation.context.getState())")
+    synchronized: Optional[bool] = plan.synchronized
+    unsynchronized = plan.warning()
+    if unsynchronized is not None:
+        warnings.append(unsynchronized)
     steps_per_s, thr_source, coverage = throughput(n, total_time, gpu_ms, synchronized, busy)
     verdict = mem.verdict
     return TrajectoryResult(
@@ -360,14 +346,14 @@ def _measure(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], w
     """The measured loop of a prepared run, with its memory probes, and its result."""
     plan, n = run.plan, run.n
     if check_memory_leak:
-        run.sampler, run.cross = _memory_probes(plan, run.synchronize, memory_sample_every, n,
-                                                warm.host_ns, run.event_every, run.warnings)
+        run.sampler, run.cross = _memory_probes(plan, memory_sample_every, n, warm.host_ns,
+                                                run.event_every, run.warnings)
     bar = _progress_bar(progress, n, run.event_every)
     # Preallocated: array stores keep no Python objects alive per step, so the
     # bookkeeping itself neither allocates nor grows the memory it watches.
     host_ns = array("q", bytes(8 * n))
     source = data if n == len(data) else itertools.islice(itertools.cycle(data), n)
-    cross_before = probes.cross_reading(run.cross, plan.index)
+    cross_before = memory.cross_reading(run.cross, plan.index)
     initial = run.sampler.start() if run.sampler is not None else None
     waits = plan.index is not None or run.synchronize is not None  # else nothing to wait for
     options = LoopOptions(run.sync if waits else None, run.sync_every, run.marks, run.event_every or 1,
@@ -379,7 +365,7 @@ def _measure(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], w
     if bar is not None:
         bar.close()
     final = run.sampler.finish() if run.sampler is not None else None
-    cross_after = probes.cross_reading(run.cross, plan.index)
+    cross_after = memory.cross_reading(run.cross, plan.index)
     return _result(run, host_ns, total_time, initial, final, (cross_before, cross_after))
 
 
@@ -413,11 +399,12 @@ def benchmark_md_trajectory(
         check_memory_leak: sample memory and give a leak verdict (``memory_leak``).
         warmup_steps: calls before measuring, cycling through ``inputs`` (not measured).
         timestep_fs, n_atoms: enable ``ns_per_day`` and ``us_per_atom_step``.
-        device: where the model runs (as ``get_device``); None: CUDA when a framework
-            that can run it is loaded (PyTorch, CuPy; JAX when the steps return JAX
-            arrays), or when the process holds a CUDA context no framework owns (an
-            engine such as OpenMM); else CPU. Pass ``"cpu"`` for a CPU model on a GPU
-            machine.
+        device: where the model runs (as ``get_device``); None: CUDA when a loaded
+            framework can run it there (PyTorch or CuPy with usable CUDA; JAX when the
+            steps return JAX arrays), or when the process holds a CUDA context no
+            framework owns (an engine such as OpenMM); else CPU. The same rule as
+            ``benchmark_function``'s (:mod:`gpukeeper.timing.plans`). Pass ``"cpu"`` for
+            a CPU model on a GPU machine.
         name: label (default: the function's name).
         memory_sample_every: read memory after every N-th step, or "auto" (module doc).
         progress: a progress bar on stderr (:mod:`gpukeeper.progress`); None: on for runs

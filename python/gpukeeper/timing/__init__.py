@@ -8,9 +8,15 @@
 - ``benchmark_function`` (``benchmark``): warm-up, per-call ``CUDATimer.time_call``
   behind a launch-latency gate (the device time), the loop time of back-to-back calls
   and the verdict on what bounds a call (``loop_time``), optional L2 flush (``l2``), nvbench-style noise-based
-  stopping (``stopping``), throttle detection (``throttle``), host-clock plans for JAX
-  and engines and the memory readings (``plans``); returns a ``BenchmarkResult``
-  (``result``).
+  stopping (``stopping``), throttle detection (``throttle``); returns a
+  ``BenchmarkResult`` (``result``).
+- The measurement core that ``benchmark_function`` and ``benchmark_md_trajectory``
+  share: ``plans`` (``Plan``: where the work runs and how it is waited for, with the one
+  auto-device rule and the engine warning), ``memory`` (the memory series and the one
+  rule that picks the memory of the work measured: NVML's figure for an engine's work),
+  ``sampling`` (memory before/after/peak of a run, and between an MD run's steps),
+  ``latency`` (``LatencyStats``: ``SampleStats`` of a per-step series with jitter, drift
+  and outliers).
 - ``compare_implementations`` / ``print_comparison_table`` (``compare``): side by side,
   with the differences that are within the noise marked; the comparison is an
   ``ImplementationComparison`` (a dict) with ``table()``, rich display and ``plot()``.

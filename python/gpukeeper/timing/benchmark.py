@@ -57,7 +57,8 @@ from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.progress import ProgressBar, progress_wanted
 from gpukeeper.timing.l2 import L2Flusher
-from gpukeeper.timing.plans import HostSync, MemorySampler, host_sync_plan, jax_plan
+from gpukeeper.timing.plans import HostSync, host_sync_plan, jax_plan, timer_plan
+from gpukeeper.timing.sampling import MemorySampler
 from gpukeeper.timing import stats
 from gpukeeper.timing.result import BenchmarkResult
 from gpukeeper.timing.loop_time import LoopRounds, bound_verdict, run_rounds
@@ -621,7 +622,8 @@ class _Watch:
         if run.backend.is_gpu or run.plan is not None:
             self.clocks = ClockWatch(run.spec.index or 0, run.warnings)
             self.clocks.start()
-        self.memory = MemorySampler(run.backend, run.plan)
+        plan = run.plan if run.plan is not None else timer_plan(run.backend)
+        self.memory = MemorySampler(plan.kind, plan.index, plan.synchronize)
         self.memory.start()
         if self.memory.why:
             run.warnings.append(self.memory.why)

@@ -1,153 +1,198 @@
-"""Host-clock plans for GPU work events cannot see, and a benchmark run's memory readings.
+"""Where measured work runs and how it is waited for: ``Plan``, and the one rule that decides it.
 
-A plan (``HostSync``) times JAX's streams or an engine's own CUDA context on the host
-clock up to a wait; ``MemorySampler`` reads memory before, after and at the peak of a run.
+Both ``benchmark_function`` and ``benchmark_md_trajectory`` decide with
+:func:`choose_plan` before their warm-up (and ``benchmark_md_trajectory`` confirms with
+:func:`confirm_plan` from the warm-up's result):
+
+- ``device`` None means CUDA only when a loaded framework can use it (PyTorch or CuPy
+  with usable CUDA: :func:`gpukeeper.timing.timer.timing_device`); GPU events around
+  host-only work would read zero.
+- On CUDA: work the caller waits for with ``synchronize=`` is an engine's ("engine":
+  host clock, ended by that wait); otherwise a loaded GPU framework's work is timed by
+  CUDA events on its stream ("events"; "framework" under ``timing="host"``); GPU work
+  with no such framework loaded is an engine's.
+- Without CUDA picked: JAX work when JAX has a GPU ("jax": host clock around
+  ``jax.block_until_ready``), else an engine's when the process holds a CUDA context
+  that no framework made (OpenMM's), else CPU work ("cpu").
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from gpukeeper import frameworks, host
-from gpukeeper import nvml as _nvml
+from gpukeeper import frameworks
 from gpukeeper.devices import DeviceSpec
 from gpukeeper.timing.timer import TimerBackend
 
-__all__ = ["HostSync", "MemorySampler", "engine_plan", "host_sync_plan", "jax_plan"]
+__all__ = [
+    "Plan",
+    "HostSync",
+    "PLAN_KINDS",
+    "choose_plan",
+    "confirm_plan",
+    "cpu_plan",
+    "engine_plan",
+    "events_framework_loaded",
+    "host_sync_plan",
+    "jax_plan",
+    "timer_plan",
+    "unsynchronized_warning",
+]
+
+#: Where a plan's work runs: the host; a framework's stream, timed by CUDA events; a
+#: framework's work on the host clock; JAX's streams; an engine's own CUDA context.
+PLAN_KINDS = ("cpu", "events", "framework", "jax", "engine")
+
+
+def unsynchronized_warning(per_call: bool) -> str:
+    """The warning for an engine's work timed without the caller's ``synchronize``:
+    what may be missing from a call's time (``per_call``) or from a loop's wall clock."""
+    missing = ("each call's time may end before its work does" if per_call else
+               "the work it still had queued after the last step may be missing from the wall clock")
+    return ("no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, "
+            f"so {missing} (pass synchronize=, e.g. lambda: simulation.context.getState())")
 
 
 @dataclass
-class HostSync:
-    """GPU work gpukeeper cannot put events around (JAX's streams, an engine's own CUDA
-    context): each call is timed on the host clock up to ``wait(result)``."""
+class Plan:
+    """Where the work runs and how it is waited for.
 
-    name: str  # the result's backend: "jax" or "engine"
-    index: int
+    ``kind``: one of :data:`PLAN_KINDS`. ``index``: the CUDA device (None for "cpu").
+    ``how``: the timing method in words (a result's ``timing_method``). ``synchronize``:
+    the caller's wait for work gpukeeper cannot see. ``per_call``: each call is waited
+    for (``benchmark_function``), rather than a loop of them at its end.
+    """
+
+    kind: str
+    index: Optional[int]
     how: str
-    wait: Callable[[Any], None]
-    synchronized: Optional[bool]
+    synchronize: Optional[Callable[[], Any]] = None
+    per_call: bool = True
+
+    @property
+    def name(self) -> str:
+        """The backend a benchmark result names for work on the host clock: the kind."""
+        return self.kind
+
+    @property
+    def synchronized(self) -> bool:
+        """False for an engine's work without the caller's wait: gpukeeper cannot wait for it."""
+        return not (self.kind == "engine" and self.synchronize is None)
+
+    def sync(self) -> None:
+        """Waits for the work: the frameworks' on the device, then the caller's."""
+        if self.index is not None:
+            frameworks.synchronize_all(self.index)
+        if self.synchronize is not None:
+            self.synchronize()
+
+    def wait(self, result: Any) -> None:
+        """Waits for the work behind ``result``: JAX's arrays, else as :meth:`sync`."""
+        if self.kind == "jax":
+            frameworks.jax_block_until_ready(result)
+        else:
+            self.sync()
+
+    def warning(self) -> Optional[str]:
+        """The warning this plan's results carry (:func:`unsynchronized_warning`), or None."""
+        return None if self.synchronized else unsynchronized_warning(self.per_call)
 
 
-def jax_plan(index: int) -> HostSync:
-    """JAX work on CUDA device ``index``: waited for by ``jax.block_until_ready``."""
-    return HostSync("jax", index, "host clock around jax.block_until_ready on the result",
-                    lambda result: frameworks.jax_block_until_ready(result), True)
+#: The plans of GPU work timed on the host clock (JAX's, an engine's): the name
+#: ``benchmark_function`` has always given them.
+HostSync = Plan
 
 
-def engine_plan(index: int, synchronize: Optional[Callable[[], Any]], why: str) -> HostSync:
-    """An engine's work on CUDA device ``index``: waited for by the frameworks'
-    synchronize and the caller's ``synchronize`` (without one, queued work is missed)."""
+def cpu_plan(synchronize: Optional[Callable[[], Any]] = None, per_call: bool = True) -> Plan:
+    """CPU work, on the host clock."""
+    return Plan("cpu", None, "host clock (CPU work)", synchronize, per_call)
 
-    def wait(result: Any) -> None:
-        frameworks.synchronize_all(index)
-        if synchronize is not None:
-            synchronize()
 
-    if synchronize is not None:
-        how = f"{why}: host clock around each call and the caller's synchronize()"
-    else:
-        how = (f"{why}: host clock around each call, without a synchronization (none given): "
+def jax_plan(index: int, per_call: bool = True, synchronize: Optional[Callable[[], Any]] = None) -> Plan:
+    """JAX work on CUDA device ``index``: waited for by ``jax.block_until_ready`` (and a
+    loop's end by the caller's ``synchronize`` too)."""
+    on = "the result" if per_call else "each step's result"
+    return Plan("jax", index, f"JAX work: host clock around jax.block_until_ready on {on}", synchronize, per_call)
+
+
+def engine_plan(index: int, synchronize: Optional[Callable[[], Any]], where: str,
+                per_call: bool = True) -> Plan:
+    """An engine's work on CUDA device ``index`` (``where``: it in words): waited for by
+    the frameworks' synchronize and the caller's ``synchronize`` (without one, queued
+    work is missed)."""
+    if per_call and synchronize is not None:
+        how = f"{where}: host clock around each call and the caller's synchronize()"
+    elif per_call:
+        how = (f"{where}: host clock around each call, without a synchronization (none given): "
                "work still queued when a call returns is not in its time")
-    return HostSync("engine", index, how, wait, True if synchronize is not None else False)
+    else:
+        how = f"{where}: host clock, ended by " + (
+            "the caller's synchronize()" if synchronize is not None else "no synchronization")
+    return Plan("engine", index, how, synchronize, per_call)
 
 
-def host_sync_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[], Any]]) -> Optional[HostSync]:
-    """The host-clock plan for GPU work that events cannot see, decided before the
-    warm-up (JAX found from the warm-up's result is decided after it); None when events
-    (or the CPU clock) time the work."""
-    if synchronize is not None and spec.is_cuda:
-        return engine_plan(spec.index or 0, synchronize, f"GPU work on cuda:{spec.index or 0}")
-    if device is not None or spec.is_cuda:
-        return None
+def timer_plan(backend: TimerBackend) -> Plan:
+    """The plan of work a timer backend times: events on its device, or the CPU."""
+    if backend.is_gpu:
+        return Plan("events", backend.device.index or 0, "CUDA events on the current stream")
+    return cpu_plan()
+
+
+def events_framework_loaded() -> bool:
+    """Whether a loaded framework runs GPU work that gpukeeper can put events beside
+    (PyTorch or CuPy with usable CUDA, gpukeeper's device pools). JAX runs on streams of
+    its own; an engine in its own context is no framework."""
+    return any(name != "jax" for name in frameworks.gpu_frameworks_loaded())
+
+
+def choose_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[], Any]] = None,
+                timing: str = "auto", per_call: bool = True) -> Plan:
+    """The plan for work asked to run on ``device`` (``spec``: it resolved by
+    :func:`~gpukeeper.timing.timer.timing_device`), decided before the warm-up (the
+    module doc gives the rule). ``timing``: "auto", "gpu" (events even with
+    ``synchronize``) or "host" (no events)."""
+    if spec.is_cuda:
+        index = spec.index or 0
+        if synchronize is not None and timing != "gpu":
+            return engine_plan(index, synchronize, f"GPU work the caller synchronizes (synchronize=) "
+                               f"on cuda:{index}", per_call)
+        if events_framework_loaded():
+            if timing == "host":
+                return Plan("framework", index, "host clock (timing='host'), ended by a device "
+                            "synchronization", synchronize, per_call)
+            return Plan("events", index, "CUDA events on the framework's current stream",
+                        synchronize, per_call)
+        return engine_plan(index, synchronize, f"GPU work no framework owns on cuda:{index}", per_call)
+    if device is not None:
+        return cpu_plan(synchronize, per_call)
     jax_devices = frameworks.jax_gpu_devices()
     if jax_devices and synchronize is None:
-        return jax_plan(int(getattr(jax_devices[0], "id", 0)))
-    if frameworks.gpu_frameworks_loaded():
-        return None
-    devices = frameworks.context_devices()
-    if devices:
-        return engine_plan(devices[0], synchronize,
-                           f"a CUDA context with no framework on cuda:{devices[0]}")
-    return None
+        return jax_plan(int(getattr(jax_devices[0], "id", 0)), per_call)
+    if not frameworks.gpu_frameworks_loaded():
+        contexts = frameworks.context_devices()
+        if contexts:
+            return engine_plan(contexts[0], synchronize,
+                               f"a CUDA context with no framework on cuda:{contexts[0]}", per_call)
+    return cpu_plan(synchronize, per_call)
 
 
-class MemorySampler:
-    """Reads memory before/after/peak from the framework that owns the device: JAX's
-    statistics or NVML's figure for this process under a plan, else PyTorch's allocated
-    bytes (resetting its peak counter), CuPy's pool, or the host RSS on the CPU.
-    ``source`` names where the figures came from (None: not read; ``why`` says why)."""
+def confirm_plan(plan: Plan, device: Any, last: Any) -> Plan:
+    """The plan once the warm-up returned ``last``: JAX arrays make it JAX work (on
+    their device) wherever GPU work was possible; a JAX guess whose result holds no JAX
+    arrays was CPU work."""
+    holds = frameworks.holds_jax_arrays(last)
+    if holds and plan.kind != "jax" and (plan.index is not None or device is None):
+        index = frameworks.jax_device_index(last)
+        return jax_plan(index if index is not None else (plan.index or 0), plan.per_call, plan.synchronize)
+    if plan.kind == "jax" and not holds:
+        return cpu_plan(plan.synchronize, plan.per_call)
+    return plan
 
-    def __init__(self, backend: TimerBackend, host_sync: Optional[HostSync] = None) -> None:
-        self.backend = backend
-        self.host_sync = host_sync
-        self.source: Optional[str] = None
-        self.before: Optional[int] = None
-        self.after: Optional[int] = None
-        self.peak: Optional[int] = None
-        self.why = ""
-        self._read: Optional[Callable[[], Optional[int]]] = None
-        self._peak_before: Optional[int] = None
 
-    def start(self) -> None:
-        plan = self.host_sync
-        if plan is not None and plan.name == "jax" and self._start_jax(plan):
-            return
-        if plan is not None:
-            read, why = _nvml.process_memory_reader(plan.index)
-            if read is None:
-                self.why = f"device memory not read: NVML {why}"
-                return
-            self.source = "nvml_process"
-            self._read = read
-            self.before = read()
-            return
-        b = self.backend
-        if b.name == "torch":
-            torch = sys.modules["torch"]
-            self.source = "torch"
-            self.before = int(torch.cuda.memory_allocated(b.device.index))
-            # The peak counter is process-wide; resetting it is the only way to get the
-            # peak of this run (documented in benchmark_function).
-            torch.cuda.reset_peak_memory_stats(b.device.index)
-        elif b.name == "cupy":
-            import cupy
-
-            self.source = "cupy"
-            self.before = int(cupy.get_default_memory_pool().used_bytes())
-        elif not b.is_gpu:
-            self.before = host.current_rss_bytes()
-            self.source = "host_rss" if self.before is not None else None
-
-    def _start_jax(self, plan: HostSync) -> bool:
-        stats = frameworks.jax_memory_stats(plan.index)
-        if stats is not None and "bytes_in_use" in stats:
-            self.source = "jax"
-            self.before = int(stats["bytes_in_use"])
-            self._peak_before = stats.get("peak_bytes_in_use")
-            return True
-        self.why = "JAX gives no memory statistics on this device"
-        return False
-
-    def stop(self) -> None:
-        b = self.backend
-        if self.source == "jax":
-            stats = frameworks.jax_memory_stats(self.host_sync.index) or {}  # type: ignore[union-attr]
-            self.after = int(stats.get("bytes_in_use", 0))
-            peak = stats.get("peak_bytes_in_use")
-            # JAX's peak cannot be reset: it is this run's only when the run raised it.
-            if peak is not None and self._peak_before is not None and peak > self._peak_before:
-                self.peak = int(peak)
-        elif self.source == "nvml_process":
-            self.after = self._read()  # type: ignore[misc]
-        elif self.source == "torch":
-            torch = sys.modules["torch"]
-            self.after = int(torch.cuda.memory_allocated(b.device.index))
-            self.peak = int(torch.cuda.max_memory_allocated(b.device.index))
-        elif self.source == "cupy":
-            import cupy
-
-            self.after = int(cupy.get_default_memory_pool().used_bytes())
-        elif self.source == "host_rss":
-            self.after = host.current_rss_bytes()
+def host_sync_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[], Any]]) -> Optional[Plan]:
+    """``benchmark_function``'s plan when its GPU work is timed on the host clock (JAX,
+    an engine), decided before the warm-up by :func:`choose_plan`; None when events (or
+    the CPU clock) time the work."""
+    plan = choose_plan(device, spec, synchronize, per_call=True)
+    return plan if plan.kind in ("jax", "engine") else None

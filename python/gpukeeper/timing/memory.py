@@ -1,0 +1,172 @@
+"""Where a measured run's memory is read: the series of readers and the one rule that picks them.
+
+The memory behind a figure or a verdict is the memory of the work measured:
+
+- CPU work: the process's resident set size (what the process holds) first, then the
+  in-use counts that exist here (``tracemalloc`` when it is tracing, glibc's
+  ``mallinfo2``).
+- JAX work: JAX's ``bytes_in_use`` (NVML's figure for this process where JAX gives no
+  statistics).
+- An engine's work (its own CUDA context: OpenMM), or work the caller waits for with
+  ``synchronize=``: NVML's figure for this process. No loaded framework's counters see
+  that memory, even with PyTorch imported beside it.
+- A framework's work (events on its stream, or its host clock): the frameworks'
+  allocated bytes (gpukeeper's own counters when PyTorch allocates through
+  ``use_torch_allocator()``: about a microsecond a read; PyTorch's counters otherwise:
+  45-70 us). Unless their counters see nothing on the device (no reserved bytes) while
+  NVML sees this process holding memory there: then the work is not theirs, and NVML's
+  figure is read.
+
+:func:`reads_nvml` is that rule, :func:`memory_series` applies it; both
+``benchmark_function`` and ``benchmark_md_trajectory`` take their memory from it. NVML
+also cross-checks the frameworks' counters over a run (:func:`cross_check_warning`).
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from gpukeeper import frameworks, host, nvml
+
+__all__ = [
+    "MemorySeries",
+    "host_series",
+    "jax_series",
+    "framework_series",
+    "reads_nvml",
+    "memory_series",
+    "cross_reading",
+    "cross_check_warning",
+]
+
+MB = float(1 << 20)
+
+
+class MemorySeries:
+    """One memory reading: a name (the ``memory_source`` it is reported under), the
+    reader, and whether it counts bytes *in use* (an allocator's live bytes: a leak shows
+    up at once) or bytes *held* (RSS, a process's device memory: caches and pages the
+    allocator keeps move it too). ``peak`` reads the most bytes in use so far, and
+    ``reset_peak`` starts a new peak (True when it could); None where there is none."""
+
+    def __init__(self, name: str, read: Callable[[], int], in_use: bool,
+                 close: Optional[Callable[[], None]] = None,
+                 peak: Optional[Callable[[], Optional[int]]] = None,
+                 reset_peak: Optional[Callable[[], bool]] = None) -> None:
+        self.name = name
+        self.read = read
+        self.in_use = in_use
+        self.close = close or (lambda: None)
+        self.peak = peak
+        self.reset_peak = reset_peak
+
+
+def host_series() -> List[MemorySeries]:
+    """RSS (what the process holds) first, then the in-use counts that exist here:
+    tracemalloc when it is tracing, glibc's mallinfo2."""
+    rss = host.RssReader()
+    series = [MemorySeries(rss.source, rss, False, rss.close)]
+    if tracemalloc.is_tracing():
+        series.append(MemorySeries("tracemalloc", lambda: int(tracemalloc.get_traced_memory()[0]), True))
+    in_use = host.malloc_in_use_reader()
+    if in_use is not None:
+        series.append(MemorySeries("malloc_in_use", in_use, True))
+    return series
+
+
+def jax_series(index: int) -> Optional[MemorySeries]:
+    """JAX's ``bytes_in_use`` on device ``index`` (its peak cannot be reset); None when
+    JAX gives no memory statistics there."""
+    stats = frameworks.jax_memory_stats(index)
+    if stats is None or "bytes_in_use" not in stats:
+        return None
+
+    def read() -> int:
+        return int((frameworks.jax_memory_stats(index) or {}).get("bytes_in_use", 0))
+
+    def peak() -> Optional[int]:
+        value = (frameworks.jax_memory_stats(index) or {}).get("peak_bytes_in_use")
+        return None if value is None else int(value)
+
+    return MemorySeries("jax", read, True, peak=peak)
+
+
+def framework_series(index: int) -> MemorySeries:
+    """The loaded frameworks' allocated bytes on device ``index`` (the cheapest reader
+    that sees all of them); PyTorch's resettable peak when its counters are read."""
+    read, source = frameworks.allocated_reader(index)
+    if source != "torch":
+        return MemorySeries(source, read, True)
+    torch = frameworks.adapter("torch")
+    return MemorySeries(source, read, True, peak=lambda: torch.peak(index),
+                        reset_peak=lambda: torch.reset_peak(index))
+
+
+def reads_nvml(kind: str, synchronize: Optional[Callable[[], Any]], reserved: int,
+               nvml_bytes: Optional[int]) -> bool:
+    """Whether GPU work of plan ``kind`` has its memory read from NVML's figure for this
+    process rather than the frameworks' counters: for an engine's work and work the
+    caller waits for (``synchronize``) always; for a framework's work ("events",
+    "framework") when the frameworks hold nothing on the device (``reserved`` bytes 0)
+    while NVML sees this process holding memory there (``nvml_bytes``)."""
+    if kind == "engine" or synchronize is not None:
+        return True
+    return reserved == 0 and bool(nvml_bytes)
+
+
+def memory_series(kind: str, index: Optional[int], synchronize: Optional[Callable[[], Any]],
+                  notes: List[str]) -> Tuple[List[MemorySeries], Optional[MemorySeries]]:
+    """The memory series of a run of plan ``kind`` (the first decides) and the NVML
+    series that cross-checks the frameworks' counters (None where nothing is to check).
+
+    ``kind`` is a :class:`gpukeeper.timing.plans.Plan`'s. What cannot be read goes to
+    ``notes`` (host memory is then watched instead of the device's).
+    """
+    if kind == "cpu" or index is None:
+        return host_series(), None
+    nvml_read, why = nvml.process_memory_reader(index)
+    nvml_own = MemorySeries("nvml_process", nvml_read, False) if nvml_read is not None else None
+    if kind == "jax":
+        jax = jax_series(index)
+        if jax is not None:
+            return [jax], nvml_own
+        notes.append("JAX gives no memory statistics on this device")
+    elif kind in ("events", "framework"):
+        if nvml_own is None:
+            return [framework_series(index)], None
+        if not reads_nvml(kind, synchronize, frameworks.reserved_bytes(index), nvml_own.read()):
+            return [framework_series(index)], nvml_own
+    if nvml_own is not None:
+        return [nvml_own], None
+    notes.append(f"the device memory of this process cannot be read (NVML {why}): "
+                 "host memory is watched instead")
+    return host_series(), None
+
+
+def cross_reading(cross: Optional[MemorySeries], index: Optional[int]) -> Optional[Tuple[int, int]]:
+    """(NVML bytes of this process, frameworks' reserved bytes) on the device, for the
+    check that the frameworks' counters explain the process's device memory."""
+    if cross is None or index is None:
+        return None
+    try:
+        return cross.read(), frameworks.reserved_bytes(index)
+    except Exception:
+        return None
+
+
+def cross_check_warning(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]],
+                        series: Sequence[MemorySeries], leak_tolerance_mb: float,
+                        warnings: List[str]) -> None:
+    """Says so when this process's device memory (NVML) grew by more than the frameworks'
+    counters explain over the run."""
+    if before is None or after is None:
+        return
+    grew = (after[0] - before[0]) - (after[1] - before[1])
+    if grew > leak_tolerance_mb * MB:
+        warnings.append(
+            f"this process's device memory grew by {grew / MB:.2f} MB that no framework counter "
+            f"explains (NVML {before[0] / MB:.1f} -> {after[0] / MB:.1f} MB; frameworks "
+            f"reserved {before[1] / MB:.1f} -> {after[1] / MB:.1f} MB): another engine "
+            f"or CUDA context in this process allocates it, and the leak verdict reads "
+            f"{series[0].name if series else 'nothing'} (pass synchronize= to read NVML)")

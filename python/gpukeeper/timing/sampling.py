@@ -1,0 +1,156 @@
+"""Memory sampled over a measured run: between steps (``StepSampler``) and around it (``MemorySampler``).
+
+Both read the series that :func:`gpukeeper.timing.memory.memory_series` picks, so a
+benchmark's ``memory_source`` and an MD run's leak verdict come from the same memory.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+from gpukeeper.timing.memory import MemorySeries, memory_series
+
+__all__ = [
+    "MemorySampler",
+    "StepSampler",
+    "sample_period",
+    "SAMPLE_BUDGET_NS",
+    "SLOW_READER_NS",
+    "BENCHMARK_NAMES",
+]
+
+#: "auto" keeps the memory reads under this many ns per step (with ~0.2 us for the
+#: timing, the whole bookkeeping stays under 1 us whatever the step costs).
+SAMPLE_BUDGET_NS = 400.0
+#: A memory reader this slow (ns a read) is sampled by its share of the run, not by count.
+SLOW_READER_NS = 200_000
+#: The names benchmark results have always given a series (``BenchmarkResult.memory_source``).
+BENCHMARK_NAMES = {"process_rss": "host_rss"}
+
+
+def sample_period(series: Sequence[MemorySeries], memory_sample_every: Union[int, str], n: int,
+                  warm_ns: Sequence[int], align: int = 1) -> int:
+    """Steps between memory samples: as given, or "auto" from the cost of a reading of
+    every series, measured here: a read every ``ceil(cost / 0.4 us)`` steps, with at
+    least 16 samples over the run (fewer, at least 3, when a slow reader such as NVML's
+    process list would cost more than 0.5% of the run). ``align``: under "auto", the
+    period is made a multiple of it (the GPU event interval, so that a sample falls on a
+    step that ends an interval anyway) while that keeps 16 samples."""
+    if memory_sample_every != "auto":
+        return int(memory_sample_every)
+    costs = []
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for s in series:
+            s.read()
+        costs.append(time.perf_counter_ns() - t0)
+    cost = sorted(costs)[2]
+    every = max(1, math.ceil(cost / SAMPLE_BUDGET_NS))
+    every = min(every, max(1, n // 16))
+    # An OpenMM loop of 400 calls ran ~3% slower with 16 NVML reads (ms each): a slow
+    # reader gets fewer samples. Faster readers (PyTorch's counters: 45-80 us) keep 16.
+    step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
+    if step_ns > 0 and cost > SLOW_READER_NS and 16 * cost > 0.005 * n * step_ns:
+        every = max(every, min(max(1, n // 3), math.ceil(cost / (0.005 * step_ns))))
+    if align > 1:
+        up = -(-every // align) * align
+        every = up if up <= max(1, n // 16) else max(align, (every // align) * align)
+    return every
+
+
+class StepSampler:
+    """The readings of a run of steps, in preallocated arrays: slot 0 holds the reading
+    before step 0 (step -1), then one after every ``every``-th step. Array stores keep no
+    Python objects alive per sample, so the bookkeeping neither allocates nor grows the
+    memory it watches."""
+
+    def __init__(self, series: List[MemorySeries], every: int, n: int) -> None:
+        self.series = series
+        self.readers = [s.read for s in series]
+        self.every = every
+        size = n // every + 2
+        self.steps = array("q", bytes(8 * size))
+        self.values = [array("q", bytes(8 * size)) for _ in series]
+        self.count = 0
+        self._pairs = list(zip(self.values, self.readers))
+
+    def start(self) -> List[int]:
+        """Takes the reading before the first step (recorded as step -1); returns it."""
+        first = [r() for r in self.readers]
+        self.steps[0] = -1
+        for k, v in enumerate(first):
+            self.values[k][0] = v
+        self.count = 1
+        return first
+
+    def sample(self, i: int) -> None:
+        """Takes the reading after step ``i``."""
+        c = self.count
+        self.steps[c] = i
+        for values, read in self._pairs:
+            values[c] = read()
+        self.count = c + 1
+
+    def finish(self) -> List[int]:
+        """Takes the reading after the loop (and its synchronization), closes the series."""
+        last = [r() for r in self.readers]
+        for s in self.series:
+            s.close()
+        return last
+
+
+class MemorySampler:
+    """Memory before and after a run, and its peak where the source keeps one, from the
+    first series :func:`~gpukeeper.timing.memory.memory_series` picks for plan ``kind``
+    on device ``index``. ``source`` names it (``BENCHMARK_NAMES`` spelling; None: not
+    read); ``why`` says what could not be read."""
+
+    def __init__(self, kind: str, index: Optional[int],
+                 synchronize: Optional[Callable[[], Any]] = None) -> None:
+        self.kind = kind
+        self.index = index
+        self.synchronize = synchronize
+        self.source: Optional[str] = None
+        self.before: Optional[int] = None
+        self.after: Optional[int] = None
+        self.peak: Optional[int] = None
+        self.why = ""
+        self._series: Optional[MemorySeries] = None
+        self._peak_before: Optional[int] = None
+        self._peak_reset = False
+
+    def start(self) -> None:
+        """Picks the series and takes the reading before the run."""
+        notes: List[str] = []
+        series, _cross = memory_series(self.kind, self.index, self.synchronize, notes)
+        self.why = "; ".join(notes)
+        first = series[0]
+        for other in series[1:]:
+            other.close()
+        self._series = first
+        self.source = BENCHMARK_NAMES.get(first.name, first.name)
+        self.before = first.read()
+        if first.reset_peak is not None:
+            # The peak counter is process-wide; resetting it is the only way to get the
+            # peak of this run (documented in benchmark_function).
+            self._peak_reset = bool(first.reset_peak())
+        if first.peak is not None and not self._peak_reset:
+            self._peak_before = first.peak()
+
+    def stop(self) -> None:
+        """Takes the reading after the run (and the peak), and closes the series."""
+        s = self._series
+        if s is None:
+            return
+        self.after = s.read()
+        if s.peak is not None:
+            peak = s.peak()
+            # A peak that cannot be reset (JAX's) is this run's only when the run raised it.
+            if peak is not None and (self._peak_reset or (self._peak_before is not None
+                                                          and peak > self._peak_before)):
+                self.peak = int(peak)
+        s.close()
+        self._series = None
