@@ -183,14 +183,20 @@ def test_timeit_errors_are_one_line(args: List[str], needle: str) -> None:
     _one_line_error(gk("timeit", *args), needle)
 
 
-def _saved(tmp_path: Path, name: str, scale: float = 1.0) -> Path:
+def _saved(tmp_path: Path, name: str, scale: float = 1.0, rounds: int = 3) -> Path:
     base = benchmark_function(sum, range(2000), n_calls=60, warmup=5, device="cpu", name="sum")
     data = base.to_dict()
-    # Fixed, quiet times: the verdicts under test must not depend on this machine's noise.
-    data["times_ms"] = [(1.0 + 0.002 * (i % 7)) * scale for i in range(60)]
-    result = BenchmarkResult.from_dict(data)
+    results = []
+    for r in range(rounds):
+        # Fixed, quiet times, rounds 0.1% apart: the verdicts under test must not depend
+        # on this machine's noise.
+        data["times_ms"] = [(1.0 + 0.001 * r + 0.002 * (i % 7)) * scale for i in range(60)]
+        results.append(BenchmarkResult.from_dict(data).to_dict())
     path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps({"benchmarks": {"sum": result.to_dict()}}))
+    doc = {"benchmarks": {"sum": results[0]}}
+    if rounds > 1:
+        doc["later_rounds"] = {"sum": results[1:]}
+    path.write_text(json.dumps(doc))
     return path
 
 
@@ -205,6 +211,14 @@ def test_compare_gate(tmp_path: Path) -> None:
     assert bad.returncode == 1 and "slower" in bad.stdout and "regression" in bad.stdout
     as_json = json.loads(gk("compare", str(old), str(slow), "--json", "-").stdout)
     assert as_json["comparisons"][0]["verdict"] == "slower" and as_json["regressions"] == []
+    assert as_json["comparisons"][0]["rounds_baseline"] == 3 and as_json["comparisons"][0]["spread"] < 0.05
+
+
+def test_compare_one_round_each_is_undecided_and_says_why(tmp_path: Path) -> None:
+    old = _saved(tmp_path, "old", rounds=1)
+    slow = _saved(tmp_path, "slow", scale=1.3, rounds=1)
+    done = gk("compare", str(old), str(slow), "--fail", "median:5%")
+    assert done.returncode == 0 and "undecided" in done.stdout and "spread unmeasured" in done.stdout
 
 
 def test_compare_reads_a_single_result(tmp_path: Path) -> None:

@@ -254,7 +254,7 @@ def test_saved_run_comparison_html(bench: BenchmarkResult) -> None:
     html = _checked_html(c)
     assert ESCAPED in html and ">slower<" in html and f"{c.change:+.1%}" in html
     steady = BenchmarkResult(name="steady", times_ms=[1.0 + 0.001 * (i % 5) for i in range(50)])
-    both = comparisons_html([c, compare_runs(steady, steady)])
+    both = comparisons_html([c, compare_runs([steady, steady], steady)])  # "same" needs a measured spread
     assert both.count("<tr>") == 3 and ">same<" in both
     with pytest.raises(InvalidInputError):
         comparisons_html([bench])  # type: ignore[list-item]

@@ -6,6 +6,8 @@ them as it counts device memory."""
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
 
 import pytest
 
@@ -208,25 +210,77 @@ def test_kernel(gpu_benchmark):
 """
 
 
-def test_benchmark_save_then_compare_passes_and_a_planted_slowdown_fails(
+def _gk_compare(pytester: pytest.Pytester, old: str, new: str) -> dict:
+    import json
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "gpukeeper", "compare", old, new, "--fail", "median:20%",
+                           "--json", "-"], capture_output=True, text=True, cwd=str(pytester.path))
+    assert done.returncode in (0, 1), done.stderr
+    return {"rc": done.returncode, **json.loads(done.stdout)}
+
+
+def test_benchmark_rounds_saved_then_a_planted_slowdown_fails_and_the_cli_agrees(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     _plugin_loaded(pytester)
     pytester.makepyfile(BENCH_FILE)
-    saved = pytester.runpytest("-q", "--gpu-benchmark-save=base")
+    saved = pytester.runpytest("-q", "--gpu-benchmark-save=base", "--gpu-benchmark-rounds=4")
     saved.assert_outcomes(passed=1)
-    assert "saved 1 benchmark(s) to" in saved.stdout.str()
+    out = saved.stdout.str()
+    assert "benchmark round 4 of 4 in a fresh process" in out and "saved 1 benchmark(s) to" in out
     stored = list((pytester.path / ".gpukeeper" / "benchmarks").glob("*/base.json"))
     assert len(stored) == 1
+    doc = json.loads(stored[0].read_text())
+    assert [len(v) for v in doc["later_rounds"].values()] == [3]  # 4 rounds: 4 processes
     # 20%: a busy 2-core CI machine moves a 40 us call by a few percent between processes.
     fail = ["--gpu-benchmark-compare", "--gpu-benchmark-compare-fail=median:20%"]
     same = pytester.runpytest("-q", *fail)
-    same.assert_outcomes(passed=1)
+    assert same.ret == pytest.ExitCode.OK, same.stdout.str()
     assert "benchmarks against saved run 'base'" in same.stdout.str()
-    monkeypatch.setenv("PLANTED_SLOWDOWN", "2")
-    slow = pytester.runpytest("-q", "--gpu-benchmark-compare=base", "--gpu-benchmark-compare-fail=median:20%")
+    assert "over 4 rounds" in same.stdout.str()
+    monkeypatch.setenv("PLANTED_SLOWDOWN", "5")
+    slow = pytester.runpytest("-q", *fail, "--gpu-benchmark-confirm=0", "--gpu-benchmark-save=slow")
     slow.assert_outcomes(failed=1)
+    text = slow.stdout.str()
+    assert "is slower than saved run 'base'" in text and "slower: median" in text
+    assert "beyond the spread between processes" in text
+    # The CLI on the same two files: the same verdict and change, from the same function.
+    folder = stored[0].parent
+    cli = _gk_compare(pytester, str(folder / "base.json"), str(folder / "slow.json"))
+    c = cli["comparisons"][0]
+    assert cli["rc"] == 1 and c["verdict"] == "slower" and cli["regressions"] == [c["name"]]
+    assert f"slower: median {c['current_ms']:.4g} ms vs {c['baseline_ms']:.4g} ms, {c['ratio'] - 1:+.1%}" in text
+    assert c["rounds_baseline"] == 4
+
+
+def test_a_regression_from_one_process_is_confirmed_in_fresh_ones(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(BENCH_FILE + """
+
+def test_not_a_benchmark():
+    open("plain_test_ran", "a").write("x")
+""")
+    pytester.runpytest("-q", "--gpu-benchmark-save=base", "--gpu-benchmark-rounds=3").assert_outcomes(passed=2)
+    assert (pytester.path / "plain_test_ran").read_text() == "x"  # rounds 2..3 ran the benchmark only
+    monkeypatch.setenv("PLANTED_SLOWDOWN", "5")
+    slow = pytester.runpytest("-q", "--gpu-benchmark-compare", "--gpu-benchmark-compare-fail=median:20%")
+    assert slow.ret == pytest.ExitCode.TESTS_FAILED
     out = slow.stdout.str()
-    assert "is slower than saved run 'base'" in out and "slower: median" in out
+    assert "confirming in 2 fresh process(es)" in out and "FAILED gpu_benchmark:" in out
+    assert "over 3+3 rounds" in out  # three saved, three now: this one and two confirmations
+    assert (pytester.path / "plain_test_ran").read_text() == "xx"
+
+
+def test_benchmark_save_append_adds_rounds(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(BENCH_FILE)
+    for _ in range(2):
+        pytester.runpytest("-q", "--gpu-benchmark-save=base", "--gpu-benchmark-save-append").assert_outcomes(passed=1)
+    doc = json.loads(next((pytester.path / ".gpukeeper" / "benchmarks").glob("*/base.json")).read_text())
+    assert [len(v) for v in doc["later_rounds"].values()] == [1]
+    compared = pytester.runpytest("-q", "--gpu-benchmark-compare")
+    assert "over 2 rounds" in compared.stdout.str()
 
 
 def test_benchmark_options_are_checked(pytester: pytest.Pytester) -> None:
@@ -238,6 +292,11 @@ def test_benchmark_options_are_checked(pytester: pytest.Pytester) -> None:
     assert alone.ret == pytest.ExitCode.USAGE_ERROR and "needs --gpu-benchmark-compare" in alone.stderr.str()
     name = pytester.runpytest("-q", "--gpu-benchmark-save=../x")
     assert name.ret == pytest.ExitCode.USAGE_ERROR
+    for bad in ("--gpu-benchmark-rounds=0", "--gpu-benchmark-rounds=two", "--gpu-benchmark-confirm=-1"):
+        usage = pytester.runpytest("-q", bad)
+        assert usage.ret == pytest.ExitCode.USAGE_ERROR and "must be an int >=" in usage.stderr.str(), bad
+    append = pytester.runpytest("-q", "--gpu-benchmark-save-append")
+    assert append.ret == pytest.ExitCode.USAGE_ERROR and "needs --gpu-benchmark-save" in append.stderr.str()
     missing = pytester.runpytest("-q", "--gpu-benchmark-compare=nothing")
     missing.assert_outcomes(failed=1)
     assert "no saved benchmark run 'nothing'" in missing.stdout.str()

@@ -1,10 +1,13 @@
-"""``gpukeeper compare OLD.json NEW.json``: noise-aware verdicts on saved benchmark
-results, with an exit code for CI gates.
+"""``gpukeeper compare OLD.json NEW.json``: verdicts on saved benchmark results that
+know the spread between processes, with an exit code for CI gates.
 
-Each file is a run saved by the pytest plugin (``--gpu-benchmark-save``), or one
-``BenchmarkResult.to_json()``. Results are matched by name; each pair gets a verdict
-(faster, slower, same, undecided) from a bootstrap interval of the ratio
-(:func:`gpukeeper.timing.compare_runs`), so a difference inside the noise fails nothing.
+Each file is a run saved by the pytest plugin (``--gpu-benchmark-save``), with one or
+more rounds (fresh processes) of each benchmark, or one ``BenchmarkResult.to_json()``
+(one round). Results are matched by name; each pair gets a verdict (faster, slower,
+same, undecided) from the change and the spread between the rounds
+(:func:`gpukeeper.timing.compare_runs`, the function the pytest gate calls), so a change
+within that spread fails nothing. With one round on each side the spread is unmeasured
+and only a change beyond 2x is called.
 """
 
 from __future__ import annotations
@@ -36,17 +39,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("old", metavar="OLD.json")
     p.add_argument("new", metavar="NEW.json")
     p.add_argument("--fail", metavar="STAT:PERCENT",
-                   help="exit 1 when a result is slower beyond the noise by more than this (median:5%%)")
+                   help="exit 1 when a result is slower beyond the spread between processes and "
+                        "by more than this (median:5%%)")
     p.add_argument("--stat", default=None,
                    help="the statistic compared (median by default, or --fail's)")
     add_json_option(p, "write the comparisons")
     p.set_defaults(func=run)
 
 
-def load_results(path: str) -> Dict[str, "object"]:
-    """``{name: BenchmarkResult}`` from a saved run or a single result; ``UserError``
-    naming the file for anything else."""
+def load_results(path: str) -> Dict[str, List["object"]]:
+    """``{name: [round, ...]}`` (``BenchmarkResult`` objects) from a saved run or a single
+    result (one round); ``UserError`` naming the file for anything else."""
     from gpukeeper.timing.result import BenchmarkResult
+    from gpukeeper.timing.store import rounds_from_doc
 
     try:
         doc = json.loads(Path(path).read_text())
@@ -56,10 +61,10 @@ def load_results(path: str) -> Dict[str, "object"]:
         raise UserError(f"{path}: not JSON ({e})") from None
     try:
         if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), dict):
-            return {k: BenchmarkResult.from_dict(v) for k, v in doc["benchmarks"].items()}
+            return rounds_from_doc(doc)  # type: ignore[return-value]
         if isinstance(doc, dict) and "times_ms" in doc:
             result = BenchmarkResult.from_dict(doc)
-            return {result.name or Path(path).stem: result}
+            return {result.name or Path(path).stem: [result]}
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not a saved benchmark result ({type(e).__name__}: {e})") from None
     raise UserError(f"{path}: not a saved benchmark run (--gpu-benchmark-save) nor a "
@@ -81,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if not common:
         raise UserError(f"{args.old} and {args.new} share no benchmark name")
     try:
-        comparisons = [compare_runs(old[k], new[k], stat) for k in common]  # type: ignore[arg-type]
+        comparisons = [compare_runs(old[k], new[k], stat, threshold=threshold)  # type: ignore[arg-type]
+                       for k in common]
     except InvalidInputError as e:
         raise UserError(str(e)) from None
     regressions = [c for c in comparisons if regression(c, threshold)]
@@ -100,14 +106,18 @@ def _print(comparisons: List, regressions: List, only_old: List[str], only_new: 
 
     out = console()
     table = Table(show_edge=False)
-    for column in ("benchmark", "verdict", "old ms", "new ms", "change", "95% CI"):
-        table.add_column(column, justify="left" if column in ("benchmark", "verdict") else "right")
+    left = ("benchmark", "verdict", "spread between processes")
+    for column in ("benchmark", "verdict", "old ms", "new ms", "change", "99% interval", "spread between processes"):
+        table.add_column(column, justify="left" if column in left else "right")
     colours = {"slower": "red", "faster": "green"}
     for c in sorted(comparisons, key=lambda c: -c.ratio):
         verdict = f"[{colours[c.verdict]}]{c.verdict}[/]" if c.verdict in colours else c.verdict
         table.add_row(escape(c.name), verdict, f"{c.baseline_ms:.4g}", f"{c.current_ms:.4g}", f"{c.change:+.1%}",
-                      f"{c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%}")
+                      f"{c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%}", c.spread_text())
     out.print(table)
+    if any(c.spread is None for c in comparisons):
+        out.print("spread unmeasured: one round on each side, so only a change beyond 2x is called; "
+                  "save several rounds (pytest --gpu-benchmark-rounds=K) to measure it", markup=False)
     for label, names in (("only in OLD", only_old), ("only in NEW", only_new)):
         if names:
             out.print(f"{label}: {', '.join(names)}", markup=False)

@@ -18,7 +18,8 @@ does nothing to a test that does not ask for it:
 - The fixture ``gpu_benchmark(fn, *args, **kwargs)`` returns
   :func:`gpukeeper.benchmark_function`'s ``BenchmarkResult``; ``--gpu-benchmark-save``,
   ``--gpu-benchmark-compare`` and ``--gpu-benchmark-compare-fail`` keep and compare runs
-  per machine (:mod:`.benchmarks`).
+  per machine, ``--gpu-benchmark-rounds`` measures them in several fresh processes
+  (:mod:`.benchmarks`, :mod:`.rounds`).
 - ``--gpu-memory[=N]`` ends the run with a table of each test's peak memory and GPU time,
   worst first (:mod:`.memory_table`).
 - Under pytest-xdist, ``--gpu-devices=all|LIST`` gives each worker one GPU
@@ -37,7 +38,7 @@ import pytest
 
 from gpukeeper.cleanup.context import GPUContext
 from gpukeeper.errors import InvalidInputError
-from gpukeeper.pytest_plugin import workers
+from gpukeeper.pytest_plugin import rounds, workers
 from gpukeeper.pytest_plugin.benchmarks import BenchmarkSession, add_benchmark_options, make_gpu_benchmark
 from gpukeeper.pytest_plugin.leaks import check_leaks_option, leak_check_for, leak_failure, parse_tolerance_mb
 from gpukeeper.pytest_plugin.memory_table import MemoryRow, RegionProbe, format_rows
@@ -128,6 +129,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SESSION] = session
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    rounds.keep_benchmark_items(config, items)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     session = item.config.stash[_SESSION]
@@ -186,7 +191,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "bench": state.bench.export(), "rows": [r.to_dict() for r in state.rows],
             "device": state.worker_device}
         return
+    failures = state.bench.finish_rounds(_say(session.config))
+    if failures and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     state.bench.save()
+
+
+def _say(config: pytest.Config) -> Callable[[str], None]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+
+    return say
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -212,7 +230,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if state is None:
         return
     bench = state.bench
-    if bench.comparisons:
+    if bench.comparisons or bench.failures:
         terminalreporter.section(f"gpukeeper: benchmarks against saved run {bench.compare_with!r}")
         for line in bench.summary_lines():
             terminalreporter.write_line(line)

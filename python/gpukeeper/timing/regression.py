@@ -1,28 +1,50 @@
-"""Two runs of one benchmark, compared with their noise: faster, slower, same or undecided.
+"""Benchmark runs compared with the noise between processes: faster, slower, same or undecided.
 
-A run is a :class:`BenchmarkResult`; the comparison is of one statistic (``median`` by
-default) of its per-call times. The uncertainty is a bootstrap: both runs' calls are
-resampled (with a fixed seed, so a comparison reads the same every time), the ratio
-current / baseline is taken for each resample, and its 2.5th and 97.5th percentiles
-bound the change. Then:
+Why between processes: two processes running the same code differ by more than the calls
+of one process suggest (thread placement, clocks, the allocator's state, what else the
+machine runs), and a run is always compared with a run of another process. So a run may
+hold several **rounds**, each the :class:`BenchmarkResult` of one fresh process, and the
+noise model is the spread of the statistic (``median`` by default) from round to round.
 
-- ``same``: the whole interval lies within ``same_band`` of 1 (±2% by default): runs of
-  the same code differ that much from one process to the next;
-- ``slower`` / ``faster``: otherwise, the whole interval lies above / below 1;
-- ``undecided``: the interval holds 1 and is wider than the band: the runs are too
-  noisy, or too short, to tell.
+The model, on the logarithm of each round's statistic:
 
-:func:`regression` says whether a comparison is a real regression past a threshold:
-slower, and by more than the threshold. A difference inside the noise fails nothing.
+- ``change``: the geometric mean of the current rounds over that of the baseline rounds;
+- ``s``: the standard deviation between rounds, pooled over both sides (baseline rounds
+  about their mean, current rounds about theirs), with ``R_b + R_c - 2`` degrees of
+  freedom;
+- the **spread**: ``t * s * sqrt(1/R_b + 1/R_c)``, ``t`` the 99.5th percentile of
+  Student's t at those degrees of freedom: how far a fresh process of unchanged code
+  lands from the baseline, at 99% (two-sided), few rounds counting for their uncertainty.
+  It is never narrower than what resampling the calls gives (a bootstrap of all rounds'
+  calls, fixed seed), so identical rounds do not claim a precision their calls lack.
+
+The interval is the change widened by the spread on both sides. Then:
+
+- ``slower`` / ``faster``: the whole interval lies above / below 1: the change is clearly
+  larger than the spread;
+- ``same``: the interval lies within ``same_band`` of 1 (the fail threshold when one is
+  given, else ±2%);
+- ``undecided``: neither: the change is within the spread, and the spread is wider than
+  the band. The description names the spread it measured.
+
+With one round on each side the spread is **unmeasured**: the interval is then only what
+the calls of the two processes say (the bootstrap), never "same", and a change is called
+only beyond a factor of 2 (:data:`UNMEASURED_FACTOR`), which one process against another
+rarely reaches by chance. Save several rounds to gate on smaller changes.
+
+:func:`regression` says whether a comparison is a regression past a threshold: slower,
+and by more than the threshold. A change within the spread fails nothing.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
+from gpukeeper.checks import check_fraction
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.htmltable import html_table
 from gpukeeper.timing import stats as _stats
@@ -31,8 +53,10 @@ from gpukeeper.timing.result import BenchmarkResult
 __all__ = [
     "COMPARISON_HEADER",
     "STATISTICS",
+    "UNMEASURED_FACTOR",
     "Comparison",
     "FailThreshold",
+    "Rounds",
     "compare_runs",
     "comparisons_html",
     "parse_fail_threshold",
@@ -49,14 +73,45 @@ STATISTICS: Dict[str, Callable[[Sequence[float]], float]] = {
     "p99": lambda xs: _stats.percentile(xs, 99.0),
 }
 
+#: With one round on each side, a change is called only beyond this factor either way.
+UNMEASURED_FACTOR = 2.0
+
+#: A run: one result (one round) or the results of several fresh processes.
+Rounds = Union[BenchmarkResult, Sequence[BenchmarkResult]]
+
 _RESAMPLES = 1000
-_MAX_SAMPLE = 2000  # calls per run used by the bootstrap (an even subsample beyond)
+_MAX_SAMPLE = 2000  # calls per side used by the bootstrap (an even subsample beyond)
+# With rounds the bootstrap is only a floor under the spread: a coarse one will do.
+_FLOOR_RESAMPLES = 200
+_FLOOR_MAX_SAMPLE = 500
+_DEFAULT_BAND = 0.02
+
+# Student's t, one-sided 99.5th percentile, by degrees of freedom; 1/df interpolation
+# between the rows, the normal quantile past the last.
+_T995 = ((1, 63.657), (2, 9.925), (3, 5.841), (4, 4.604), (5, 4.032), (6, 3.707),
+         (7, 3.499), (8, 3.355), (9, 3.250), (10, 3.169), (12, 3.055), (15, 2.947),
+         (20, 2.845), (30, 2.750), (40, 2.704), (60, 2.660), (120, 2.617))
+_Z995 = 2.576
+
+
+def _t995(df: int) -> float:
+    if df >= _T995[-1][0]:
+        return _Z995 + (_T995[-1][1] - _Z995) * _T995[-1][0] / df
+    for (d0, t0), (d1, t1) in zip(_T995, _T995[1:]):
+        if d0 <= df <= d1:
+            w = (1 / df - 1 / d1) / (1 / d0 - 1 / d1)
+            return t1 + (t0 - t1) * w
+    raise AssertionError(df)  # df >= 1 is checked by the caller
 
 
 @dataclass(frozen=True)
 class Comparison:
     """One benchmark against its baseline: ``ratio`` = current / baseline of ``stat``
-    (above 1: slower), with its 95% bootstrap interval ``ratio_low``..``ratio_high``."""
+    (above 1: slower), with its 99% interval ``ratio_low``..``ratio_high``.
+
+    ``spread``: the spread between processes as a fraction (0.05: a fresh process of the
+    same code lands within ±5%), None when unmeasured (one round on each side);
+    ``rounds_baseline`` / ``rounds_current``: the rounds (fresh processes) on each side."""
 
     name: str
     stat: str
@@ -66,23 +121,46 @@ class Comparison:
     ratio_low: float
     ratio_high: float
     verdict: str  # "faster", "slower", "same" or "undecided"
+    spread: Optional[float] = None
+    rounds_baseline: int = 1
+    rounds_current: int = 1
 
     @property
     def change(self) -> float:
         """Relative change of the statistic: +0.05 is 5% slower."""
         return self.ratio - 1.0
 
-    def describe(self) -> str:
-        """One line: ``slower: median 2.013 ms vs 1.001 ms, +101.1% (95% CI +98.0..+104.2%)``."""
-        return (f"{self.verdict}: {self.stat} {self.current_ms:.4g} ms vs {self.baseline_ms:.4g} ms, "
-                f"{self.change:+.1%} (95% CI {self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%})")
+    def spread_text(self) -> str:
+        """``±3.1% over 5 rounds`` (``5+3 rounds`` with several current rounds), or
+        ``unmeasured``."""
+        if self.spread is None:
+            return "unmeasured"
+        rounds = (f"{self.rounds_baseline}" if self.rounds_current == 1
+                  else f"{self.rounds_baseline}+{self.rounds_current}")
+        return f"±{self.spread:.1%} over {rounds} rounds"
 
-    def cells(self) -> Tuple[str, str, str, str, str, str, str]:
+    def describe(self) -> str:
+        """One line, e.g. ``slower: median 2.013 ms vs 1.001 ms, +101.1% (99% interval
+        +95.0%..+107.4%), beyond the spread between processes (±3.1% over 5 rounds)``."""
+        head = (f"{self.verdict}: {self.stat} {self.current_ms:.4g} ms vs {self.baseline_ms:.4g} ms, "
+                f"{self.change:+.1%} (99% interval {self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%})")
+        if self.spread is None:
+            if self.verdict in ("slower", "faster"):
+                return (f"{head}, beyond {UNMEASURED_FACTOR:g}x; the spread between processes is "
+                        "unmeasured (one round each)")
+            return (f"{head}; the spread between processes is unmeasured (one round each: save "
+                    f"several rounds to measure it), and a change within {UNMEASURED_FACTOR:g}x "
+                    "is not called without it")
+        if self.verdict in ("slower", "faster"):
+            return f"{head}, beyond the spread between processes ({self.spread_text()})"
+        return f"{head}, within the spread between processes ({self.spread_text()})"
+
+    def cells(self) -> Tuple[str, ...]:
         """The comparison as the cells of one table row, in the order of
         :data:`COMPARISON_HEADER`."""
         return (self.name, self.stat, f"{self.baseline_ms:.4g}", f"{self.current_ms:.4g}",
                 f"{self.change:+.1%}", f"{self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%}",
-                self.verdict)
+                self.spread_text(), self.verdict)
 
     def _repr_html_(self) -> str:
         """The comparison as a one-row HTML table, for Jupyter."""
@@ -90,7 +168,8 @@ class Comparison:
 
 
 #: The header of a table of :class:`Comparison` rows (``Comparison.cells``).
-COMPARISON_HEADER = ("benchmark", "stat", "saved ms", "now ms", "change", "95% CI", "verdict")
+COMPARISON_HEADER = ("benchmark", "stat", "saved ms", "now ms", "change", "99% interval",
+                     "spread between processes", "verdict")
 
 
 def comparisons_html(comparisons: Iterable[Comparison]) -> str:
@@ -126,60 +205,137 @@ def parse_fail_threshold(text: str) -> FailThreshold:
     return FailThreshold(match.group(1), fraction)
 
 
-def _subsample(times: Sequence[float]) -> List[float]:
-    if len(times) <= _MAX_SAMPLE:
+def _as_rounds(run: Rounds, side: str) -> List[BenchmarkResult]:
+    rounds = [run] if isinstance(run, BenchmarkResult) else run
+    if isinstance(rounds, (str, bytes)) or not isinstance(rounds, Sequence) or not rounds:
+        raise InvalidInputError(
+            f"compare_runs: the {side} is a BenchmarkResult or a non-empty list of them "
+            f"(one per round), got {type(run).__name__}")
+    for r in rounds:
+        if not isinstance(r, BenchmarkResult):
+            raise InvalidInputError(
+                f"compare_runs: the {side}'s rounds are BenchmarkResult objects, got {type(r).__name__}")
+    return list(rounds)
+
+
+def _measure_of(rounds: List[BenchmarkResult], current: List[BenchmarkResult], name: str) -> None:
+    # Loop samples and per-call device times are different quantities: a ratio of the two
+    # would be a verdict on the measuring, not on the code.
+    measures = {getattr(r, "measure", None) for r in rounds + current}
+    if len(measures) > 1:
+        shown = " vs ".join(sorted(repr(m) for m in measures))
+        raise InvalidInputError(
+            f"comparing {name!r}: the runs measure different things ({shown}); compare runs "
+            "measured the same way")
+
+
+def _subsample(times: Sequence[float], limit: int = _MAX_SAMPLE) -> List[float]:
+    if len(times) <= limit:
         return list(times)
-    step = len(times) / _MAX_SAMPLE
-    return [times[int(i * step)] for i in range(_MAX_SAMPLE)]
+    step = len(times) / limit
+    return [times[int(i * step)] for i in range(limit)]
 
 
-def _interval(base: List[float], cur: List[float], fn: Callable[[Sequence[float]], float]
-              ) -> Tuple[float, float]:
+def _bootstrap(base: List[float], cur: List[float], fn: Callable[[Sequence[float]], float],
+               resamples: int = _RESAMPLES) -> Tuple[float, float]:
     rng = random.Random(0x6B6565)  # fixed: the same two runs always give the same verdict
     ratios = []
-    for _ in range(_RESAMPLES):
+    for _ in range(resamples):
         b = fn(rng.choices(base, k=len(base)))
         c = fn(rng.choices(cur, k=len(cur)))
         if b > 0:
             ratios.append(c / b)
     if not ratios:
         return float("nan"), float("nan")
-    return _stats.percentile(ratios, 2.5), _stats.percentile(ratios, 97.5)
+    return _stats.percentile(ratios, 0.5), _stats.percentile(ratios, 99.5)
 
 
-def compare_runs(baseline: BenchmarkResult, current: BenchmarkResult, stat: str = "median",
-                 same_band: float = 0.02) -> Comparison:
+def _log_values(rounds: List[BenchmarkResult], fn: Callable[[Sequence[float]], float],
+                stat: str, side: str) -> List[float]:
+    values = [fn(r.times_ms) for r in rounds]
+    if any(not (v > 0 and math.isfinite(v)) for v in values):
+        raise InvalidInputError(
+            f"compare_runs: the {side}'s {stat} must be a positive time in every round, got {values}")
+    return [math.log(v) for v in values]
+
+
+def _pooled_std(groups: Sequence[List[float]]) -> Tuple[float, int]:
+    ss, df = 0.0, 0
+    for g in groups:
+        m = math.fsum(g) / len(g)
+        ss += math.fsum((x - m) ** 2 for x in g)
+        df += len(g) - 1
+    return (math.sqrt(ss / df) if df else math.nan), df
+
+
+def compare_runs(baseline: Rounds, current: Rounds, stat: Optional[str] = None,
+                 same_band: Optional[float] = None, *,
+                 threshold: Optional[FailThreshold] = None) -> Comparison:
     """``current`` against ``baseline`` on ``stat`` (see :data:`STATISTICS`), with a
-    verdict that accounts for both runs' noise (module docstring)."""
+    verdict from the spread between processes (module docstring).
+
+    Each side is a :class:`BenchmarkResult` (one round) or a list of them, one per fresh
+    process. ``threshold``: the gate's :class:`FailThreshold`; it gives the default
+    ``stat`` and ``same_band`` (its fraction). Without it: ``median`` and ±2%.
+    ``InvalidInputError`` for an unknown statistic, a band outside [0, 1), fewer than 2
+    times on a side, or rounds whose ``measure`` differs."""
+    if threshold is not None and not isinstance(threshold, FailThreshold):
+        raise InvalidInputError(f"threshold must be a FailThreshold or None, got {type(threshold).__name__}")
+    stat = stat if stat is not None else (threshold.stat if threshold is not None else "median")
     fn = STATISTICS.get(stat)
     if fn is None:
         raise InvalidInputError(f"stat must be one of {', '.join(STATISTICS)}, got {stat!r}")
-    if not 0 <= same_band < 1:
-        raise InvalidInputError(f"same_band must be in [0, 1), got {same_band!r}")
-    base, cur = _subsample(baseline.times_ms), _subsample(current.times_ms)
+    if same_band is None:
+        same_band = threshold.fraction if threshold is not None else _DEFAULT_BAND
+    band = check_fraction(same_band, "same_band")
+    base_rounds, cur_rounds = _as_rounds(baseline, "baseline"), _as_rounds(current, "current run")
+    name = cur_rounds[0].name
+    _measure_of(base_rounds, cur_rounds, name)
+    base = _subsample([t for r in base_rounds for t in r.times_ms])
+    cur = _subsample([t for r in cur_rounds for t in r.times_ms])
     if len(base) < 2 or len(cur) < 2:
         raise InvalidInputError(
-            f"comparing {current.name!r} needs at least 2 calls in each run, "
-            f"got {len(base)} and {len(cur)}")
-    b_value, c_value = fn(base), fn(cur)
-    ratio = c_value / b_value if b_value > 0 else float("inf")
-    low, high = _interval(base, cur, fn)
-    # "same" first: two runs of the same code differ by a percent or two from one process
-    # to the next (clocks, placement), a drift no resampling of one run can see.
-    if low >= 1.0 - same_band and high <= 1.0 + same_band:
-        verdict = "same"
-    elif low > 1.0:
-        verdict = "slower"
-    elif high < 1.0:
-        verdict = "faster"
+            f"comparing {name!r} needs at least 2 times on each side, got {len(base)} and {len(cur)}")
+    log_b = _log_values(base_rounds, fn, stat, "baseline")
+    log_c = _log_values(cur_rounds, fn, stat, "current run")
+    mean_b, mean_c = math.fsum(log_b) / len(log_b), math.fsum(log_c) / len(log_c)
+    d = mean_c - mean_b
+    s, df = _pooled_std([log_b, log_c])
+    if df == 0:
+        # One process each: the calls say only how well each process knew itself.
+        boot_low, boot_high = _bootstrap(base, cur, fn)
+        spread: Optional[float] = None
+        low, high = (boot_low, boot_high) if math.isfinite(boot_low) else (math.exp(d), math.exp(d))
+        if low > UNMEASURED_FACTOR:
+            verdict = "slower"
+        elif high < 1 / UNMEASURED_FACTOR:
+            verdict = "faster"
+        else:
+            verdict = "undecided"
     else:
-        verdict = "undecided"
-    return Comparison(current.name, stat, b_value, c_value, ratio, low, high, verdict)
+        half = _t995(df) * s * math.sqrt(1 / len(log_b) + 1 / len(log_c))
+        boot_low, boot_high = _bootstrap(_subsample(base, _FLOOR_MAX_SAMPLE), _subsample(cur, _FLOOR_MAX_SAMPLE),
+                                         fn, _FLOOR_RESAMPLES)
+        if math.isfinite(boot_low) and boot_low > 0:
+            half = max(half, math.log(boot_high / boot_low) / 2)
+        low, high = math.exp(d - half), math.exp(d + half)
+        spread = math.exp(half) - 1
+        if low > 1.0:
+            verdict = "slower"
+        elif high < 1.0:
+            verdict = "faster"
+        elif low >= 1.0 - band and high <= 1.0 + band:
+            verdict = "same"
+        else:
+            verdict = "undecided"
+    return Comparison(name, stat, math.exp(mean_b), math.exp(mean_c), math.exp(d), low, high,
+                      verdict, spread, len(base_rounds), len(cur_rounds))
 
 
 def regression(comparison: Comparison, threshold: Optional[FailThreshold]) -> bool:
     """Whether ``comparison`` is a real regression past ``threshold``: slower beyond the
-    noise and by more than the threshold on its statistic. None: nothing fails."""
+    spread between processes and by more than the threshold on its statistic. None:
+    nothing fails."""
     if threshold is None or comparison.stat != threshold.stat:
         return False
     return comparison.verdict == "slower" and comparison.change > threshold.fraction

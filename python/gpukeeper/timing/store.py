@@ -2,9 +2,15 @@
 
 A machine is named by what decides its timings: the GPU (name and driver) or the CPU
 model, and the Python version, e.g. ``NVIDIA-H100-80GB-HBM3-drv580.159.04-py3.12``. Runs
-saved on one machine are compared only with runs of that machine. A file holds
-``{"machine": {...}, "saved_at": ISO time, "name": ..., "benchmarks": {key:
-BenchmarkResult.to_dict()}}``.
+saved on one machine are compared only with runs of that machine.
+
+A run holds one or more **rounds** of each benchmark, each the result of one fresh
+process (:mod:`gpukeeper.timing.regression` measures the spread between them). A file
+holds ``{"machine": {...}, "saved_at": ISO time, "name": ..., "benchmarks": {key:
+BenchmarkResult.to_dict()}, "later_rounds": {key: [BenchmarkResult.to_dict(), ...]}}``:
+``benchmarks`` has the first round, so readers that know one result per benchmark read
+it as before; ``later_rounds`` has the others (absent in files saved with one round, and
+in files saved before rounds existed: those load as one round).
 """
 
 from __future__ import annotations
@@ -16,18 +22,55 @@ import platform
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from gpukeeper.device import get_gpu_info
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.timing.result import BenchmarkResult
 
-__all__ = ["DEFAULT_ROOT", "RunStore", "machine_info", "machine_key"]
+__all__ = ["DEFAULT_ROOT", "RunStore", "machine_info", "machine_key", "rounds_from_doc", "rounds_to_doc"]
 
 #: Where runs are saved, relative to the directory pytest runs in.
 DEFAULT_ROOT = Path(".gpukeeper") / "benchmarks"
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+#: One benchmark's results: one result (one round) or a list, one per fresh process.
+Results = Mapping[str, Union[BenchmarkResult, Sequence[BenchmarkResult]]]
+
+
+def rounds_from_doc(doc: Any) -> Dict[str, List[BenchmarkResult]]:
+    """``{key: [round, ...]}`` from a saved run's JSON document (module docstring); a file
+    without ``later_rounds`` gives one round each. ``KeyError``, ``TypeError`` or
+    ``ValueError`` (``InvalidInputError`` among them) for anything else."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), dict):
+        raise KeyError("benchmarks")
+    later = doc.get("later_rounds") or {}
+    if not isinstance(later, dict):
+        raise TypeError(f"later_rounds is a {type(later).__name__}, not an object")
+    rounds = {key: [BenchmarkResult.from_dict(d)] for key, d in doc["benchmarks"].items()}
+    for key, items in later.items():
+        if key not in rounds or not isinstance(items, list):
+            raise ValueError(f"later_rounds of {key!r} without a first round, or not a list")
+        rounds[key] += [BenchmarkResult.from_dict(d) for d in items]
+    return rounds
+
+
+def rounds_to_doc(results: Results) -> Dict[str, Any]:
+    """The ``benchmarks`` and ``later_rounds`` entries of a saved run for ``results``."""
+    benchmarks: Dict[str, Any] = {}
+    later: Dict[str, Any] = {}
+    for key, value in results.items():
+        items = [value] if isinstance(value, BenchmarkResult) else list(value)
+        if not items or not all(isinstance(r, BenchmarkResult) for r in items):
+            raise InvalidInputError(f"saving {key!r}: a BenchmarkResult or a non-empty list of them")
+        benchmarks[key] = items[0].to_dict()
+        if len(items) > 1:
+            later[key] = [r.to_dict() for r in items[1:]]
+    doc: Dict[str, Any] = {"benchmarks": benchmarks}
+    if later:
+        doc["later_rounds"] = later
+    return doc
 
 
 def machine_info(device: Any = None) -> Dict[str, Any]:
@@ -69,16 +112,23 @@ class RunStore:
                 f"a saved run's name is letters, digits, '.', '_' and '-' (at most 100), got {name!r}")
         return name
 
-    def save(self, name: str, results: Dict[str, BenchmarkResult]) -> Path:
-        """Writes ``results`` as run ``name`` (replacing one of that name); the path.
-        Written to a temporary file first, so an interrupted save loses no older run."""
+    def save(self, name: str, results: Results, append: bool = False) -> Path:
+        """Writes ``results`` (a result or a list of rounds per key) as run ``name``; the
+        path. ``append``: add them as more rounds of a saved run of that name (a new key
+        starts with these rounds; no saved run: a new one), else replace it. Written to a
+        temporary file first, so an interrupted save loses no older run."""
         path = self.folder / f"{self.check_name(name)}.json"
+        merged: Dict[str, List[BenchmarkResult]] = {}
+        if append and path.is_file():
+            merged = self.load_rounds(name)
+        for key, value in results.items():
+            merged.setdefault(key, []).extend([value] if isinstance(value, BenchmarkResult) else value)
         self.folder.mkdir(parents=True, exist_ok=True)
         doc = {
             "machine": self.machine,
             "saved_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "name": name,
-            "benchmarks": {key: r.to_dict() for key, r in results.items()},
+            **rounds_to_doc(merged),
         }
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".json", dir=self.folder)
         with os.fdopen(fd, "w") as f:
@@ -92,7 +142,12 @@ class RunStore:
         return runs[-1].stem if runs else None
 
     def load(self, name: Optional[str] = None) -> Dict[str, BenchmarkResult]:
-        """Run ``name`` (None: the latest) as ``{key: BenchmarkResult}``.
+        """Run ``name`` (None: the latest) as ``{key: BenchmarkResult}``, the first round
+        of each. ``InvalidInputError`` when there is none, naming what there is."""
+        return {key: rounds[0] for key, rounds in self.load_rounds(name).items()}
+
+    def load_rounds(self, name: Optional[str] = None) -> Dict[str, List[BenchmarkResult]]:
+        """Run ``name`` (None: the latest) as ``{key: [round, ...]}``, every round of each.
         ``InvalidInputError`` when there is none, naming what there is."""
         name = self.latest() if name is None else self.check_name(name)
         path = self.folder / f"{name}.json" if name else None
@@ -102,7 +157,6 @@ class RunStore:
                 f"no saved benchmark run {name!r} for this machine in {self.folder} "
                 f"(saved here: {', '.join(have) or 'none'}; save one with --gpu-benchmark-save=NAME)")
         try:
-            doc = json.loads(path.read_text())
-            return {key: BenchmarkResult.from_dict(d) for key, d in doc["benchmarks"].items()}
+            return rounds_from_doc(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidInputError(f"{path} is not a saved benchmark run: {e}") from None
