@@ -57,7 +57,7 @@ from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.progress import ProgressBar, progress_wanted
 from gpukeeper.timing.l2 import L2Flusher
-from gpukeeper.timing.plans import HostSync, host_sync_plan, jax_plan, timer_plan
+from gpukeeper.timing.plans import HostSync, host_sync_plan, jax_plan, timer_plan, unsynchronized_warning
 from gpukeeper.timing.sampling import MemorySampler
 from gpukeeper.timing import stats
 from gpukeeper.timing.result import BenchmarkResult
@@ -157,8 +157,13 @@ def benchmark_function(
     - Clock throttling: NVML clocks and clock-event reasons are read before and after
       the measured calls (nvidia-ml-py); ``throttled`` is None with a warning when NVML
       is unavailable.
-    - Memory: PyTorch's allocated bytes before and after and its peak during the run
-      (this resets PyTorch's peak counter), CuPy's pool bytes, or the host RSS on CPU.
+    - Memory: the memory of the work measured, read before and after the run (and its
+      peak where the source has one): the loaded frameworks' allocated bytes for their
+      own work (PyTorch's resets its peak counter), JAX's statistics for JAX work, and
+      NVML's figure for this process for an engine's work, for work the caller waits for
+      with ``synchronize``, and wherever the frameworks hold nothing on the device while
+      the process does (an engine's context beside an imported PyTorch); the host RSS
+      for CPU work. ``memory_source`` names it.
     - torch.compile: frames compiled during the measured calls are counted in
       ``recompiles`` (only when ``torch._dynamo`` is already loaded).
     - GPU work without events: a function that returns JAX arrays runs on JAX's own
@@ -367,10 +372,7 @@ def _warm_up(run: _Run, opts: _Options) -> None:
     last = None
     run.backend.synchronize()
     if run.plan is not None and run.plan.synchronized is False:
-        run.warnings.append(
-            "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, so "
-            "each call's time may end before its work does (pass synchronize=, e.g. "
-            "lambda: simulation.context.getState())")
+        run.warnings.append(unsynchronized_warning(per_call=True))
     if run.timer is None and run.backend.is_gpu and run.plan is None:
         run.timer = _make_timer(run, opts, slowest_ms, run.hide)
 

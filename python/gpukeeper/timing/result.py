@@ -79,10 +79,12 @@ class BenchmarkResult:
     Memory (bytes; None where nothing could be read): ``memory_before_bytes``,
     ``memory_after_bytes``, ``memory_peak_bytes`` as read from ``memory_source``
     (``"torch"``: PyTorch's allocated bytes on the device; ``"cupy"``: CuPy's pool;
-    ``"host_rss"``: the process's resident set on the CPU; ``"jax"``: JAX's allocator
-    statistics (``bytes_in_use``); ``"nvml_process"``: NVML's figure for this process,
-    for an engine's own CUDA context). ``memory_delta_gb`` is
-    (after - before) in GiB, as seed 004 reads it.
+    ``"gpukeeper"``/``"gpukeeper_torch_allocator"``: gpukeeper's pools (PyTorch
+    allocating through ``use_torch_allocator()``); ``"frameworks"``: the sum over several
+    loaded frameworks; ``"host_rss"``: the process's resident set on the CPU; ``"jax"``:
+    JAX's allocator statistics (``bytes_in_use``); ``"nvml_process"``: NVML's figure for
+    this process, for work no framework's counters see: an engine's own CUDA context).
+    ``memory_delta_gb`` is (after - before) in GiB, as the MD examples read it.
 
     ``launch_latency``: ``"hidden"`` when each call's GPU time was taken behind a gate
     (the device's work alone, see ``benchmark_function``), ``"included"`` when the
