@@ -158,7 +158,9 @@ def test_bound_verdict_rules() -> None:
     assert verdict(1.0, 0.95, 0.3, False, True, 0.9) == ("device", 0.95)
     assert verdict(1.0, 0.2, 0.9, False, True, 0.9) == ("launch", 0.2)
     assert verdict(1.0, 0.2, 0.9, True, True, 0.9) == ("sync", 0.2)
-    assert verdict(1.0, 0.2, 0.1, False, True, 0.9) == ("sync", 0.2)
+    # the host had slack: the device's per-launch gaps, not the host, set the pace
+    assert verdict(1.0, 0.2, 0.1, False, True, 0.9) == ("device", 0.2)
+    assert verdict(1.0, 0.85, 0.3, False, True, 0.9) == ("device", 0.85)
     assert verdict(1.0, None, None, False, True, 0.9) == (None, None)
     assert verdict(1.0, 1.0, None, False, False, 0.9) == ("host", None)
     assert verdict(1.0, 1.3, 0.1, False, True, 0.9) == ("device", 1.0)  # capped

@@ -121,8 +121,12 @@ def bound_verdict(loop_ms: Optional[float], device_ms: Optional[float], issue_ms
 
     CPU work: ``"host"``. A call that waits for the device inside (its gate timed out):
     ``"sync"``. Otherwise ``"device"`` when the device is busy for at least ``share`` of
-    the loop time, else ``"launch"``: the device waits for the host between the calls'
-    kernels. None where the device time is unknown (work timed on the host clock only).
+    the loop time, or when the host issued the round's calls in less than ``share`` of
+    it (it then waited for the device: the device's side of each launch, the gaps
+    between back-to-back kernels that no per-call device time holds, sets the pace);
+    else ``"launch"``: the host issued calls for the whole loop while the device idled
+    between their kernels. None where the device time is unknown (work timed on the host
+    clock only).
     """
     if not on_gpu:
         return "host", None
@@ -135,11 +139,9 @@ def bound_verdict(loop_ms: Optional[float], device_ms: Optional[float], issue_ms
         return None, None
     if busy >= share:
         return "device", busy
-    # The host issued calls for most of the loop: its launches are the pace. Anything
-    # else (the host idle while the device is idle too) is a wait inside the call.
-    if issue_ms is not None and loop_ms is not None and issue_ms >= 0.5 * loop_ms:
-        return "launch", busy
-    return "sync", busy
+    if issue_ms is not None and loop_ms is not None and issue_ms < share * loop_ms:
+        return "device", busy
+    return "launch", busy
 
 
 def describe_bound(bound: Optional[str]) -> str:
@@ -148,7 +150,7 @@ def describe_bound(bound: Optional[str]) -> str:
 
 
 _BOUND_WORDS: Dict[str, str] = {
-    "device": "the device (its GPU work sets the pace)",
+    "device": "the device (its GPU work, and the gaps between its kernels, set the pace)",
     "launch": "the host's launches (the device waits for them between kernels)",
     "sync": "synchronisation (the call waits for the device inside)",
     "host": "the host (CPU work)",
