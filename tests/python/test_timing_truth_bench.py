@@ -1,6 +1,7 @@
 """The timing truth benchmark (benchmarks/python/timing_truth_bench.py) on the CPU: a quick
 run with no GPU visible exits 0, says the GPU cases were skipped, and writes valid JSON
-with its CPU row measured against the loop truth and the targets' verdicts."""
+with its CPU row measured against the loop truth (each method run paired with the truth
+slots around it) and the targets' verdicts."""
 
 from __future__ import annotations
 
@@ -44,11 +45,30 @@ def test_a_quick_run_without_a_gpu_skips_the_gpu_cases_and_writes_json(tmp_path)
     head = methods["gpukeeper headline"]
     assert head["error"] is None and head["value_ms"] > 0 and head["vs_loop_pct"] is not None
     assert methods["triton do_bench"]["value_ms"] is None  # n/a on the CPU
+    assert methods["triton do_bench"]["runs"] == 0 and methods["triton do_bench"]["paired"] is None
+
+    # --quick: 2 alternations of gpukeeper and torch.utils.benchmark (do_bench is n/a),
+    # each run between two truth slots: 4 runs, 5 slots of one repetition.
+    assert report["config"]["pairs"] == 2 and cpu["pairs"] == 2
+    assert cpu["truth"]["slots"] == 5 and cpu["truth"]["reps"] == 5
+    assert len(cpu["truth"]["slot_loop_ms"]) == 5
+    for name in ("gpukeeper headline", "torch.utils.benchmark"):
+        m = methods[name]
+        assert m["runs"] == 2 and len(m["values_ms"]) == 2
+        p = m["paired"]
+        assert len(p["vs_loop_runs_pct"]) == 2 and p["pairs"] == 2
+        assert p["vs_loop_pct"] is not None and p["vs_loop_spread_pct"] >= 0
+    assert cpu["gpukeeper"]["runs"] == 2 and len(cpu["gpukeeper"]["per_run"]) == 2
+    assert cpu["throttle"]["throttled"] is None  # CPU work: NVML not read
 
     # Only the CPU row is measured; its verdict is a measurement, never the exit status.
     assert [t["case"] for t in report["targets"]] == ["cpu"]
-    assert report["targets"][0]["verdict"] in ("met", "missed")
-    assert report["targets"][0]["limit"] in (1.0, 2.0)
+    target = report["targets"][0]
+    assert target["verdict"] in ("met", "missed")
+    assert target["limit"] in (1.0, 2.0)
+    # Judged on the paired median; the unpaired error is kept beside it.
+    assert target["error"] == head["paired"]["vs_loop_pct"]
+    assert target["unpaired_error"] == head["vs_loop_pct"]
 
 
 def test_an_unknown_case_is_a_usage_error():
@@ -80,7 +100,10 @@ class _FakeResult:
         self.device_busy = 0.99
         self.loop_calls = 100
         self.n_calls = 10
-        self.warnings = []
+        self.warnings = ["throttled: before: sw power cap; after: sw power cap, hw slowdown"]
+        self.throttled = True
+        self.clocks = {"nvml": "ok", "before": {"sm_clock_mhz": 1980, "reasons": 4},
+                       "after": {"sm_clock_mhz": 1755, "reasons": 12}}
         self.speedup = None
 
 
@@ -136,14 +159,32 @@ def test_gpu_shaped_rows_get_errors_targets_and_tables(capsys):
     assert abs(methods["gpukeeper device"]["vs_kernel_us"] - (-0.1)) < 1e-9
     assert methods["triton do_bench"]["value_ms"] == 0.0101
     assert methods["torch.utils.benchmark"]["value_ms"] > 0
+    # Three methods, two alternations in ABBA order: 6 runs, 7 truth slots, each run
+    # against the slots right before and after it.
+    assert len(ctx.gk.calls) == 2 and row["truth"]["slots"] == 7
+    for m in (methods["gpukeeper headline"], methods["triton do_bench"], methods["torch.utils.benchmark"]):
+        assert m["runs"] == 2 and len(m["paired"]["truth_loop_ms"]) == 2
+    slots = row["truth"]["slot_loop_ms"]
+    gk_pairs = methods["gpukeeper headline"]["paired"]
+    # gpukeeper ran first in the first alternation and last in the second (ABBA).
+    assert gk_pairs["truth_loop_ms"] == [(slots[0] + slots[1]) / 2, (slots[5] + slots[6]) / 2]
+    assert gk_pairs["vs_span_pct"] is not None  # the stand-in span is there
+    # NVML's throttling, read from gpukeeper's result, goes into the row and its notes.
+    assert row["throttle"]["throttled"] is True and row["throttle"]["throttled_in"] == 2
+    assert row["throttle"]["reasons"] == ["sw power cap", "hw slowdown"]
+    assert row["throttle"]["sm_clock_mhz"] == [1755, 1980]
 
     compare = {"case": "eager_vs_graph", "kind": "compare", "status": "ok", "error": None, "notes": [],
                "truth": {"eager": {"loop_ms": 0.1}, "cuda graph": {"loop_ms": 0.04}},
                "methods": [{"method": "gpukeeper headline (eager)", "vs_loop_pct": 0.5}],
-               "speedup": {"gpukeeper": 2.4, "loop_truth": 2.5, "error_pct": -4.0}}
+               "speedup": {"gpukeeper": 2.4, "loop_truth": 2.5, "error_pct": -4.0,
+                           "paired_errors_pct": [-6.0, -1.0, 0.5], "paired_error_pct": -1.0,
+                           "paired_spread_pct": 6.5}}
     md = {"case": "md_openmm", "kind": "md", "status": "ok", "error": None, "notes": []}
-    bench._md_summary(md, {"wall": [10.0, 10.0, 10.0], "gpukeeper": [9.9, 9.7, 10.0],
-                           "openmm": [10.0, 10.0, 10.0]}, ["wall", "openmm"])
+    bench._md_summary(md, {"wall": [10.0, 10.0, 10.0, 10.0], "gpukeeper": [9.9, 9.7, 10.0, 9.9],
+                           "openmm": [10.0, 10.0, 10.0, 10.0]}, ["wall", "openmm"])
+    assert abs(md["ratios"]["wall"]["median"] - 0.99) < 1e-12
+    assert abs(md["ratios"]["wall"]["iqr"] - 0.0075) < 1e-9  # quartiles 0.9850, 0.9925
     broken = {"case": "torch_compile", "kind": "timing", "status": "error", "error": "RuntimeError: x"}
     missing = {"case": "cupy", "kind": "timing", "status": "skipped", "error": None, "reason": "CuPy not importable"}
     report = {"rows": [row, compare, md, broken, missing]}
@@ -152,7 +193,8 @@ def test_gpu_shaped_rows_get_errors_targets_and_tables(capsys):
     assert by[("spin_10us", "device time vs %globaltimer")]["verdict"] == "met"  # -0.1 us: at the limit
     head = by[("spin_10us", "headline vs loop truth (device-bound)")]
     assert head["limit"] == 1.0 and head["verdict"] in ("met", "missed")
-    assert by[("eager_vs_graph", "speedup vs loop truths' speedup")]["verdict"] == "met"
+    speedup = by[("eager_vs_graph", "speedup vs loop truths' speedup")]
+    assert speedup["verdict"] == "met" and speedup["error"] == -1.0  # the paired median, not -4.0
     assert by[("md_openmm", "ns/day vs wall (plain loop)")]["verdict"] == "met"  # median ratio 0.99
     assert by[("torch_compile", "headline vs loop truth")]["verdict"] == "not measured"
     assert not any(t["case"] == "cupy" for t in targets)
@@ -160,3 +202,14 @@ def test_gpu_shaped_rows_get_errors_targets_and_tables(capsys):
     bench.print_targets(targets)
     out = capsys.readouterr().out
     assert "eager vs CUDA graph" in out and "md_openmm" in out and "CuPy not importable" in out
+    assert "THROTTLED" in out and "sw power cap" in out
+
+
+def test_md_rounds_alternate_in_abba_order():
+    bench = _load_bench()
+    order = []
+    got = bench._paired({"wall": lambda: order.append("W") or 1.0, "gpukeeper": lambda: order.append("G") or 1.0,
+                         "openmm": lambda: order.append("O") or 1.0}, 4, lambda: order.append("|"))
+    assert "".join(order) == "WGO|OGW|WGO|OGW|"
+    assert all(len(v) == 4 for v in got.values())
+    assert bench._abba(["a", "b", "c"], 3) == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
