@@ -763,8 +763,9 @@ def test_gpu_benchmark_hides_the_launch_latency() -> None:
     # The target: within 0.5 us of the kernel's duration (10 us plus a few ns of spin).
     assert 9.5 <= median_us <= 10.6, r.summary()
     assert r.host_median_ms >= r.device_median_ms * 0.9  # the host waited for each call
-    # back to back, a 10 us kernel keeps the device busy: the loop reads about the same
-    assert r.bound == "device" and r.loop_median_ms == pytest.approx(r.device_median_ms, rel=0.2)
+    # back to back, a 10 us kernel keeps the device busy; the loop also pays the ~2 us gap
+    # before each next kernel (H100: 12.0 us against 9.9 us)
+    assert r.bound == "device" and r.loop_median_ms == pytest.approx(r.device_median_ms + 0.002, rel=0.15)
 
 
 @pytest.mark.gpu
