@@ -6,9 +6,9 @@
 # Wheels in .whl/ (carried to the machine) are installed first, into /tmp/site; Debian
 # packages in .whl/debs/ are unpacked into /tmp/debroot.
 #   --no-bench      build, check and tests only
-#   --timing-bench  and only issue 4's benchmarks (timing accuracy, trajectory overhead) and the
+#   --timing-bench  and only the timing benchmarks (timing accuracy, trajectory overhead) and the
 #                   timing truth (benchmarks/python/timing_truth_bench.py)
-#   --plugin-bench  and only the pytest plugin's per-test cost (issue 11)
+#   --plugin-bench  and only the pytest plugin's per-test cost
 # GPUKEEPER_STEPS names the steps to run, so that a round longer than one call of the device
 # tool (10 minutes) is split over calls on the same warm machine; the default is all of
 #   install check cpp stress sanitizer pytest bench
@@ -16,7 +16,7 @@
 #   soak-start  starts the 10-minute soak (benchmarks/python/soak.py, torch-geometric's SchNet
 #               under the torch hook) in its own process session, which outlives the call
 #   soak-wait   waits for it and keeps its table and JSON
-#   distributed issue 14 on a machine of two GPUs: test_distributed.py (its NCCL cases under
+#   distributed on a machine of two GPUs: test_distributed.py (its NCCL cases under
 #               torchrun) and test_multi_gpu.py, then distributed_gather_bench.py with NCCL
 #   traces      records allocation traces (benchmarks/python/record_traces.py) of the workloads
 #               in GPUKEEPER_TRACE_WORKLOADS (default twostream); they come back in the tar
