@@ -34,6 +34,7 @@ from gpukeeper.timing import (
     select_backend,
 )
 from gpukeeper.timing import benchmark as timing_benchmark
+from gpukeeper.frameworks import torch_adapter
 from gpukeeper.timing import timer as timer_module
 from gpukeeper.timing.throttle import throttle_verdict
 
@@ -287,7 +288,7 @@ def test_recompiles_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     # into sys.modules: torch code that imports dynamo meanwhile would get the stand-in and
     # fail halfway, leaving half-registered operator libraries behind.
     fake = types.SimpleNamespace(counters={"frames": {"total": 4}})
-    monkeypatch.setattr(timing_benchmark, "_dynamo_utils", lambda: fake)
+    monkeypatch.setattr(torch_adapter, "_dynamo_utils", lambda: fake)
     n = {"calls": 0}
 
     def recompiling() -> None:

@@ -48,6 +48,7 @@ from gpukeeper.frameworks.pools_adapter import (
 )
 from gpukeeper.frameworks.torch_adapter import (
     TorchAdapter,
+    compiled_frames,
     loaded_torch,
     torch_allocated_reader,
     torch_cuda,
@@ -66,6 +67,7 @@ __all__ = [
     "Scratch",
     "adapter",
     "allocated_reader",
+    "compiled_frames",
     "context_census",
     "context_devices",
     "engine_memory",

@@ -14,6 +14,7 @@ from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scra
 __all__ = [
     "TorchAdapter",
     "TorchBackend",
+    "compiled_frames",
     "loaded_torch",
     "torch_allocated_reader",
     "torch_cuda",
@@ -26,6 +27,24 @@ def loaded_torch() -> Any:
     """PyTorch when it is already imported (never imports it), else None."""
     torch = sys.modules.get("torch")
     return torch if torch is not None and hasattr(torch, "cuda") else None
+
+
+def _dynamo_utils() -> Any:
+    """torch._dynamo.utils if dynamo is loaded, else None (importing it just to count would
+    cost seconds)."""
+    return sys.modules.get("torch._dynamo.utils")
+
+
+def compiled_frames() -> Optional[int]:
+    """Frames torch.compile has compiled so far in this process (None when dynamo was
+    never loaded: nothing can have been compiled)."""
+    utils = _dynamo_utils()
+    if utils is None:
+        return None
+    try:
+        return int(utils.counters["frames"]["total"])
+    except Exception:
+        return None
 
 
 def torch_cuda() -> Any:

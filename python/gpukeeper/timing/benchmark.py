@@ -45,7 +45,6 @@ launches, or a synchronisation inside the call.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -597,29 +596,12 @@ def _cpu_step(run: _Run, opts: _Options, samples: _Samples) -> Callable[[], floa
 # --------------------------------------------------------------------- around the loop
 
 
-def _dynamo_utils() -> Any:
-    """torch._dynamo.utils if dynamo is loaded, else None (importing it just to count would
-    cost seconds)."""
-    return sys.modules.get("torch._dynamo.utils")
-
-
-def _dynamo_frames() -> Optional[int]:
-    """Frames torch.compile has compiled so far (None when dynamo was never loaded)."""
-    utils = _dynamo_utils()
-    if utils is None:
-        return None
-    try:
-        return int(utils.counters["frames"]["total"])
-    except Exception:
-        return None
-
-
 class _Watch:
     """What is read around the measured calls: compiled frames, clocks (throttling) and
     memory. Made right before the loop; ``stop()`` right after it."""
 
     def __init__(self, run: _Run) -> None:
-        self.frames_before = _dynamo_frames()
+        self.frames_before = frameworks.compiled_frames()
         self.clocks: Optional[ClockWatch] = None
         if run.backend.is_gpu or run.plan is not None:
             self.clocks = ClockWatch(run.spec.index or 0, run.warnings)
@@ -638,7 +620,7 @@ class _Watch:
             run.flusher.release()
         if self.clocks is not None:
             self.clocks.stop()
-        frames_after = _dynamo_frames()
+        frames_after = frameworks.compiled_frames()
         if frames_after is not None:
             self.recompiles = frames_after - (self.frames_before or 0)
             if self.recompiles > 0:
