@@ -2,7 +2,7 @@
 
 >>> %load_ext gpukeeper
 >>> %gpu_report                          # who holds the device's memory
->>> %gpu_timeit -n 50 model(x)           # GPU time per call, as benchmark_function
+>>> %gpu_timeit -n 50 model(x)           # loop and device time per call, as benchmark_function
 >>> r = %gpu_timeit -o -r 3 a @ b        # best of 3 rounds, the BenchmarkResult back
 
 and, as a cell magic, the memory a cell uses and what it leaves behind::
