@@ -337,12 +337,12 @@ def test_benchmark_function_on_jax_is_gpu_work_with_jax_memory(monkeypatch):
     assert r.work == "gpu" and r.timing == "host" and r.backend == "jax" and r.device == "cuda:0"
     assert "block_until_ready" in r.timing_method and r.synchronized is True
     assert r.memory_source == "jax" and r.memory_before_bytes == GiB == r.memory_after_bytes
-    # 3 warm-up and 50 measured calls, each waited for; then the loop's pilot round and
-    # its rounds, each waited for at its start and its end
+    # 3 warm-up and 50 measured calls, each waited for; then the loop's pilot batch and
+    # its batches, each waited for at its start and its end
     assert jax.blocked == 53 + 2 * (1 + len(r.loop_times_ms))
     assert r.measure == "loop" and r.bound is None  # no device time on JAX's streams
     text = r.summary()
-    assert f"rounds of {r.loop_calls} calls on cuda:0 (GPU work, host time, jax)" in text
+    assert f"batches of {r.loop_calls} calls on cuda:0 (GPU work, host time, jax)" in text
 
 
 def test_benchmark_function_cpu_result_is_not_jax_work(monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 from gpukeeper import benchmark_function, compare_implementations
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.timing import BenchmarkResult, register_backend
-from gpukeeper.timing import loop_time as rounds_module
+from gpukeeper.timing import loop_time as loop_time_module
 from gpukeeper.timing import throttle as throttle_module
 from gpukeeper.timing import timer as timer_module
 
@@ -97,12 +97,12 @@ def test_speedup_is_a_ratio_of_loop_times(sim: SimDevice) -> None:
     assert device["graph"].speedup == pytest.approx(1.0, rel=0.3)
 
 
-def test_rounds_last_about_the_target(sim: SimDevice) -> None:
+def test_batches_last_about_the_target(sim: SimDevice) -> None:
     def call() -> None:
         sim.kernel(0.2, 0.01)
 
     r = _bench(call, n_calls=10)
-    # 10 ms rounds of 0.2 ms calls
+    # 10 ms batches of 0.2 ms calls
     assert 10 <= r.loop_calls <= 70
     assert r.loop_issue_ms is not None and len(r.loop_issue_ms) == len(r.loop_times_ms or [])
 
@@ -164,7 +164,7 @@ def test_results_round_trip_and_old_files_read_as_device_time() -> None:
 
 
 def test_bound_verdict_rules() -> None:
-    verdict = rounds_module.bound_verdict
+    verdict = loop_time_module.bound_verdict
     assert verdict(1.0, 0.95, 0.3, False, True, 0.9) == ("device", 0.95)
     assert verdict(1.0, 0.2, 0.9, False, True, 0.9) == ("launch", 0.2)
     assert verdict(1.0, 0.2, 0.9, True, True, 0.9) == ("sync", 0.2)
@@ -176,8 +176,8 @@ def test_bound_verdict_rules() -> None:
     assert verdict(1.0, 1.3, 0.1, False, True, 0.9) == ("device", 1.0)  # capped
 
 
-def test_round_calls() -> None:
-    rc = rounds_module.round_calls
+def test_batch_calls() -> None:
+    rc = loop_time_module.batch_calls
     assert rc(0.1, 10.0, 1000) == 100
     assert rc(50.0, 10.0, 1000) == 1
     assert rc(1e-6, 10.0, 1000) == 1000
@@ -208,10 +208,10 @@ def test_ranks_agree_on_the_round_size(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.n += 1
 
     ranks = Ranks()
-    out = rounds_module.run_rounds(fn, (), {}, lambda last: None, 5.0, 4, None, None, [], ranks,
-                                   target_ms=10.0, min_rounds=3)
+    out = loop_time_module.run_batches(fn, (), {}, lambda last: None, 5.0, 4, None, None, [], ranks,
+                                   target_ms=10.0, min_batches=3)
     assert seen == [2, out.calls // 3] and out.calls % 3 == 0
-    assert len(out.per_call) == 3 and ranks.steps == 4  # 3 rounds, then the step that ends them
+    assert len(out.per_call) == 3 and ranks.steps == 4  # 3 batches, then the step that ends them
 
 
 # ===================================================================== GPU (torch)

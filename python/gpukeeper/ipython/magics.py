@@ -175,7 +175,7 @@ class GPUKeeperMagics(Magics):
         - ``-n N``: calls measured (default 100), each timed on its own: GPU time from
           CUDA events on a GPU (launch latency hidden behind a gate where the build has
           one), host time on the CPU; ``-w W`` warm-up calls first (default 10). On a GPU
-          the calls then run back to back in rounds: the loop time, the headline.
+          the calls then run back to back in batches: the loop time, the headline.
         - ``--device-time``: lead with the device time (the GPU work alone) instead of
           the loop time (what a loop of calls sees).
         - ``-r R``: R rounds, each a whole ``benchmark_function`` run with its own

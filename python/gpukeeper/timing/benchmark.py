@@ -33,9 +33,9 @@ That per-call GPU time is the *device time*: the call's own work as if the host 
 it infinitely fast. A user's loop does not see it when the host's launches, not the
 device, set the pace (a small model called millions of times, twenty small kernels, an
 eager step next to its CUDA graph). So the calls are then run once more the way a loop
-runs them: rounds of back-to-back calls, nothing between them, each round timed by the
-wall clock from a synchronized start to a synchronized end. A round lasts about
-``LOOP_ROUND_MS``, so its one synchronisation and the first launch on an idle device
+runs them: batches of back-to-back calls, nothing between them, each batch timed by the
+wall clock from a synchronized start to a synchronized end. A batch lasts about
+``LOOP_BATCH_MS``, so its one synchronisation and the first launch on an idle device
 cost well under 1 % of it. That is the *loop time* per call, the headline by default
 (``measure="loop"``); the ratio of the two is the share of the loop the device was busy,
 and from it (and the gate) the verdict on what bounds the call: the device, the host's
@@ -60,7 +60,7 @@ from gpukeeper.timing.plans import HostSync, host_sync_plan, jax_plan, timer_pla
 from gpukeeper.timing.sampling import MemorySampler
 from gpukeeper.timing import stats
 from gpukeeper.timing.result import BenchmarkResult
-from gpukeeper.timing.loop_time import LoopRounds, bound_verdict, run_rounds
+from gpukeeper.timing.loop_time import LoopBatches, bound_verdict, run_batches
 from gpukeeper.timing.stopping import StopRule
 from gpukeeper.timing.throttle import ClockWatch
 from gpukeeper.timing.timer import (
@@ -72,7 +72,7 @@ from gpukeeper.timing.timer import (
     timing_device,
 )
 
-__all__ = ["DEVICE_BOUND_SHARE", "LOOP_ROUND_MS", "MEASURES", "NOISY_THRESHOLD", "benchmark_function"]
+__all__ = ["DEVICE_BOUND_SHARE", "LOOP_BATCH_MS", "MEASURES", "NOISY_THRESHOLD", "benchmark_function"]
 
 #: Relative noise (std/mean) above which a result is flagged ``noisy`` when no
 #: ``max_noise`` was asked for.
@@ -88,13 +88,13 @@ _GATE_TIMEOUT_MAX_MS = 2000.0
 #: What the headline statistics of a result are of: ``"loop"``, the time per call of
 #: calls run back to back; ``"device"``, the call's own GPU work with the launch hidden.
 MEASURES = ("loop", "device")
-#: A loop round (back-to-back calls between two synchronisations) lasts about this long
-#: (ms): the round's one synchronisation, and the launch of its first call on an idle
+#: A loop batch (back-to-back calls between two synchronisations) lasts about this long
+#: (ms): the batch's one synchronisation, and the launch of its first call on an idle
 #: device, then cost a few microseconds of it.
-LOOP_ROUND_MS = 10.0
-#: At least this many rounds make a loop time's statistics.
-MIN_LOOP_ROUNDS = 10
-#: Calls in one round at most (a round of ~1 us calls is still 10 ms).
+LOOP_BATCH_MS = 10.0
+#: At least this many batches make a loop time's statistics.
+MIN_LOOP_BATCHES = 10
+#: Calls in one batch at most (a batch of ~1 us calls is still 10 ms).
 MAX_LOOP_CALLS = 100_000
 #: The device bounds a call when it is busy for at least this share of the loop time.
 DEVICE_BOUND_SHARE = 0.9
@@ -127,8 +127,8 @@ def benchmark_function(
     - On a CUDA device (``device`` None picks CUDA when a loaded PyTorch or CuPy can use
       it) each call is bracketed by events on the current stream and waited for: its
       *device time* (``gpu_times_ms``), host latencies are kept too. Then the calls run
-      back to back, as in a user's loop, in rounds of ``loop_calls`` calls between two
-      synchronisations: the *loop time* per call (``loop_times_ms``, one value a round).
+      back to back, as in a user's loop, in batches of ``loop_calls`` calls between two
+      synchronisations: the *loop time* per call (``loop_times_ms``, one value a batch).
       On the CPU both are the host time of each call (``time.perf_counter_ns``).
     - ``measure``: what the headline statistics (``median_ms``, ``mean_ms``, ...), and so
       every speedup and comparison, are of: ``"loop"`` (default), the time per call a
@@ -428,11 +428,11 @@ class _Samples:
     host: List[float] = field(default_factory=list)
     stop_reason: str = "n_calls"
     total_s: float = 0.0
-    loop: Optional[LoopRounds] = None  # GPU work: the calls again, back to back
+    loop: Optional[LoopBatches] = None  # GPU work: the calls again, back to back
 
 
 def _measure_loop(run: _Run, opts: _Options, samples: _Samples) -> None:
-    """GPU work: the loop time (``loop_time``), the calls run back to back in rounds that end
+    """GPU work: the loop time (``loop_time``), the calls run back to back in batches that end
     at a wait for all their work. CPU work has none to take: each call's host time is
     already what a loop of calls sees."""
     if run.timer is None and run.plan is None:
@@ -448,8 +448,8 @@ def _measure_loop(run: _Run, opts: _Options, samples: _Samples) -> None:
         def settle(last: Any) -> None:
             sync()
     estimate = stats.median(samples.host) if samples.host else 0.0
-    samples.loop = run_rounds(run.fn, run.args, run.kwargs, settle, estimate, opts.n_calls, opts.min_time,
-                              opts.noise_limit, run.warnings, run.ranks, LOOP_ROUND_MS, MIN_LOOP_ROUNDS,
+    samples.loop = run_batches(run.fn, run.args, run.kwargs, settle, estimate, opts.n_calls, opts.min_time,
+                              opts.noise_limit, run.warnings, run.ranks, LOOP_BATCH_MS, MIN_LOOP_BATCHES,
                               MAX_LOOP_CALLS)
 
 
@@ -634,7 +634,7 @@ class _Watch:
 
 
 def _timing_method(plan: Optional[HostSync], on_gpu: bool, backend: str, hidden: bool,
-                   loop: Optional[LoopRounds]) -> str:
+                   loop: Optional[LoopBatches]) -> str:
     if plan is not None:
         how = plan.how
     elif on_gpu:
@@ -644,7 +644,7 @@ def _timing_method(plan: Optional[HostSync], on_gpu: bool, backend: str, hidden:
     else:
         return "host clock around each call (CPU work)"
     if loop is not None:
-        how += (f"; loop time: rounds of {loop.calls} back-to-back call(s), each round timed "
+        how += (f"; loop time: batches of {loop.calls} back-to-back call(s), each batch timed "
                 "from a synchronized start to the end of its work")
     return how
 

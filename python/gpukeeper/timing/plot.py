@@ -30,7 +30,7 @@ def plot_benchmark(result: BenchmarkResult, path: Optional[PathLike] = None, *,
     check_int(bins, "bins", 1)
     plt = pyplot(path, "BenchmarkResult.plot()")
     fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
-    # The loop time has a value per round, too few for a histogram: a GPU result shows
+    # The loop time has a value per batch, too few for a histogram: a GPU result shows
     # the per-call device times, with the loop time per call as a line of its own.
     per_call = result.device_stats if result.measure == "loop" and result.gpu_times_ms else None
     times = result.gpu_times_ms if per_call is not None else result.times_ms
@@ -51,9 +51,9 @@ def plot_benchmark(result: BenchmarkResult, path: Optional[PathLike] = None, *,
     what = "device" if per_call is not None or result.measure == "device" else (
         "loop" if result.work == "gpu" else result.timing)
     ax.set_xlabel(f"{what} time per call (ms)")
-    ax.set_ylabel("calls" if what != "loop" else "rounds")
+    ax.set_ylabel("calls" if what != "loop" else "batches")
     ax.locator_params(axis="y", integer=True)  # counts of calls: no half calls on the axis
-    ax.set_title(f"{result.name}: {len(times)} {'rounds' if what == 'loop' else 'calls'} on {result.device} "
+    ax.set_title(f"{result.name}: {len(times)} {'batches' if what == 'loop' else 'calls'} on {result.device} "
                  f"({(result.work or 'cpu').upper()} work)")
     return finish(fig, path)
 

@@ -51,8 +51,8 @@ class BenchmarkResult:
     Two times per call, and which one leads:
 
     - the **loop time** (``loop_times_ms``): the time per call when calls run back to
-      back, as in a user's loop: one value per round of ``loop_calls`` calls (the
-      round's wall clock from a synchronized start to the end of its work, divided by
+      back, as in a user's loop: one value per batch of ``loop_calls`` calls (the
+      batch's wall clock from a synchronized start to the end of its work, divided by
       ``loop_calls``). On the CPU, each call's host time (``loop_calls`` 1);
     - the **device time** (``gpu_times_ms``): each call's own GPU work between events,
       with the launch hidden behind a gate where ``launch_latency`` is ``"hidden"``
@@ -65,14 +65,14 @@ class BenchmarkResult:
       (the call waits for the device inside) or ``"host"`` (CPU work); None where no
       device time was taken;
     - ``host_times_ms``: per-call host time, from before the call until its work was done
-      (on a GPU: including the wait for its stop event); ``loop_issue_ms``: per round,
-      the host's time to issue one call (before the round's final wait).
+      (on a GPU: including the wait for its stop event); ``loop_issue_ms``: per batch,
+      the host's time to issue one call (before the batch's final wait).
 
     Statistics of ``times_ms`` (milliseconds): ``mean_ms``, ``median_ms``, ``std_ms``
     (sample std), ``min_ms``, ``max_ms``, ``p5_ms``, ``p25_ms``, ``p75_ms``, ``p95_ms``,
     ``p99_ms``, ``iqr_ms``; ``relative_noise`` = std/mean (nvbench's "noise"),
     ``relative_iqr`` = IQR/median (robust); ``n_calls`` is the number of those samples
-    (with ``measure="loop"`` on a GPU: rounds). ``loop_median_ms`` and
+    (with ``measure="loop"`` on a GPU: batches). ``loop_median_ms`` and
     ``device_median_ms`` give both medians whatever the measure; ``calls_per_s`` is from
     the loop time.
 
@@ -319,7 +319,7 @@ class BenchmarkResult:
         """A few readable lines: the headline statistics (saying which time they are of),
         the other time, what bounds the call, throughput, memory, warnings."""
         s = self._summary
-        counted = (f"{s.count} rounds of {self.loop_calls} calls" if self.measure == "loop" and self.loop_calls > 1
+        counted = (f"{s.count} batches of {self.loop_calls} calls" if self.measure == "loop" and self.loop_calls > 1
                    else f"{s.count} calls")
         lines = [
             f"{self.name}: {counted} on {self.device} ({(self.work or 'cpu').upper()} work, "
