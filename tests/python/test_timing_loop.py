@@ -338,3 +338,14 @@ def test_gpu_graph_speedup_is_the_loops() -> None:
         if _held(attempts, 0.10):
             break
     assert _held(attempts, 0.10), attempts
+
+
+def test_slow_calls_take_a_quarter_of_n_calls_in_batches() -> None:
+    import time as _time
+
+    out = loop_time_module.run_batches(lambda: _time.sleep(0.015), (), {}, lambda last: None, 15.0, 48, None,
+                                       None, [], None, target_ms=10.0, min_batches=10)
+    assert out.calls == 1 and len(out.per_call) == 12  # 48 / 4 batches of one 15 ms call
+    fast = loop_time_module.run_batches(lambda: None, (), {}, lambda last: None, 0.001, 48, None, None, [],
+                                        None, target_ms=1.0, min_batches=10)
+    assert fast.calls > 48 and len(fast.per_call) == 10  # at least min_batches

@@ -147,7 +147,9 @@ def benchmark_function(
       never. The result's ``launch_latency`` says which it was. ``gate_timeout_ms``
       overrides the gate timeout (default: 20 x the slowest warm-up call's host time,
       within 50 ms .. 2 s).
-    - Stopping: ``n_calls`` calls are measured. ``min_time_s`` keeps measuring past them
+    - Stopping: ``n_calls`` calls are measured for the device time; the loop time's
+      batches make a quarter of that many calls, at least 10 batches (each rule below
+      applies to each of the two). ``min_time_s`` keeps measuring past them
       until the measured time adds up to ``min_time_s`` (with a safety stop at
       10 x ``min_time_s`` + 1 s of wall time). ``max_noise`` (a fraction: 0.005 = 0.5 %)
       may stop *earlier* than ``n_calls``, never before ``min_time_s`` and 10 calls:

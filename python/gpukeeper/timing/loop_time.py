@@ -85,9 +85,11 @@ def run_batches(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str,
                min_batches: int = 10, most_calls: int = 100_000) -> LoopBatches:
     """The loop time of ``fn(*args, **kwargs)``: a pilot batch sized from ``estimate_ms`` (an upper bound
     of a call's loop time: its host time when each call was waited for), not kept, then
-    batches sized from the pilot. As many batches as make ``n_calls`` calls, and at least
-    ``min_batches``; ``min_time_s`` and ``max_noise`` as for the calls (``StopRule``), on the
-    batches' wall time. Under ``ranks`` every rank runs batches of the same size, in step.
+    batches sized from the pilot. As many batches as make a quarter of ``n_calls`` calls,
+    and at least ``min_batches``: a batch averages its calls, so fewer of them give as
+    steady a median, and a benchmark of slow calls does not take twice as long.
+    ``min_time_s`` and ``max_noise`` as for the calls (``StopRule``), on the batches' wall
+    time. Under ``ranks`` every rank runs batches of the same size, in step.
     """
     pilot_calls = batch_calls(estimate_ms, target_ms, most_calls)
     if ranks is not None:
@@ -96,7 +98,7 @@ def run_batches(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str,
     calls = batch_calls(pilot_ms, target_ms, most_calls)
     if ranks is not None:
         calls = ranks.agree_max(calls)
-    batches = max(min_batches, math.ceil(n_calls / calls))
+    batches = max(min_batches, math.ceil(n_calls / calls / 4))
     out = LoopBatches(calls=calls)
     stop = StopRule(batches, min_time_s, max_noise, warnings)
     reason: Optional[str] = None
