@@ -6,9 +6,9 @@ A saved run holds rounds, one per fresh process: ``--gpu-benchmark-rounds=K`` me
 K of them in one invocation (:mod:`.rounds`), ``--gpu-benchmark-save-append`` adds this
 invocation's rounds to a saved run. With one round the comparison is made as each test
 runs; a regression is then confirmed in ``--gpu-benchmark-confirm`` fresh processes at
-the end of the session (0: it fails the test at once). With several rounds the
+the end of the test run (0: it fails the test at once). With several rounds the
 comparison is made at the end, over all of them. A regression found at the end fails
-the session, and the summary names it.
+the test run, and the summary names it.
 
 Under pytest-xdist each worker measures and compares its own tests and hands its results
 and comparisons to the controller, which runs the further rounds, saves the run once and
@@ -37,11 +37,11 @@ __all__ = ["BenchmarkSession", "add_benchmark_options", "make_gpu_benchmark"]
 def add_benchmark_options(group: Any) -> None:
     group.addoption(
         "--gpu-benchmark-save", default=None, metavar="NAME",
-        help="save the gpu_benchmark results of this session as run NAME of this machine "
+        help="save the gpu_benchmark results of this test run as run NAME of this machine "
              "(replacing a run of that name)")
     group.addoption(
         "--gpu-benchmark-save-append", action="store_true", default=False,
-        help="with --gpu-benchmark-save: add this session's results to run NAME as more rounds "
+        help="with --gpu-benchmark-save: add this test run's results to run NAME as more rounds "
              "instead of replacing it (each invocation is one fresh process: run it k times "
              "for k rounds)")
     group.addoption(
@@ -59,7 +59,7 @@ def add_benchmark_options(group: Any) -> None:
     group.addoption(
         "--gpu-benchmark-confirm", default="2", metavar="N",
         help="with --gpu-benchmark-compare-fail and one round: measure a benchmark found "
-             "slower past the threshold again in N fresh processes, and fail the session only "
+             "slower past the threshold again in N fresh processes, and fail the test run only "
              "when all its rounds together are still a regression; 0: fail the test at once "
              "(default %(default)s)")
     group.addoption(
@@ -68,7 +68,7 @@ def add_benchmark_options(group: Any) -> None:
 
 
 class BenchmarkSession:
-    """The session's gpu_benchmark results, the baseline they are compared with, and
+    """The test run's gpu_benchmark results, the baseline they are compared with, and
     the comparisons made."""
 
     def __init__(self, config: pytest.Config) -> None:
@@ -210,7 +210,7 @@ class BenchmarkSession:
 
     def summary_lines(self) -> List[str]:
         """The comparison table, slowest first, then the regressions found at the end of
-        the session (several rounds)."""
+        the test run (several rounds)."""
         width = max([len(c.name) for c in self.comparisons] + [1])
         lines = [f"{c.name:<{width}}  {c.describe()}" for c in sorted(self.comparisons, key=lambda c: -c.ratio)]
         return lines + [f"FAILED {f}" for f in self.failures]
