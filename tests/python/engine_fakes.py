@@ -10,6 +10,8 @@
   CUDA context of its own on device 0 (the OpenMM case).
 - ``FakeTorch``: PyTorch imported, its counters at a fixed level (an engine's memory is
   not in them).
+- ``fresh_nvml``: a fixture that forgets gpukeeper's NVML state around a test;
+  ``md_step`` and ``MD_STEPS``: a host-only MD step and its inputs.
 """
 
 from __future__ import annotations
@@ -19,12 +21,31 @@ import sys
 import types
 from typing import Any, Callable, Dict, List, Optional
 
+import numpy as np
+import pytest
+
 from gpukeeper import devices, nvml
 from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.frameworks import pools_adapter
 
 MiB = 1 << 20
 GiB = 1 << 30
+
+
+@pytest.fixture
+def fresh_nvml() -> Any:
+    """gpukeeper's NVML state forgotten before and after a test (the fakes replace it)."""
+    nvml.NVML.reset()
+    yield
+    nvml.NVML.reset()
+
+
+def md_step(x: Any) -> float:
+    """An MD step with no device work: its "forces" are a sum on the host."""
+    return float(np.sum(x))
+
+
+MD_STEPS = [np.ones(16) for _ in range(4)]
 
 
 class _Info:

@@ -9,11 +9,13 @@ import sys
 import warnings
 from typing import Any, Dict
 
-import numpy as np
 import pytest
 
 import gpukeeper
 from engine_fakes import (
+    MD_STEPS,
+    fresh_nvml,  # noqa: F401  (a fixture)
+    md_step,
     GiB,
     MiB,
     FakeDriver,
@@ -38,23 +40,11 @@ from gpukeeper.md.trajectory import throughput
 from gpukeeper.report import MemoryReport, memory_report
 from gpukeeper.timing import benchmark_function
 
-pytestmark = pytest.mark.skipif(
-    bool(gpukeeper.cuda_available()), reason="fakes a GPU-less process's CUDA state; run on a CPU machine"
-)
-
-
-@pytest.fixture(autouse=True)
-def fresh_nvml():
-    nvml.NVML.reset()
-    yield
-    nvml.NVML.reset()
-
-
-def _step(x: Any) -> float:
-    return float(np.sum(x))
-
-
-STEPS = [np.ones(16) for _ in range(4)]
+pytestmark = [
+    pytest.mark.skipif(bool(gpukeeper.cuda_available()),
+                       reason="fakes a GPU-less process's CUDA state; run on a CPU machine"),
+    pytest.mark.usefixtures("fresh_nvml"),  # every test here fakes NVML
+]
 
 
 # --------------------------------------------------------------------- nvml.py
@@ -221,7 +211,7 @@ def test_md_engine_alone_is_gpu_work_with_nvml_memory(monkeypatch):
     install_engine(monkeypatch, used=800 * MiB)
     monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     sync = counter()
-    r = benchmark_md_trajectory(_step, STEPS, n_steps=64, warmup_steps=3, synchronize=sync,
+    r = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=64, warmup_steps=3, synchronize=sync,
                                 timestep_fs=2.0)
     assert r.work == "gpu" and r.device == "cuda:0" and r.timing_source == "host"
     assert "no framework" in r.timing_method and "synchronize" in r.timing_method
@@ -237,7 +227,7 @@ def test_md_engine_with_sync_every_calls_the_callers_synchronize(monkeypatch):
     install_engine(monkeypatch, used=800 * MiB)
     monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     sync = counter()
-    benchmark_md_trajectory(_step, STEPS, n_steps=40, warmup_steps=0, synchronize=sync,
+    benchmark_md_trajectory(md_step, MD_STEPS, n_steps=40, warmup_steps=0, synchronize=sync,
                             sync_every=10, check_memory_leak=False)
     assert sync.calls == 2 + 4
 
@@ -245,7 +235,7 @@ def test_md_engine_with_sync_every_calls_the_callers_synchronize(monkeypatch):
 def test_md_engine_without_synchronize_says_its_work_may_be_missing(monkeypatch):
     install_engine(monkeypatch, used=800 * MiB)
     monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
-    r = benchmark_md_trajectory(_step, STEPS, n_steps=32, warmup_steps=1)
+    r = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=32, warmup_steps=1)
     assert r.work == "gpu" and r.synchronized is False
     assert "without a final synchronization" in r.throughput_source
     assert any("no synchronize callable" in w for w in r.warnings)
@@ -254,7 +244,7 @@ def test_md_engine_without_synchronize_says_its_work_may_be_missing(monkeypatch)
 def test_md_engine_leak_is_seen_in_nvml(monkeypatch):
     install_engine(monkeypatch, used=Growing(800 * MiB, 2 * MiB))
     monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
-    r = benchmark_md_trajectory(_step, STEPS, n_steps=200, warmup_steps=1, memory_sample_every=1,
+    r = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=200, warmup_steps=1, memory_sample_every=1,
                                 synchronize=lambda: None)
     assert r.memory_source == "nvml_process" and r.memory_leak_source == "nvml_process"
     assert r.memory_leak is True
@@ -266,7 +256,7 @@ def test_md_without_a_context_stays_cpu(monkeypatch):
     install_driver(monkeypatch, FakeDriver({0: False}))
     install_nvml(monkeypatch, FakeNvml(used=None))  # this process is not on the device
     monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
-    r = benchmark_md_trajectory(_step, STEPS, n_steps=16, warmup_steps=1)
+    r = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=16, warmup_steps=1)
     assert r.work == "cpu" and r.device == "cpu" and r.memory_source == "process_rss"
 
 
@@ -275,7 +265,7 @@ def test_md_engine_without_nvml_watches_the_host_and_says_why(monkeypatch):
     install_driver(monkeypatch, FakeDriver({0: True}))  # found through the driver instead
     monkeypatch.setattr(cuda_driver, "cuda_device_count", lambda: 1)
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    r = benchmark_md_trajectory(_step, STEPS, n_steps=16, warmup_steps=1, synchronize=lambda: None)
+    r = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=16, warmup_steps=1, synchronize=lambda: None)
     assert r.work == "gpu" and r.memory_source == "process_rss"
     assert any("device memory of this process cannot be read" in w and "nvidia-ml-py" in w
                for w in r.warnings)
@@ -289,14 +279,14 @@ def test_md_torch_loaded_but_the_engine_allocates_is_a_warning(monkeypatch):
 
     def engine_step(x: Any) -> float:
         calls["n"] += 1  # the engine keeps 100 kB of device memory per step
-        return _step(x)
+        return md_step(x)
 
-    r = benchmark_md_trajectory(engine_step, STEPS, n_steps=100, warmup_steps=1, timing="host",
+    r = benchmark_md_trajectory(engine_step, MD_STEPS, n_steps=100, warmup_steps=1, timing="host",
                                 memory_sample_every=5)
     assert r.work == "gpu" and r.memory_source == "torch" and r.memory_leak is False
     assert any("no framework counter explains" in w for w in r.warnings)
     # Saying where the work is (synchronize=) makes NVML the memory source.
-    r = benchmark_md_trajectory(engine_step, STEPS, n_steps=100, warmup_steps=1, timing="host",
+    r = benchmark_md_trajectory(engine_step, MD_STEPS, n_steps=100, warmup_steps=1, timing="host",
                                 memory_sample_every=5, synchronize=lambda: None)
     assert r.memory_source == "nvml_process" and r.memory_leak is True
 
@@ -305,7 +295,7 @@ def test_md_torch_loaded_and_counters_explain_the_memory_no_warning(monkeypatch)
     monkeypatch.setitem(sys.modules, "torch", FakeTorch(4 * MiB, 20 * MiB))
     install_driver(monkeypatch, FakeDriver({0: True}))
     install_nvml(monkeypatch, FakeNvml(used=GiB))
-    r = benchmark_md_trajectory(_step, STEPS, n_steps=50, warmup_steps=1, timing="host")
+    r = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=50, warmup_steps=1, timing="host")
     assert r.memory_source == "torch"
     assert not any("no framework counter explains" in w for w in r.warnings)
 
@@ -424,7 +414,7 @@ def test_benchmark_function_bad_synchronize():
     with pytest.raises(InvalidInputError, match="synchronize"):
         benchmark_function(lambda: None, n_calls=2, synchronize=3)
     with pytest.raises(InvalidInputError, match="synchronize"):
-        benchmark_md_trajectory(_step, STEPS, synchronize="no")
+        benchmark_md_trajectory(md_step, MD_STEPS, synchronize="no")
 
 
 def test_old_benchmark_results_read_back():

@@ -14,6 +14,9 @@ import pytest
 
 import gpukeeper
 from engine_fakes import (
+    MD_STEPS,
+    fresh_nvml,  # noqa: F401  (a fixture)
+    md_step,
     GiB,
     MiB,
     FakeDriver,
@@ -25,7 +28,6 @@ from engine_fakes import (
     install_engine,
     install_nvml,
 )
-from gpukeeper import nvml
 from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.md import LatencyStats, benchmark_md_trajectory, latency_stats
 from gpukeeper.timing import SampleStats, benchmark_function, summarize
@@ -39,20 +41,7 @@ fake_machine = pytest.mark.skipif(
 )
 
 PACKAGE = Path(gpukeeper.__file__).resolve().parent
-
-
-@pytest.fixture(autouse=True)
-def fresh_nvml():
-    nvml.NVML.reset()
-    yield
-    nvml.NVML.reset()
-
-
-def _step(x: Any) -> float:
-    return float(np.sum(x))
-
-
-STEPS = [np.ones(16) for _ in range(4)]
+pytestmark = pytest.mark.usefixtures("fresh_nvml")  # every test here fakes NVML
 
 
 def _engine_beside_torch(monkeypatch: Any, reserved: int, process_bytes: Any = GiB) -> FakeTorch:
@@ -85,7 +74,7 @@ def test_engine_memory_with_torch_imported_is_nvml_in_both(monkeypatch) -> None:
     r = benchmark_function(lambda: None, n_calls=10, warmup=1, synchronize=sync)
     assert r.work == "gpu" and r.backend == "engine"
     assert r.memory_source == "nvml_process" and r.memory_before_bytes == GiB
-    t = benchmark_md_trajectory(_step, STEPS, n_steps=40, warmup_steps=1, synchronize=sync)
+    t = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=40, warmup_steps=1, synchronize=sync)
     assert t.work == "gpu" and t.memory_source == "nvml_process" and t.memory_leak_source == "nvml_process"
     assert t.memory_initial_bytes == GiB
 
@@ -102,7 +91,7 @@ def test_counters_that_see_nothing_give_way_to_nvml(monkeypatch) -> None:
     sampler.start()
     sampler.stop()
     assert sampler.source == "nvml_process" and sampler.before == GiB
-    t = benchmark_md_trajectory(_step, STEPS, n_steps=40, warmup_steps=1, timing="host")
+    t = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=40, warmup_steps=1, timing="host")
     assert t.work == "gpu" and t.memory_source == "nvml_process"
 
 
@@ -122,7 +111,7 @@ def test_counters_that_hold_memory_stay_the_source(monkeypatch) -> None:
 def test_cpu_work_reads_the_host_under_the_names_each_result_uses(monkeypatch) -> None:
     hide_frameworks(monkeypatch)
     r = benchmark_function(lambda: None, n_calls=5, warmup=1, device="cpu")
-    t = benchmark_md_trajectory(_step, STEPS, n_steps=16, warmup_steps=1, device="cpu")
+    t = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=16, warmup_steps=1, device="cpu")
     assert r.memory_source == "host_rss" and t.memory_source == "process_rss"
 
 
@@ -157,7 +146,7 @@ def test_both_entry_points_decide_alike(monkeypatch, name: str, device: str, wor
     _situation(monkeypatch, name)
     sync = lambda: None  # noqa: E731
     r = benchmark_function(lambda: None, n_calls=5, warmup=1, synchronize=sync)
-    t = benchmark_md_trajectory(_step, STEPS, n_steps=16, warmup_steps=1, synchronize=sync)
+    t = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=16, warmup_steps=1, synchronize=sync)
     assert (r.device, r.work) == (t.device, t.work) == (device, work)
 
 
@@ -178,7 +167,7 @@ def test_one_plan_rule(monkeypatch, name: str, kind: str) -> None:
 def test_one_engine_warning(monkeypatch) -> None:
     _situation(monkeypatch, "engine alone")
     r = benchmark_function(lambda: None, n_calls=5, warmup=1)
-    t = benchmark_md_trajectory(_step, STEPS, n_steps=16, warmup_steps=1)
+    t = benchmark_md_trajectory(md_step, MD_STEPS, n_steps=16, warmup_steps=1)
     assert unsynchronized_warning(per_call=True) in r.warnings
     assert unsynchronized_warning(per_call=False) in t.warnings
     assert r.synchronized is False and t.synchronized is False
