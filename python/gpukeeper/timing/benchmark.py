@@ -439,11 +439,9 @@ def _measure_loop(run: _Run, opts: _Options, samples: _Samples) -> None:
     already what a loop of calls sees."""
     if run.timer is None and run.plan is None:
         return
+    settle: Callable[[Any], None]
     if run.plan is not None:
-        wait = run.plan.wait
-
-        def settle(last: Any) -> None:
-            wait(last)
+        settle = run.plan.wait
     else:
         sync = run.backend.synchronize
 

@@ -221,7 +221,7 @@ def _as_rounds(run: Rounds, side: str) -> List[BenchmarkResult]:
 def _measure_of(rounds: List[BenchmarkResult], current: List[BenchmarkResult], name: str) -> None:
     # Loop samples and per-call device times are different quantities: a ratio of the two
     # would be a verdict on the measuring, not on the code.
-    measures = {getattr(r, "measure", None) for r in rounds + current}
+    measures = {r.measure for r in rounds + current}
     if len(measures) > 1:
         shown = " vs ".join(sorted(repr(m) for m in measures))
         raise InvalidInputError(
