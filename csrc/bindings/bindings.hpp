@@ -25,6 +25,7 @@ void init_pool_history(py::module_& m);
 void init_memory(py::module_& m);
 void init_buffer(py::module_& m);
 void init_torch_allocator(py::module_& m);
+void init_torch_pool_api(py::module_& m);
 void init_timing(py::module_& m);
 void init_device(py::module_& m);
 

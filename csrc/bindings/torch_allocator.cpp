@@ -20,10 +20,9 @@
 #include "gpukeeper/core/text.hpp"
 #include "gpukeeper/memory/pool_registry.hpp"
 #include "torch_graph_pools.hpp"
+#include "torch_pools.hpp"
 
 namespace gpukeeper::py_bindings {
-
-namespace {
 
 // Never destroyed: PyTorch may return tensors while the process exits, after static
 // destructors ran; the driver takes the memory back with the process.
@@ -31,6 +30,8 @@ PoolRegistry& torch_pools() {
   static PoolRegistry* pools = new PoolRegistry(ResourceKind::device);
   return *pools;
 }
+
+namespace {
 
 // Called when a torch pool runs out of memory after dropping its own cache: asks the
 // rest of the process (CuPy's cache, other gpukeeper pools) to let go. Set from Python.
@@ -55,6 +56,8 @@ std::size_t run_python_reclaim(std::size_t needed) {
   }
 }
 
+}  // namespace
+
 std::shared_ptr<CachingPool> torch_pool(int device) {
   auto pool = torch_pools().pool(device);
   if (device >= 0 && device < 64) {
@@ -63,6 +66,13 @@ std::shared_ptr<CachingPool> torch_pool(int device) {
   }
   return pool;
 }
+
+// The pool of a device if PyTorch has allocated there, for reads (never made here).
+std::shared_ptr<CachingPool> existing_torch_pool(int device) {
+  return device < 0 ? nullptr : torch_pools().find(device);
+}
+
+namespace {
 
 // ---- PyTorch's own out-of-memory error, thrown through PyTorch's C++ frames
 //
@@ -173,11 +183,6 @@ void destroy_torch_error(void* object) {
 std::string torch_oom_text(std::size_t size, const std::string& detail) {
   return "CUDA out of memory. Tried to allocate " + detail::human_bytes(size) +
          ". gpukeeper: " + detail;
-}
-
-// The pool of a device if PyTorch has allocated there, for reads (never made here).
-std::shared_ptr<CachingPool> existing_torch_pool(int device) {
-  return device < 0 ? nullptr : torch_pools().find(device);
 }
 
 // Linking PyTorch's OutOfMemoryError, and reading the books of the pools behind PyTorch.
@@ -347,6 +352,7 @@ void init_torch_allocator(py::module_& m) {
   init_torch_limits(m);
   init_torch_pools(m);
   init_torch_graph_pools(m);
+  init_torch_pool_api(m);
 }
 
 }  // namespace gpukeeper::py_bindings

@@ -449,6 +449,13 @@ bool CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
                             " were given back; the block was not returned");
   }
   if (expected != 0) live_.erase(addr);
+  unbook(block);
+  if (has_stream && stream_ordered_) block->stream = stream;
+  hold_recent(block);
+  return true;
+}
+
+void CachingPool::unbook(Block* block) {
   count(allocated_, -static_cast<std::ptrdiff_t>(block->size));
   count(allocated_count_, -1);
   count(requested_, -static_cast<std::ptrdiff_t>(block->requested));
@@ -458,9 +465,6 @@ bool CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
   history_.requested_bytes.decrease(small, block->requested);
   block->free = true;
   block->requested = 0;
-  if (has_stream && stream_ordered_) block->stream = stream;
-  hold_recent(block);
-  return true;
 }
 
 void CachingPool::add_pending(Block* block) noexcept {

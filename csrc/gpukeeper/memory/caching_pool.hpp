@@ -177,6 +177,32 @@ class CachingPool {
   // The options in force: `segments` is never automatic here, but the layout it chose.
   const PoolOptions& options() const noexcept { return options_; }
 
+  // ---- Exact placement (caching_pool_placement.cpp): what PyTorch's CUDA graph trees
+  // and CUDA IPC ask of an allocator beyond allocate and deallocate.
+
+  // A handed-out block as the books hold it.
+  struct LiveBlock {
+    void* ptr = nullptr;
+    std::size_t size = 0;       // rounded, as the pool holds it
+    std::size_t requested = 0;  // as asked for
+    stream_t stream = 0;
+  };
+  // Every live block, in address order.
+  std::vector<LiveBlock> live_blocks() const;
+  // The segment holding address `ptr` (any byte of it); false when none does.
+  struct SegmentRange {
+    void* base = nullptr;
+    std::size_t size = 0;
+    bool expandable = false;
+  };
+  bool segment_of(const void* ptr, SegmentRange& out) const;
+  // Makes the live blocks exactly `blocks`: every block live now is taken back, then each
+  // of `blocks` is handed out at its own address, size and stream (a graph's recorded
+  // memory layout put back). Returns the pointers taken back. InvalidInputError, changing
+  // nothing, when a block is misaligned, overlaps another, or lies outside the pool's
+  // fixed segments.
+  std::vector<void*> restore_live_blocks(std::vector<LiveBlock> blocks);
+
   // Walks the books and returns what is inconsistent ("" when all is well): blocks that
   // do not tile their segment, unmerged free neighbours, counters that disagree.
   std::string validate() const;
@@ -235,6 +261,10 @@ class CachingPool {
   // Puts a freed block on its index (its pages counted out), pending a merge when a
   // neighbour is free; merges nothing itself.
   void settle(detail::Block* block);
+  // Books a live block as free (counters, history); the caller files it.
+  void unbook(detail::Block* block);
+  detail::Segment* segment_holding(std::uintptr_t addr) const noexcept;
+  void place_at(const LiveBlock& spec);
   void insert_free(detail::Block* block);
   void add_pending(detail::Block* block) noexcept;
   void remove_pending(detail::Block* block) noexcept;

@@ -117,6 +117,25 @@ std::size_t GraphPools::drop_retired(bool free) {
   return released;  // `dead` frees their segments here, outside the lock
 }
 
+std::shared_ptr<CachingPool> GraphPools::find_pool(GraphPoolId id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* e = find(id);
+  return e == nullptr ? nullptr : e->pool;
+}
+
+int GraphPools::uses(GraphPoolId id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Entry* e = find(id);
+  return e == nullptr ? -1 : e->uses;
+}
+
+std::vector<std::pair<GraphPoolId, std::shared_ptr<CachingPool>>> GraphPools::all_pools() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<GraphPoolId, std::shared_ptr<CachingPool>>> out;
+  for (const auto& e : entries_) out.emplace_back(e.id, e.pool);
+  return out;
+}
+
 void* GraphPools::allocate(std::size_t bytes, stream_t stream) {
   // The lock is held through the allocation: a routing closed and released meanwhile
   // would otherwise see its pool empty and drop it under a block about to be handed out.

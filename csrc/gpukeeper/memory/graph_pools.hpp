@@ -92,6 +92,13 @@ class GraphPools {
   bool routing() const noexcept { return open_routes_.load(std::memory_order_acquire) > 0; }
   bool any() const noexcept { return live_pools_.load(std::memory_order_acquire) > 0; }
 
+  // The pool of `id` (nullptr when there is none) and the uses it has (-1 when none):
+  // PyTorch's CUDA graph trees check and restore a pool's live blocks between recordings.
+  std::shared_ptr<CachingPool> find_pool(GraphPoolId id);
+  int uses(GraphPoolId id);
+  // Every private pool with its id, for snapshots.
+  std::vector<std::pair<GraphPoolId, std::shared_ptr<CachingPool>>> all_pools() const;
+
   // Sum of the private pools' stats (peaks: the sum of each pool's peak, an upper bound).
   PoolStats totals() const;
   std::vector<GraphPoolInfo> pools() const;

@@ -41,6 +41,15 @@ class PoolRegistry {
 
   // The pool of `device` if it was made already, else nullptr (never throws).
   std::shared_ptr<CachingPool> find(int device) const;
+  // The pool of `device` without a lock or a reference count, once made (nullptr before,
+  // and for devices beyond the first few): the free path's lookup. The registry keeps
+  // the pool alive as long as itself.
+  CachingPool* made(int device) const noexcept {
+    if (device < 0 || device >= kPublished || !is_published_[device].load(std::memory_order_acquire)) {
+      return nullptr;
+    }
+    return published_[device].get();
+  }
 
   // Pools made so far, in device order.
   std::vector<std::shared_ptr<CachingPool>> pools() const;

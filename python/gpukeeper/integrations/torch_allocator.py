@@ -15,14 +15,20 @@ fails after the pool released its cache and asked the other frameworks for their
 torch.cuda.OutOfMemoryError``, ``accelerate.utils.find_executable_batch_size`` and
 ``gpukeeper.retry_on_oom`` work as with PyTorch's own allocator.
 
+PyTorch reaches the pool by one of two routes (``route()``). The allocator component
+(``torch_component``, built against the installed PyTorch) is a full ``CUDAAllocator``:
+cuDNN's benchmark mode, CUDA graph trees (``torch.compile(mode="reduce-overhead")``),
+CUDA IPC, memory history and the OOM observer all work. Without it, PyTorch's
+pluggable-allocator interface carries allocation and free only.
+
 CUDA graphs (``torch.cuda.graph``, ``make_graphed_callables``, ``torch.compile`` with
 ``mode="reduce-overhead"``) get private pools as under PyTorch's own allocator: what a
 capture allocates is never handed to other tensors while its graph lives, since every
-replay writes to those addresses again. PyTorch tells a pluggable allocator about
-captures only through C++ callbacks, which ``use_torch_allocator()`` sets by finding them
-in PyTorch's libraries; ``graph_capture_status()`` says whether that worked. Where it did
-not, a capture raises ``GpuError`` rather than record a graph whose memory would be
-reused under it.
+replay writes to those addresses again. On the pluggable route PyTorch tells the
+allocator about captures only through C++ callbacks, which ``use_torch_allocator()`` sets
+by finding them in PyTorch's libraries; ``graph_capture_status()`` says whether that
+worked. Where it did not, a capture raises ``GpuError`` rather than record a graph whose
+memory would be reused under it.
 """
 
 from __future__ import annotations
@@ -35,11 +41,13 @@ from typing import Any, List, Optional, Tuple
 
 from gpukeeper import _core, frameworks
 from gpukeeper._core import PoolStats
+from gpukeeper.checks import check_choice
 from gpukeeper.errors import GpuError
-from gpukeeper.integrations import torch_memory_api
+from gpukeeper.integrations import torch_component, torch_memory_api
 
 __all__ = [
     "use_torch_allocator",
+    "route",
     "is_active",
     "stats",
     "pool_usage",
@@ -52,6 +60,7 @@ __all__ = [
 ]
 
 _active = False
+_route = ""
 _oom_status = "use_torch_allocator() has not run"
 _graph_status = "use_torch_allocator() has not run"
 
@@ -111,16 +120,33 @@ def _refuse_graph_capture(torch: Any, why: str) -> None:
     graph_cls.capture_begin = capture_begin
 
 
-def use_torch_allocator(memory_api: bool = True) -> None:
+ROUTES = ("auto", "component", "pluggable")
+
+
+def use_torch_allocator(memory_api: bool = True, route: str = "auto") -> None:
     """Routes PyTorch's CUDA allocations through gpukeeper's caching pool.
 
     Must run before PyTorch allocates CUDA memory (its allocator cannot be swapped once
     used): raises ``GpuError`` saying so otherwise, and when PyTorch has no CUDA. Calling
-    it again once active does nothing. ``memory_api`` (default True) makes PyTorch's
-    memory functions answer from the pool (``install_memory_api``); without it they
-    raise, as under any pluggable allocator.
+    it again once active does nothing.
+
+    ``route`` picks how PyTorch reaches the pool:
+
+    - ``"component"``: gpukeeper's allocator component (``torch_component``), a
+      ``CUDAAllocator`` built against the installed PyTorch. Every allocator feature
+      works: ``cudnn.benchmark``, ``torch.compile(mode="reduce-overhead")``, CUDA tensors
+      through ``torch.multiprocessing``, memory history with stack frames, the OOM
+      observer.
+    - ``"pluggable"``: PyTorch's pluggable-allocator interface, which carries allocate and
+      free only: the features above raise in PyTorch.
+    - ``"auto"`` (default): the component where it serves this PyTorch, else the
+      pluggable interface with a ``RuntimeWarning`` that says why.
+
+    ``memory_api`` (default True) makes PyTorch's memory counters answer from the pool
+    directly (``install_memory_api``): well under a microsecond a read.
     """
-    global _active, _oom_status, _graph_status
+    global _active, _oom_status, _graph_status, _route
+    check_choice(route, "route", ROUTES)
     if _active:
         if memory_api:
             install_memory_api()
@@ -130,6 +156,31 @@ def use_torch_allocator(memory_api: bool = True) -> None:
     if not torch.cuda.is_available():
         raise GpuError("use_torch_allocator(): PyTorch sees no CUDA device "
                        f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})")
+    why_not = torch_component.status(torch) if route != "pluggable" else "route='pluggable'"
+    if route == "component" and why_not:
+        raise GpuError(f"use_torch_allocator(route='component'): {why_not}")
+    if not why_not:
+        torch_component.install(torch)
+        _core._set_torch_reclaim(_reclaim)
+        _active, _route = True, "component"
+        _oom_status = _graph_status = ""
+    else:
+        _install_pluggable(torch)
+        if route == "auto":
+            warnings.warn(
+                f"use_torch_allocator(): {why_not}. PyTorch reaches the pool through its "
+                "pluggable-allocator interface instead, under which cudnn.benchmark, "
+                "torch.compile(mode='reduce-overhead'), CUDA tensors sent between processes "
+                "and memory history raise in PyTorch",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    if memory_api:
+        install_memory_api()
+
+
+def _install_pluggable(torch: Any) -> None:
+    global _active, _oom_status, _graph_status, _route
     malloc_name, free_name = _core._torch_malloc_symbols()
     allocator = torch.cuda.memory.CUDAPluggableAllocator(_core.__file__, malloc_name, free_name)
     try:
@@ -140,7 +191,7 @@ def use_torch_allocator(memory_api: bool = True) -> None:
             f"caching allocator is already in use ({exc})"
         ) from exc
     _core._set_torch_reclaim(_reclaim)
-    _active = True
+    _active, _route = True, "pluggable"
     _oom_status = _link_oom_error(torch)
     _graph_status = _link_graph_pools(torch)
     if _oom_status:
@@ -149,16 +200,21 @@ def use_torch_allocator(memory_api: bool = True) -> None:
             f"torch.cuda.OutOfMemoryError ({_oom_status}); its message still starts with "
             "'CUDA out of memory.'",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    if memory_api:
-        install_memory_api()
+
+
+def route() -> str:
+    """How PyTorch reaches the pool: ``"component"``, ``"pluggable"``, or ``""`` before
+    ``use_torch_allocator()`` ran."""
+    return _route
 
 
 def install_memory_api() -> None:
     """Answers torch.cuda's memory functions from the pool behind PyTorch (see
-    ``torch_memory_api``). Done by ``use_torch_allocator()``; a no-op when done."""
-    torch_memory_api.install(sys.modules["torch"])
+    ``torch_memory_api``). Done by ``use_torch_allocator()``; a no-op when done. Under the
+    component only the counters are replaced: PyTorch's own primitives reach the pool."""
+    torch_memory_api.install(sys.modules["torch"], primitives=_route != "component")
 
 
 def restore_memory_api() -> None:

@@ -30,8 +30,9 @@ dict on each call. ``restore()`` puts PyTorch's own functions back.
 What differs from PyTorch's allocator: a block freed on a stream is cached at once (no
 "awaiting free" state), so ``active_*`` equals ``allocated_*``; ``inactive_split*`` has
 current values only; there is no ``max_split_size`` (reported as -1, PyTorch's "none"),
-so ``oversize_*`` is 0; memory history recording (``_record_memory_history``) is not
-supported, so snapshots carry no stack frames or trace entries.
+so ``oversize_*`` is 0. Under the pluggable route memory history recording
+(``_record_memory_history``) is not supported, so these snapshots carry no stack frames
+or trace entries; the allocator component (``torch_component``) records them.
 """
 
 from __future__ import annotations
@@ -307,17 +308,22 @@ def release_pools(device: Optional[int] = None) -> int:
     return int(_core._torch_pool_cleanup(-1 if device is None else device))
 
 
-def install(torch: Any = None) -> None:
-    """Answers PyTorch's memory API from the pool behind PyTorch (idempotent)."""
+def install(torch: Any = None, primitives: bool = True) -> None:
+    """Answers PyTorch's memory API from the pool behind PyTorch (idempotent).
+
+    ``primitives=False`` replaces only the fast reads (``memory_allocated`` ... and
+    ``memory_stats``): under the allocator component PyTorch's own primitives already
+    reach the pools, and its snapshot carries the stacks of memory history."""
     if _saved:
         return
     torch = torch if torch is not None else sys.modules["torch"]
     funcs = _replacements(torch)
     owners: List[Tuple[Any, Tuple[str, ...]]] = [
-        (torch._C, _PRIMITIVES),
         (torch.cuda.memory, _FAST),
         (torch.cuda, _FAST),
     ]
+    if primitives:
+        owners.insert(0, (torch._C, _PRIMITIVES))
     for owner, names in owners:
         for name in names:
             if hasattr(owner, name):

@@ -1,0 +1,19 @@
+// The caching pools behind PyTorch, one per device (torch_allocator.cpp), for the other
+// files that serve PyTorch: its graph pools and the table lent to the allocator component.
+#pragma once
+
+#include <memory>
+
+#include "gpukeeper/memory/caching_pool.hpp"
+#include "gpukeeper/memory/pool_registry.hpp"
+
+namespace gpukeeper::py_bindings {
+
+PoolRegistry& torch_pools();
+// The device's pool, made on first use (with the reclaim callback that asks the rest of
+// the process for memory).
+std::shared_ptr<CachingPool> torch_pool(int device);
+// The device's pool if PyTorch allocated there, else nullptr; never makes one.
+std::shared_ptr<CachingPool> existing_torch_pool(int device);
+
+}  // namespace gpukeeper::py_bindings

@@ -1,0 +1,89 @@
+// The functions gpukeeper's module (_core) lends to its PyTorch allocator component.
+//
+// The component (allocator.cpp and its neighbours) is built against the installed
+// PyTorch's headers and is a CUDAAllocator to PyTorch; the pools behind it live in _core,
+// which is built without PyTorch. _core hands the component this table once
+// (gpukeeper_torch_pool_api(), called from Python with the address), so that both
+// modules share one set of pools and neither links the other. Both are C++ built by the
+// same compiler against the same libstdc++, so the table carries C++ types; errors
+// other than an allocation's cross it as std::exception.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpukeeper/memory/pool_history.hpp"
+
+namespace gpukeeper::torch_api {
+
+// Raised with every change to the table's layout (or to PoolHistory's); the component
+// refuses another.
+constexpr std::uint32_t kVersion = 1;
+
+// PyTorch's MempoolId_t: (0, n) for its graphs' pools, (n, 0) for user pools.
+using PoolId = std::pair<std::uint64_t, std::uint64_t>;
+
+enum class Status : int { ok = 0, out_of_memory = 1, invalid = 2 };
+
+struct LiveBlock {
+  void* ptr = nullptr;
+  std::size_t size = 0;       // as the pool holds it (rounded)
+  std::size_t requested = 0;  // as asked for
+  void* stream = nullptr;     // cudaStream_t
+};
+
+struct BlockEntry {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;  // 0 for free blocks
+  bool allocated = false;
+};
+
+struct SegmentEntry {
+  PoolId pool{0, 0};  // {0, 0}: the main pool
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  void* stream = nullptr;
+  bool small = false;
+  bool expandable = false;
+  std::vector<BlockEntry> blocks;
+};
+
+struct Api {
+  std::uint32_t version = kVersion;
+  std::uint32_t size = sizeof(Api);
+
+  // The hot path: a block of `bytes` on `stream` (a capture's private pool while one is
+  // routed there), or nullptr with `status` and `error` set. Never throws.
+  void* (*allocate)(std::size_t bytes, int device, void* stream, Status* status,
+                    std::string* error) = nullptr;
+  // Returns a block to whichever of the device's pools handed it out: false, changing
+  // nothing, when none of them did. Never throws.
+  bool (*deallocate)(void* ptr, int device) = nullptr;
+
+  // Books and limits.
+  std::size_t (*largest_free)(int device) = nullptr;  // the largest block given without growing
+  bool (*segment_of)(void* ptr, int device, void** base, std::size_t* size, bool* expandable) = nullptr;
+  // The books of the device's pools, graph pools included, summed (totals() applied).
+  void (*history)(int device, PoolHistory* out) = nullptr;
+  void (*reset)(int device, bool peaks, bool accumulated) = nullptr;
+  std::size_t (*release_cache)(int device) = nullptr;  // device -1: every device
+  void (*set_fraction)(int device, double fraction) = nullptr;
+  double (*fraction)(int device) = nullptr;
+  std::vector<SegmentEntry> (*segments)(int device) = nullptr;
+  std::size_t (*total_memory)(int device) = nullptr;
+
+  // CUDA graphs' private pools (graph_pools.hpp).
+  void (*begin_pool)(int device, PoolId id, std::function<bool(void*)> filter) = nullptr;
+  void (*end_pool)(int device, PoolId id) = nullptr;
+  void (*release_pool)(int device, PoolId id) = nullptr;
+  int (*pool_uses)(int device, PoolId id) = nullptr;  // -1: no such pool
+  std::vector<LiveBlock> (*pool_live_blocks)(int device, PoolId id) = nullptr;
+  std::vector<void*> (*restore_pool)(int device, PoolId id, const std::vector<LiveBlock>& blocks) = nullptr;
+};
+
+}  // namespace gpukeeper::torch_api

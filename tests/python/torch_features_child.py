@@ -1,0 +1,283 @@
+"""Child process: one PyTorch allocator feature under one allocator, as a user meets it.
+
+    python torch_features_child.py ALLOCATOR FEATURE
+
+ALLOCATOR: ``native`` (PyTorch's caching allocator), ``gpukeeper`` (use_torch_allocator(),
+the allocator component), ``gpukeeper-pluggable`` (route="pluggable") or ``rmm`` (RMM's
+torch allocator). FEATURE: one of FEATURES below. Prints one JSON line: ``ok`` and the
+feature's results, or ``ok: false`` with the error PyTorch raised. Used by
+test_torch_features.py and by benchmarks/python/torch_compat_matrix.py, so that the
+compatibility table and the tests come from the same runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict
+
+import torch
+
+MiB = 1 << 20
+
+
+def use(allocator: str) -> None:
+    """Puts ``allocator`` behind PyTorch, before any CUDA tensor."""
+    if allocator == "gpukeeper":
+        import gpukeeper
+
+        gpukeeper.use_torch_allocator(route="component")
+    elif allocator == "gpukeeper-pluggable":
+        import gpukeeper
+
+        gpukeeper.use_torch_allocator(route="pluggable")
+    elif allocator == "rmm":
+        from rmm.allocators.torch import rmm_torch_allocator
+
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+    elif allocator != "native":
+        raise SystemExit(f"unknown allocator {allocator!r}")
+
+
+def cudnn_benchmark() -> Dict[str, Any]:
+    """torchvision's ResNet-18 trains three steps with cudnn.benchmark on."""
+    import torchvision
+
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (16,), device="cuda")
+    losses = []
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses}
+
+
+def _count_calls(owner: Any, name: str, counts: Dict[str, int]) -> None:
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[name] = counts.get(name, 0) + 1
+        return original(*args, **kwargs)
+
+    setattr(owner, name, counted)
+
+
+def _graph_tree_counts() -> Dict[str, int]:
+    """Counts the allocator calls CUDA graph trees make (looked up at each call)."""
+    counts: Dict[str, int] = {}
+    for name in ("_cuda_checkPoolLiveAllocations", "_cuda_getCheckpointState",
+                 "_cuda_setCheckpointPoolState"):
+        _count_calls(torch._C, name, counts)
+    return counts
+
+
+def reduce_overhead_inference() -> Dict[str, Any]:
+    """A small convolutional net under torch.compile(mode="reduce-overhead"): two input
+    shapes (two paths of the graph tree) and a branch taken after the first recording."""
+    counts = _graph_tree_counts()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 8, 3, padding=1)).cuda().eval()
+
+    def f(x: torch.Tensor, scale: bool) -> torch.Tensor:
+        y = net(x)
+        return y * 2 if scale else y.sin()
+
+    compiled = torch.compile(f, mode="reduce-overhead")
+    errors = []
+    with torch.no_grad():
+        for shape, scale in [((4, 3, 32, 32), True)] * 4 + [((8, 3, 16, 16), True)] * 3 + \
+                [((4, 3, 32, 32), False)] * 3 + [((4, 3, 32, 32), True)] * 2:
+            x = torch.randn(*shape, device="cuda")
+            got = compiled(x, scale).clone()
+            errors.append(float((got - f(x, scale)).abs().max()))
+    return {"max_error": max(errors), "graph_tree_calls": counts}
+
+
+def reduce_overhead_training() -> Dict[str, Any]:
+    """An MLP trained under torch.compile(mode="reduce-overhead") against the same MLP
+    trained eagerly from the same weights; a second batch size midway."""
+    counts = _graph_tree_counts()
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                   torch.nn.Linear(128, 10)).cuda()
+
+    eager, compiled_model = make(), make()
+    compiled = torch.compile(compiled_model, mode="reduce-overhead")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+    opt_c = torch.optim.SGD(compiled_model.parameters(), lr=0.05)
+    torch.manual_seed(1)
+    batches = [(torch.randn(n, 64, device="cuda"), torch.randint(0, 10, (n,), device="cuda"))
+               for n in [32] * 5 + [48] * 3 + [32] * 3]
+    diffs = []
+    for x, y in batches:
+        losses = []
+        for model, opt in ((eager, opt_e), (compiled, opt_c)):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        diffs.append(abs(losses[0] - losses[1]))
+    return {"max_loss_difference": max(diffs), "graph_tree_calls": counts}
+
+
+def _ipc_receiver(allocator: str, inbox: Any, outbox: Any) -> None:
+    use(allocator)
+    t = inbox.get()
+    outbox.put(("first", float(t.sum()), float(t[0]), float(t[-1])))
+    inbox.get()  # the sender has dropped its tensor and written junk elsewhere
+    outbox.put(("second", float(t.sum()), float(t[0]), float(t[-1])))
+    del t
+    inbox.get()
+
+
+def ipc(receiver: str) -> Dict[str, Any]:
+    """A CUDA tensor sent through a torch.multiprocessing queue to a spawned child that
+    runs ``receiver``'s allocator; the sender's block must not be reused while the child
+    holds it."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_ipc_receiver, args=(receiver, inbox, outbox))
+    child.start()
+    n = 1 << 20
+    t = torch.arange(n, dtype=torch.float64, device="cuda")
+    expected = float(n * (n - 1) / 2)
+    inbox.put(t)
+    first = outbox.get(timeout=120)
+    del t
+    junk = [torch.full((n,), -1.0, dtype=torch.float64, device="cuda") for _ in range(8)]
+    torch.cuda.synchronize()
+    inbox.put("go")
+    second = outbox.get(timeout=120)
+    inbox.put("done")
+    child.join(timeout=120)
+    del junk
+    return {"expected_sum": expected, "first": list(first[1:]), "second": list(second[1:]),
+            "child_exit": child.exitcode}
+
+
+def memory_history() -> Dict[str, Any]:
+    """memory history with stack frames, a snapshot, and memory_viz's plots from it."""
+    from torch.cuda import _memory_viz
+
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10)).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    loss = model(x).square().mean()
+    loss.backward()
+    kept = torch.empty(3 * MiB + 5, dtype=torch.uint8, device="cuda")  # noqa: F841
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    traces = [t for dev in snap["device_traces"] for t in dev]
+    this_file = os.path.basename(__file__)
+    framed = [t for t in traces if any(this_file in f.get("filename", "") for f in t.get("frames", []))]
+    blocks = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    framed_blocks = [b for b in blocks if any(this_file in f.get("filename", "") for f in b.get("frames", []))]
+    kept_block = [b for b in blocks if b.get("requested_size") == 3 * MiB + 5]
+    trace_html = _memory_viz.trace_plot(snap)
+    segment_html = _memory_viz.segment_plot(snap)
+    return {"traces": len(traces), "traces_with_our_frames": len(framed),
+            "actions": sorted({t["action"] for t in traces}),
+            "live_blocks": len(blocks), "live_blocks_with_our_frames": len(framed_blocks),
+            "kept_block_found": len(kept_block) == 1,
+            "trace_plot_bytes": len(trace_html), "segment_plot_bytes": len(segment_html)}
+
+
+def oom_observer() -> Dict[str, Any]:
+    """torch._C._cuda_attach_out_of_memory_observer fires, and the error is PyTorch's."""
+    seen = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(list(args)))
+    total = torch.cuda.get_device_properties(0).total_memory
+    try:
+        torch.empty(4 * total, dtype=torch.uint8, device="cuda")
+        raised = None
+    except torch.cuda.OutOfMemoryError as exc:
+        raised = "OutOfMemoryError: " + str(exc).splitlines()[0]
+    return {"raised": raised, "observer_calls": len(seen)}
+
+
+def late_install() -> Dict[str, Any]:
+    """use_torch_allocator() after PyTorch allocated: a typed error that says what to do."""
+    import gpukeeper
+    from gpukeeper.errors import GpuError
+
+    torch.ones(1, device="cuda")
+    try:
+        gpukeeper.use_torch_allocator()
+    except GpuError as exc:
+        return {"error_type": type(exc).__name__, "message": str(exc)}
+    return {"error_type": None}
+
+
+def empty_del_ns(recording: bool) -> float:
+    """Median ns of torch.empty(64 KiB) + del, with memory history recorded or not."""
+    if recording:
+        torch.cuda.memory._record_memory_history(max_entries=100000)
+    for _ in range(200):
+        t = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+        del t
+    samples = []
+    for _ in range(21):
+        start = time.perf_counter_ns()
+        for _ in range(500):
+            t = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+            del t
+        samples.append((time.perf_counter_ns() - start) / 500)
+    if recording:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def history_cost() -> Dict[str, Any]:
+    return {"plain_ns": empty_del_ns(False), "recording_ns": empty_del_ns(True)}
+
+
+FEATURES: Dict[str, Callable[[], Dict[str, Any]]] = {
+    "cudnn_benchmark": cudnn_benchmark,
+    "reduce_overhead_inference": reduce_overhead_inference,
+    "reduce_overhead_training": reduce_overhead_training,
+    "ipc_to_native": lambda: ipc("native"),
+    "ipc_to_gpukeeper": lambda: ipc("gpukeeper"),
+    "memory_history": memory_history,
+    "oom_observer": oom_observer,
+    "history_cost": history_cost,
+}
+
+
+def main() -> int:
+    allocator, feature = sys.argv[1], sys.argv[2]
+    if feature == "late_install":
+        print(json.dumps({"ok": True, **late_install()}))
+        return 0
+    use(allocator)
+    try:
+        out = {"ok": True, **FEATURES[feature]()}
+    except Exception as exc:  # the error a user would meet is the result
+        out = {"ok": False, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+               "traceback": traceback.format_exc()[-2000:]}
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
