@@ -137,13 +137,31 @@ def reduce_overhead_training() -> Dict[str, Any]:
 
 
 def _ipc_receiver(allocator: str, inbox: Any, outbox: Any) -> None:
-    use(allocator)
-    t = inbox.get()
-    outbox.put(("first", float(t.sum()), float(t[0]), float(t[-1])))
-    inbox.get()  # the sender has dropped its tensor and written junk elsewhere
-    outbox.put(("second", float(t.sum()), float(t[0]), float(t[-1])))
-    del t
-    inbox.get()
+    try:
+        use(allocator)
+        t = inbox.get(timeout=120)
+        outbox.put(("first", float(t.sum()), float(t[0]), float(t[-1])))
+        inbox.get(timeout=120)  # the sender has dropped its tensor and written junk elsewhere
+        outbox.put(("second", float(t.sum()), float(t[0]), float(t[-1])))
+        del t
+        inbox.get(timeout=120)
+    except Exception as exc:
+        outbox.put(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()[-1500:]))
+
+
+def _reply(outbox: Any, child: Any) -> Any:
+    import queue
+
+    while True:
+        try:
+            message = outbox.get(timeout=5)
+        except queue.Empty:
+            if not child.is_alive():
+                raise RuntimeError(f"the receiving process died (exit code {child.exitcode})") from None
+            continue
+        if message[0] == "error":
+            raise RuntimeError(f"in the receiving process: {message[1]}\n{message[2]}")
+        return message
 
 
 def ipc(receiver: str) -> Dict[str, Any]:
@@ -154,23 +172,27 @@ def ipc(receiver: str) -> Dict[str, Any]:
 
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=_ipc_receiver, args=(receiver, inbox, outbox))
+    child = ctx.Process(target=_ipc_receiver, args=(receiver, inbox, outbox), daemon=True)
     child.start()
-    n = 1 << 20
-    t = torch.arange(n, dtype=torch.float64, device="cuda")
-    expected = float(n * (n - 1) / 2)
-    inbox.put(t)
-    first = outbox.get(timeout=120)
-    del t
-    junk = [torch.full((n,), -1.0, dtype=torch.float64, device="cuda") for _ in range(8)]
-    torch.cuda.synchronize()
-    inbox.put("go")
-    second = outbox.get(timeout=120)
-    inbox.put("done")
-    child.join(timeout=120)
-    del junk
-    return {"expected_sum": expected, "first": list(first[1:]), "second": list(second[1:]),
-            "child_exit": child.exitcode}
+    try:
+        n = 1 << 20
+        t = torch.arange(n, dtype=torch.float64, device="cuda")
+        expected = float(n * (n - 1) / 2)
+        inbox.put(t)
+        first = _reply(outbox, child)
+        del t
+        junk = [torch.full((n,), -1.0, dtype=torch.float64, device="cuda") for _ in range(8)]
+        torch.cuda.synchronize()
+        inbox.put("go")
+        second = _reply(outbox, child)
+        inbox.put("done")
+        child.join(timeout=60)
+        del junk
+        return {"expected_sum": expected, "first": list(first[1:]), "second": list(second[1:]),
+                "child_exit": child.exitcode}
+    finally:
+        if child.is_alive():
+            child.terminate()
 
 
 def memory_history() -> Dict[str, Any]:
