@@ -26,6 +26,8 @@ void init_memory(py::module_& m);
 void init_buffer(py::module_& m);
 void init_torch_allocator(py::module_& m);
 void init_torch_pool_api(py::module_& m);
+// Sets options.segments from Python's expandable='auto' | True | False | 'large'.
+void set_pool_layout(PoolOptions& options, const py::object& expandable);
 void init_timing(py::module_& m);
 void init_device(py::module_& m);
 

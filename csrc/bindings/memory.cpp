@@ -118,30 +118,6 @@ PyMethodDef g_get_managed_buffer = {
     "A buffer of `size` elements of `precision` on `device_id`, returned to the pool when "
     "released, when its `with` block ends, or when it is garbage."};
 
-// expandable="auto" (the default: "large" for device memory with virtual memory
-// management, else False), False (fixed segments), True (every size class in expandable
-// ranges) or "large" (large requests expandable, small ones in fixed segments: no page
-// moves for the many small operations of a step).
-void set_layout(PoolOptions& options, const py::object& expandable) {
-  if (PyBool_Check(expandable.ptr())) {
-    options.segments = expandable.ptr() == Py_True ? SegmentLayout::expandable : SegmentLayout::fixed;
-    return;
-  }
-  if (py::isinstance<py::str>(expandable)) {
-    const std::string name = expandable.cast<std::string>();
-    if (name == "large") {
-      options.segments = SegmentLayout::hybrid;
-      return;
-    }
-    if (name == "auto") {
-      options.segments = SegmentLayout::automatic;
-      return;
-    }
-  }
-  throw InvalidInputError("expandable must be 'auto', True, False or 'large', got " +
-                          std::string(py::repr(expandable)));
-}
-
 ResourceKind resolve_kind(const std::string& kind) {
   if (kind == "auto") return cuda_status().available ? ResourceKind::device : ResourceKind::host;
   return parse_resource_kind(kind);
@@ -162,6 +138,31 @@ double to_level(const py::handle& obj) {
 }
 
 }  // namespace
+
+// expandable="auto" (the default: "large" for device memory with virtual memory
+// management, else False), False (fixed segments), True (every size class in expandable
+// ranges) or "large" (large requests expandable, small ones in fixed segments: no page
+// moves for the many small operations of a step).
+void set_pool_layout(PoolOptions& options, const py::object& expandable) {
+  if (PyBool_Check(expandable.ptr())) {
+    options.segments = expandable.ptr() == Py_True ? SegmentLayout::expandable : SegmentLayout::fixed;
+    return;
+  }
+  if (py::isinstance<py::str>(expandable)) {
+    const std::string name = expandable.cast<std::string>();
+    if (name == "large") {
+      options.segments = SegmentLayout::hybrid;
+      return;
+    }
+    if (name == "auto") {
+      options.segments = SegmentLayout::automatic;
+      return;
+    }
+  }
+  throw InvalidInputError("expandable must be 'auto', True, False or 'large', got " +
+                          std::string(py::repr(expandable)));
+}
+
 
 void PyBuffer::require_live(const char* what) const {
   if (released || !buffer) {
@@ -364,7 +365,7 @@ void def_pool_buffers(PoolClass& pool_class) {
   pool_class
       .def(py::init([](const std::string& kind, const py::object& expandable) {
              PoolOptions options;
-             set_layout(options, expandable);
+             set_pool_layout(options, expandable);
              ResourceKind resolved = resolve_kind(kind);
              const bool asked = options.segments == SegmentLayout::expandable ||
                                 options.segments == SegmentLayout::hybrid;

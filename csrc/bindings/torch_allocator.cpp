@@ -259,6 +259,16 @@ void init_torch_limits(py::module_& m) {
       py::arg("device"), py::arg("fraction"),
       "Limits the pool behind PyTorch on a device to fraction * the device's memory.");
   m.def(
+      "_torch_pool_set_layout",
+      [](const py::object& expandable) {
+        PoolOptions options = torch_pools().options();
+        set_pool_layout(options, expandable);
+        torch_pools().set_options(options);
+      },
+      py::arg("expandable"),
+      "Where the pools behind PyTorch keep blocks, as MemoryPool's `expandable`; only before "
+      "the first of them is made (InvalidInputError after).");
+  m.def(
       "_torch_pool_fraction",
       [](int device) -> double {
         auto pool = existing_torch_pool(device);

@@ -5,8 +5,9 @@
 // allocator: a version byte, a type byte ('c': a cudaMalloc'd segment), then the
 // cudaIpcMemHandle_t of the segment's base; the block's offset in its segment travels
 // beside it. Version 2 is written: PyTorch 2.11 reads versions up to 2 and later
-// releases read 2 as well. Expandable (virtual-memory) segments are refused with the
-// reason, as their pages are not one cudaMalloc allocation an IPC handle can name.
+// releases read 2 as well. Blocks in expandable (virtual-memory) ranges are refused with
+// the reason and the remedy (use_torch_allocator(expandable=False)): their pages are not
+// one cudaMalloc allocation an IPC handle can name.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -53,8 +54,9 @@ cca::ShareableHandle Allocator::shareIpcHandle(void* ptr) {
   TORCH_CHECK(!expandable,
               "gpukeeper: cannot share a tensor in an expandable (virtual-memory) segment with "
               "another process: CUDA IPC names one cudaMalloc allocation, and such a segment is "
-              "many mapped pages. Allocate tensors to share with gpukeeper's fixed segments "
-              "(the default), or clone the tensor first");
+              "many mapped pages. In a process that sends CUDA tensors, call "
+              "gpukeeper.use_torch_allocator(expandable=False): every block is then in a "
+              "cudaMalloc segment, as under PyTorch's own allocator");
   cudaIpcMemHandle_t handle;
   {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));

@@ -126,10 +126,13 @@ def test_gpu_reduce_overhead_inference_with_two_paths_and_a_branch(component):
     native = feature("native", "reduce_overhead_inference")
     assert mine["ok"], mine
     assert native["ok"], native
-    assert mine["max_error"] < 1e-4
+    # Compiled code differs from eager by its own rounding, the same under both allocators.
+    assert mine["max_error"] <= native["max_error"] * 1.01 + 1e-6 and mine["max_error"] < 1e-2
     # The graph tree made the same allocator calls as under PyTorch's allocator.
     assert mine["graph_tree_calls"] == native["graph_tree_calls"]
+    # Both shapes and the branch are new paths of the tree: checkpoints were set.
     assert mine["graph_tree_calls"].get("_cuda_checkPoolLiveAllocations", 0) > 0
+    assert mine["graph_tree_calls"].get("_cuda_setCheckpointPoolState", 0) > 0
 
 
 @gpu
@@ -145,7 +148,7 @@ def test_gpu_reduce_overhead_training_matches_eager(component):
 @gpu
 @pytest.mark.parametrize("receiver", ["native", "gpukeeper"])
 def test_gpu_a_cuda_tensor_crosses_torch_multiprocessing(component, receiver):
-    out = feature("gpukeeper", f"ipc_to_{receiver}")
+    out = feature("gpukeeper-fixed", f"ipc_to_{receiver}")
     assert out["ok"], out
     n = 1 << 20
     assert out["first"] == [out["expected_sum"], 0.0, float(n - 1)]
@@ -153,6 +156,13 @@ def test_gpu_a_cuda_tensor_crosses_torch_multiprocessing(component, receiver):
     # unchanged, so the block was not handed out again while the receiver held it.
     assert out["second"] == out["first"]
     assert out["child_exit"] == 0
+
+
+@gpu
+def test_gpu_sending_a_block_of_an_expandable_range_says_what_to_do(component):
+    out = feature("gpukeeper", "ipc_to_native")  # default layout: 8 MiB is in an expandable range
+    assert not out["ok"]
+    assert "expandable" in out["traceback"] and "expandable=False" in out["traceback"]
 
 
 @gpu

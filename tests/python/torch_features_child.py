@@ -3,8 +3,8 @@
     python torch_features_child.py ALLOCATOR FEATURE
 
 ALLOCATOR: ``native`` (PyTorch's caching allocator), ``gpukeeper`` (use_torch_allocator(),
-the allocator component), ``gpukeeper-pluggable`` (route="pluggable") or ``rmm`` (RMM's
-torch allocator). FEATURE: one of FEATURES below. Prints one JSON line: ``ok`` and the
+the allocator component), ``gpukeeper-fixed`` (the same with expandable=False),
+``gpukeeper-pluggable`` (route="pluggable") or ``rmm`` (RMM's torch allocator). FEATURE: one of FEATURES below. Prints one JSON line: ``ok`` and the
 feature's results, or ``ok: false`` with the error PyTorch raised. Used by
 test_torch_features.py and by benchmarks/python/torch_compat_matrix.py, so that the
 compatibility table and the tests come from the same runs.
@@ -30,6 +30,10 @@ def use(allocator: str) -> None:
         import gpukeeper
 
         gpukeeper.use_torch_allocator(route="component")
+    elif allocator == "gpukeeper-fixed":
+        import gpukeeper
+
+        gpukeeper.use_torch_allocator(route="component", expandable=False)
     elif allocator == "gpukeeper-pluggable":
         import gpukeeper
 
@@ -138,8 +142,10 @@ def reduce_overhead_training() -> Dict[str, Any]:
 
 def _ipc_receiver(allocator: str, inbox: Any, outbox: Any) -> None:
     try:
+        from multiprocessing.reduction import ForkingPickler
+
         use(allocator)
-        t = inbox.get(timeout=120)
+        t = ForkingPickler.loads(inbox.get(timeout=120))
         outbox.put(("first", float(t.sum()), float(t[0]), float(t[-1])))
         inbox.get(timeout=120)  # the sender has dropped its tensor and written junk elsewhere
         outbox.put(("second", float(t.sum()), float(t[0]), float(t[-1])))
@@ -178,7 +184,11 @@ def ipc(receiver: str) -> Dict[str, Any]:
         n = 1 << 20
         t = torch.arange(n, dtype=torch.float64, device="cuda")
         expected = float(n * (n - 1) / 2)
-        inbox.put(t)
+        # Pickled here, as Queue.put would in its feeder thread: an error then reaches the
+        # caller instead of a background thread's stderr.
+        from multiprocessing.reduction import ForkingPickler
+
+        inbox.put(bytes(ForkingPickler.dumps(t)))
         first = _reply(outbox, child)
         del t
         junk = [torch.full((n,), -1.0, dtype=torch.float64, device="cuda") for _ in range(8)]

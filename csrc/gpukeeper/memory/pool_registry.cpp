@@ -112,6 +112,17 @@ std::size_t PoolRegistry::drop_retired_captures(int device) {
   return pools ? pools->drop_retired() : 0;
 }
 
+void PoolRegistry::set_options(PoolOptions options) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& p : pools_) {
+    if (p) {
+      throw InvalidInputError("the pools' options can no longer change: a pool was made on device " +
+                              std::to_string(p->device()));
+    }
+  }
+  options_ = options;
+}
+
 std::shared_ptr<CachingPool> PoolRegistry::find(int device) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (device < 0 || static_cast<std::size_t>(device) >= pools_.size()) return nullptr;

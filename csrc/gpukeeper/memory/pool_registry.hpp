@@ -62,6 +62,9 @@ class PoolRegistry {
 
   ResourceKind kind() const noexcept { return kind_; }
   const PoolOptions& options() const noexcept { return options_; }
+  // Options for the pools not made yet: InvalidInputError once any pool is made (a
+  // pool's layout cannot change under its blocks).
+  void set_options(PoolOptions options);
   // Device ids this kind accepts: [0, device_count()).
   int device_count() const noexcept { return resource_device_count(kind_); }
 

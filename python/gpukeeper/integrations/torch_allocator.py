@@ -37,12 +37,12 @@ import glob
 import os
 import sys
 import warnings
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 
 from gpukeeper import _core, frameworks
 from gpukeeper._core import PoolStats
 from gpukeeper.checks import check_choice
-from gpukeeper.errors import GpuError
+from gpukeeper.errors import GpuError, InvalidInputError
 from gpukeeper.integrations import torch_component, torch_memory_api
 
 __all__ = [
@@ -123,7 +123,8 @@ def _refuse_graph_capture(torch: Any, why: str) -> None:
 ROUTES = ("auto", "component", "pluggable")
 
 
-def use_torch_allocator(memory_api: bool = True, route: str = "auto") -> None:
+def use_torch_allocator(memory_api: bool = True, route: str = "auto",
+                        expandable: Union[bool, str] = "auto") -> None:
     """Routes PyTorch's CUDA allocations through gpukeeper's caching pool.
 
     Must run before PyTorch allocates CUDA memory (its allocator cannot be swapped once
@@ -144,6 +145,14 @@ def use_torch_allocator(memory_api: bool = True, route: str = "auto") -> None:
 
     ``memory_api`` (default True) makes PyTorch's memory counters answer from the pool
     directly (``install_memory_api``): well under a microsecond a read.
+
+    ``expandable`` chooses where the pool keeps blocks, as ``MemoryPool``'s does:
+    ``"auto"`` (requests over 1 MiB in expandable ranges where the driver has virtual
+    memory management, which keeps reserved memory within a few percent of the peak
+    allocated), ``False`` (fixed cudaMalloc segments, as PyTorch's own allocator), ``True``
+    or ``"large"``. A process that sends CUDA tensors to other processes
+    (``torch.multiprocessing``) needs ``expandable=False``: CUDA IPC shares cudaMalloc
+    allocations, and a block in an expandable range raises when sent.
     """
     global _active, _oom_status, _graph_status, _route
     check_choice(route, "route", ROUTES)
@@ -159,6 +168,10 @@ def use_torch_allocator(memory_api: bool = True, route: str = "auto") -> None:
     why_not = torch_component.status(torch) if route != "pluggable" else "route='pluggable'"
     if route == "component" and why_not:
         raise GpuError(f"use_torch_allocator(route='component'): {why_not}")
+    try:
+        _core._torch_pool_set_layout(expandable)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"use_torch_allocator(expandable={expandable!r}): {exc}") from exc
     if not why_not:
         torch_component.install(torch)
         _core._set_torch_reclaim(_reclaim)

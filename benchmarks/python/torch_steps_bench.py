@@ -1,0 +1,203 @@
+"""Real training and inference steps under PyTorch's allocator and under gpukeeper's
+(use_torch_allocator(), the allocator component), side by side in one run.
+
+Each allocator runs in fresh child processes (PyTorch's allocator is chosen before its
+first CUDA allocation), in the order A B B A for each round, so that a drift of the
+machine over the run falls on both alike. Cases, each timed per step with the wall clock
+of a synchronized loop (medians):
+
+- torchvision ResNet-50 training step (batch 64, bf16 autocast, channels-last), cuDNN
+  benchmark off, with a synchronisation each step (``loss.item()``) and without one
+  (20 steps, then one synchronisation);
+- the same with ``torch.backends.cudnn.benchmark = True``;
+- a transformers GPT-2 (4 layers, width 512) under ``torch.compile(mode="reduce-overhead")``:
+  inference (batch 8 x 128 tokens) and training steps;
+- ``torch.empty(64 KiB)`` + ``del`` while memory history is recorded.
+
+Prints a table of medians and ratios and writes JSON (--json PATH).
+
+    python benchmarks/python/torch_steps_bench.py [--json out.json] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List
+
+CASES = [
+    ("resnet50_sync", "ResNet-50 step, synchronised each step", "ms"),
+    ("resnet50_nosync", "ResNet-50 step, 20 steps per synchronisation", "ms"),
+    ("resnet50_cudnn_benchmark", "ResNet-50 step, cudnn.benchmark, synchronised", "ms"),
+    ("gpt2_ro_inference", "GPT-2 reduce-overhead inference step", "ms"),
+    ("gpt2_ro_training", "GPT-2 reduce-overhead training step", "ms"),
+    ("history_alloc", "empty(64 KiB)+del while history is recorded", "ns"),
+]
+
+
+def _timed(step: Callable[[], Any], sync: Callable[[], Any], steps: int, per_sync: int = 1) -> List[float]:
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        for _ in range(per_sync):
+            out = step()
+        sync(out)
+        times.append((time.perf_counter() - start) * 1e3 / per_sync)
+    return times
+
+
+def resnet_cases(torch: Any, quick: bool) -> Dict[str, float]:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(64, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (64,), device="cuda")
+
+    def step() -> Any:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    item = lambda loss: loss.item()  # noqa: E731
+    n = 10 if quick else 40
+    out = {}
+    torch.backends.cudnn.benchmark = False
+    _timed(step, item, 10)
+    out["resnet50_sync"] = statistics.median(_timed(step, item, n))
+    out["resnet50_nosync"] = statistics.median(_timed(step, item, max(3, n // 10), per_sync=20))
+    torch.backends.cudnn.benchmark = True
+    _timed(step, item, 10)
+    out["resnet50_cudnn_benchmark"] = statistics.median(_timed(step, item, n))
+    torch.backends.cudnn.benchmark = False
+    return out
+
+
+def gpt2_cases(torch: Any, quick: bool) -> Dict[str, float]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=256,
+                        use_cache=False)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 8192, (8, 128), device="cuda")
+    n = 20 if quick else 60
+    out = {}
+    model = GPT2LMHeadModel(config).cuda().eval()
+    compiled = torch.compile(model, mode="reduce-overhead")
+
+    def infer() -> Any:
+        with torch.no_grad():
+            return compiled(ids).logits
+
+    sync = lambda _: torch.cuda.synchronize()  # noqa: E731
+    _timed(infer, sync, 10)
+    out["gpt2_ro_inference"] = statistics.median(_timed(infer, sync, n))
+    del compiled, model
+
+    model = GPT2LMHeadModel(config).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    compiled = torch.compile(model, mode="reduce-overhead")
+
+    def train() -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        loss = compiled(ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    _timed(train, lambda loss: loss.item(), 10)
+    out["gpt2_ro_training"] = statistics.median(_timed(train, lambda loss: loss.item(), n))
+    return out
+
+
+def history_case(torch: Any, quick: bool) -> Dict[str, float]:
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    for _ in range(500):
+        t = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+        del t
+    samples = []
+    for _ in range(11 if quick else 31):
+        start = time.perf_counter_ns()
+        for _ in range(500):
+            t = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+            del t
+        samples.append((time.perf_counter_ns() - start) / 500)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    return {"history_alloc": statistics.median(samples)}
+
+
+def child(mode: str, quick: bool) -> Dict[str, Any]:
+    import torch
+
+    if mode == "gpukeeper":
+        import gpukeeper
+
+        gpukeeper.use_torch_allocator(route="component")
+    out: Dict[str, Any] = {"mode": mode, "torch": torch.__version__,
+                           "gpu": torch.cuda.get_device_name(0)}
+    out.update(resnet_cases(torch, quick))
+    torch.cuda.empty_cache()
+    out.update(gpt2_cases(torch, quick))
+    out.update(history_case(torch, quick))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--rounds", type=int, default=2, help="A B B A rounds")
+    parser.add_argument("--quick", action="store_true", help="a smoke test")
+    parser.add_argument("--child", choices=["torch", "gpukeeper"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.quick)))
+        return 0
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is not installed: nothing to compare")
+        return 0
+    if not torch.cuda.is_available():
+        print("PyTorch sees no CUDA device: nothing to compare")
+        return 0
+    runs: Dict[str, List[Dict[str, Any]]] = {"torch": [], "gpukeeper": []}
+    for _ in range(args.rounds):
+        for mode in ("torch", "gpukeeper", "gpukeeper", "torch"):
+            cmd = [sys.executable, __file__, "--child", mode] + (["--quick"] if args.quick else [])
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                print(done.stdout[-2000:], done.stderr[-4000:])
+                return 1
+            runs[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first = runs["torch"][0]
+    print(f"PyTorch's allocator vs gpukeeper's (allocator component); medians over "
+          f"{len(runs['torch'])} processes each, A B B A")
+    print(f"GPU: {first['gpu']}; torch {first['torch']}")
+    print(f"{'case':<50}{'PyTorch':>12}{'gpukeeper':>12}{'ratio':>8}")
+    rows = []
+    for key, label, unit in CASES:
+        a = statistics.median(r[key] for r in runs["torch"])
+        b = statistics.median(r[key] for r in runs["gpukeeper"])
+        rows.append({"case": key, "label": label, "unit": unit, "torch": a, "gpukeeper": b,
+                     "ratio": b / a,
+                     "torch_each": [r[key] for r in runs["torch"]],
+                     "gpukeeper_each": [r[key] for r in runs["gpukeeper"]]})
+        fmt = ".2f" if unit == "ms" else ".0f"
+        print(f"{label:<50}{a:>10{fmt}}{unit}{b:>10{fmt}}{unit}{b / a:>8.3f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": rows, "runs": runs}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
