@@ -94,7 +94,13 @@ void Allocator::raise_oom(size_t nbytes, c10::DeviceIndex device, const std::str
 void Allocator::free_block(void* ptr) {
   if (history_.enabled()) history_.on_free(ptr);
   const int count = std::max(device_count_, 1);
-  const int first = static_cast<int>(current_device());
+  // Frees run in destructors, also while the process exits and the CUDA runtime is
+  // unloading: nothing here may throw. The current device is only where to look first.
+  int first = 0;
+  if (cudaGetDevice(&first) != cudaSuccess) {
+    (void)cudaGetLastError();
+    first = 0;
+  }
   if (api_->deallocate(ptr, first)) return;
   for (int d = 0; d < count; ++d) {
     if (d != first && api_->deallocate(ptr, d)) return;
@@ -104,11 +110,17 @@ void Allocator::free_block(void* ptr) {
 void Allocator::delete_block(void* ptr) {
   if (ptr == nullptr || g_allocator == nullptr) return;
   Allocator& self = *g_allocator;
-  if (self.uses_.any()) {
-    if (self.uses_.defer_free(ptr)) return;
-    self.uses_.poll([&self](void* p) { self.free_block(p); }, false);
+  try {
+    if (self.uses_.any()) {
+      if (self.uses_.defer_free(ptr)) return;
+      self.uses_.poll([&self](void* p) { self.free_block(p); }, false);
+    }
+    self.free_block(ptr);
+  } catch (const std::exception& e) {
+    // A deleter runs inside destructors: an escaping error would end the process. The
+    // block stays out of use, which is safe; say so once.
+    TORCH_WARN_ONCE("gpukeeper: a block could not be returned to its pool: ", e.what());
   }
-  self.free_block(ptr);
 }
 
 c10::DataPtr Allocator::allocate(size_t nbytes) {

@@ -69,8 +69,11 @@ def api() -> dict:
     out["early_import_ok"] = (memory_stats_imported_early()["allocated_bytes.all.current"]
                               == torch.cuda.memory_allocated())
     torch_allocator.restore_memory_api()
+    # PyTorch's own function: it raises on the pluggable route, and answers through the
+    # allocator component's device stats (the same books) on the component's.
+    out["route"] = torch_allocator.route()
     try:
-        torch.cuda.memory_allocated()
+        out["restored_allocated"] = torch.cuda.memory_allocated()
         out["restored_raises"] = False
     except RuntimeError:
         out["restored_raises"] = True
