@@ -4,8 +4,9 @@
 Each allocator runs in fresh child processes (PyTorch's allocator is chosen before its
 first CUDA allocation), in the order A B B A for each round, so that a drift of the
 machine over the run falls on both alike, after a discarded warm-up child (the first
-process of a run was the slowest, whichever allocator it ran). Cases, each timed per step with the wall clock
-of a synchronized loop (medians):
+process of a run was the slowest, whichever allocator it ran). Within a child every case
+is timed in chunks, the cases taking turns, so that each spans the child's whole run.
+Cases, each timed per step with the wall clock of a synchronized loop (medians):
 
 - torchvision ResNet-50 training step (batch 64, bf16 autocast, channels-last), cuDNN
   benchmark off, with a synchronisation each step (``loss.item()``) and without one
@@ -51,7 +52,13 @@ def _timed(step: Callable[[], Any], sync: Callable[[], Any], steps: int, per_syn
     return times
 
 
-def resnet_cases(torch: Any, quick: bool) -> Dict[str, float]:
+# A case is a function that times one chunk of steps and returns its samples. A child runs
+# every case's chunks in turn, PASSES times: the host of a shared machine changes speed in
+# phases of about a second, and a case timed in one stretch would take one phase's speed.
+PASSES = 8
+
+
+def resnet_cases(torch: Any, quick: bool) -> Dict[str, Callable[[], List[float]]]:
     import torchvision
 
     torch.manual_seed(0)
@@ -69,28 +76,30 @@ def resnet_cases(torch: Any, quick: bool) -> Dict[str, float]:
         return loss
 
     item = lambda loss: loss.item()  # noqa: E731
-    n = 10 if quick else 40
-    out = {}
-    torch.backends.cudnn.benchmark = False
-    _timed(step, item, 10)
-    out["resnet50_sync"] = statistics.median(_timed(step, item, n))
-    out["resnet50_nosync"] = statistics.median(_timed(step, item, max(3, n // 10), per_sync=20))
-    torch.backends.cudnn.benchmark = True
-    _timed(step, item, 10)
-    out["resnet50_cudnn_benchmark"] = statistics.median(_timed(step, item, n))
-    torch.backends.cudnn.benchmark = False
-    return out
+    n = 3 if quick else 6
+
+    def chunk(benchmark: bool, per_sync: int) -> Callable[[], List[float]]:
+        def run() -> List[float]:
+            torch.backends.cudnn.benchmark = benchmark
+            _timed(step, item, 1)
+            return _timed(step, item, n if per_sync == 1 else 1, per_sync=per_sync)
+        return run
+
+    for benchmark in (False, True):  # cuDNN's first choices, out of the timed chunks
+        torch.backends.cudnn.benchmark = benchmark
+        _timed(step, item, 5)
+    return {"resnet50_sync": chunk(False, 1), "resnet50_nosync": chunk(False, 20),
+            "resnet50_cudnn_benchmark": chunk(True, 1)}
 
 
-def gpt2_cases(torch: Any, quick: bool) -> Dict[str, float]:
+def gpt2_cases(torch: Any, quick: bool) -> Dict[str, Callable[[], List[float]]]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=256,
                         use_cache=False)
     torch.manual_seed(0)
     ids = torch.randint(0, 8192, (8, 128), device="cuda")
-    n = 20 if quick else 60
-    out = {}
+    n = 5 if quick else 15
     model = GPT2LMHeadModel(config).cuda().eval()
     compiled = torch.compile(model, mode="reduce-overhead")
 
@@ -98,42 +107,43 @@ def gpt2_cases(torch: Any, quick: bool) -> Dict[str, float]:
         with torch.no_grad():
             return compiled(ids).logits
 
-    sync = lambda _: torch.cuda.synchronize()  # noqa: E731
-    _timed(infer, sync, 10)
-    out["gpt2_ro_inference"] = statistics.median(_timed(infer, sync, n))
-    del compiled, model
-
-    model = GPT2LMHeadModel(config).cuda().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    compiled = torch.compile(model, mode="reduce-overhead")
+    trained = GPT2LMHeadModel(config).cuda().train()
+    opt = torch.optim.AdamW(trained.parameters(), lr=1e-4)
+    compiled_train = torch.compile(trained, mode="reduce-overhead")
 
     def train() -> Any:
         torch.compiler.cudagraph_mark_step_begin()
-        loss = compiled(ids, labels=ids).loss
+        loss = compiled_train(ids, labels=ids).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         return loss
 
-    _timed(train, lambda loss: loss.item(), 10)
-    out["gpt2_ro_training"] = statistics.median(_timed(train, lambda loss: loss.item(), n))
-    return out
+    sync = lambda _: torch.cuda.synchronize()  # noqa: E731
+    item = lambda loss: loss.item()  # noqa: E731
+    _timed(infer, sync, 10)
+    _timed(train, item, 10)
+    return {"gpt2_ro_inference": lambda: _timed(infer, sync, n),
+            "gpt2_ro_training": lambda: _timed(train, item, n)}
 
 
-def history_case(torch: Any, quick: bool) -> Dict[str, float]:
-    torch.cuda.memory._record_memory_history(max_entries=100000)
-    for _ in range(500):
-        t = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
-        del t
-    samples = []
-    for _ in range(11 if quick else 31):
-        start = time.perf_counter_ns()
-        for _ in range(500):
+def history_case(torch: Any, quick: bool) -> Dict[str, Callable[[], List[float]]]:
+    def run() -> List[float]:
+        torch.cuda.memory._record_memory_history(max_entries=100000)
+        for _ in range(200):
             t = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
             del t
-        samples.append((time.perf_counter_ns() - start) / 500)
-    torch.cuda.memory._record_memory_history(enabled=None)
-    return {"history_alloc": statistics.median(samples)}
+        samples = []
+        for _ in range(2 if quick else 5):
+            start = time.perf_counter_ns()
+            for _ in range(500):
+                t = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+                del t
+            samples.append((time.perf_counter_ns() - start) / 500)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return samples
+
+    return {"history_alloc": run}
 
 
 def child(mode: str, quick: bool) -> Dict[str, Any]:
@@ -145,10 +155,16 @@ def child(mode: str, quick: bool) -> Dict[str, Any]:
         gpukeeper.use_torch_allocator(route="component")
     out: Dict[str, Any] = {"mode": mode, "torch": torch.__version__,
                            "gpu": torch.cuda.get_device_name(0)}
-    out.update(resnet_cases(torch, quick))
-    torch.cuda.empty_cache()
-    out.update(gpt2_cases(torch, quick))
-    out.update(history_case(torch, quick))
+    cases: Dict[str, Callable[[], List[float]]] = {}
+    cases.update(resnet_cases(torch, quick))
+    cases.update(gpt2_cases(torch, quick))
+    cases.update(history_case(torch, quick))
+    samples: Dict[str, List[float]] = {name: [] for name in cases}
+    for _ in range(2 if quick else PASSES):
+        for name, run in cases.items():
+            samples[name] += run()
+    for name, values in samples.items():
+        out[name] = statistics.median(values)
     return out
 
 
