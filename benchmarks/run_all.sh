@@ -17,6 +17,7 @@
 #   2. alloc_pair C++ alloc+free pair latency           -> alloc_pair.json
 #   3. roundtrip  Python allocation round trip          -> alloc_roundtrip.json
 #      torch_allocator, cleanup_bench, report_bench      -> <name>.json
+#      torch_steps, torch_compat (PyTorch's features)    -> <name>.json
 #      timing_accuracy, md_overhead (issue 4)            -> <name>.json
 #   4. traces     record PyTorch traces (GPU only)      -> traces/*.trace, traces/record_traces.json
 #                 and synthetic traces (always)         -> traces/synth/*.trace
@@ -80,6 +81,8 @@ step roundtrip "$py" "$here/python/alloc_roundtrip.py" --json "$out/alloc_roundt
 
 # ---------------------------------------------------------------- 3b. issue 3: frameworks on the pool, cleanup, report
 step torch_allocator "$py" "$here/python/torch_allocator_bench.py" --json "$out/torch_allocator.json" "${quick_flag[@]}"
+step torch_steps "$py" "$here/python/torch_steps_bench.py" --json "$out/torch_steps.json" "${quick_flag[@]}"
+step torch_compat "$py" "$here/python/torch_compat_matrix.py" --json "$out/torch_compat.json"
 for bench in cleanup_bench report_bench; do
   if [ -f "$here/python/$bench.py" ]; then
     step "$bench" "$py" "$here/python/$bench.py" --json "$out/$bench.json" "${quick_flag[@]}"
