@@ -246,19 +246,6 @@ void init_torch_books(py::module_& m) {
 // The memory fraction (PyTorch's set_per_process_memory_fraction) and the OOM error.
 void init_torch_limits(py::module_& m) {
   m.def(
-      "_torch_pool_set_fraction",
-      [](int device, double fraction) {
-        if (!(fraction >= 0.0 && fraction <= 1.0)) {
-          throw InvalidInputError("memory fraction must be in [0, 1], got " + std::to_string(fraction));
-        }
-        auto pool = torch_pool(device);
-        const std::size_t total = pool->upstream().memory_info().total;
-        // 1.0 means "the whole device": no limit, as PyTorch's default.
-        pool->set_limit(fraction >= 1.0 ? 0 : static_cast<std::size_t>(fraction * static_cast<double>(total)));
-      },
-      py::arg("device"), py::arg("fraction"),
-      "Limits the pool behind PyTorch on a device to fraction * the device's memory.");
-  m.def(
       "_torch_pool_set_layout",
       [](const py::object& expandable) {
         PoolOptions options = torch_pools().options();
@@ -268,15 +255,6 @@ void init_torch_limits(py::module_& m) {
       py::arg("expandable"),
       "Where the pools behind PyTorch keep blocks, as MemoryPool's `expandable`; only before "
       "the first of them is made (InvalidInputError after).");
-  m.def(
-      "_torch_pool_fraction",
-      [](int device) -> double {
-        auto pool = existing_torch_pool(device);
-        if (!pool || pool->limit() == 0) return 1.0;
-        const std::size_t total = pool->upstream().memory_info().total;
-        return total == 0 ? 1.0 : static_cast<double>(pool->limit()) / static_cast<double>(total);
-      },
-      py::arg("device"), "The limit of the pool behind PyTorch as a fraction of the device.");
   m.def(
       "_torch_oom_probe",
       [](const std::string& message) -> py::tuple {
@@ -304,25 +282,6 @@ void init_torch_pools(py::module_& m) {
         return py::cast(pool->stats());
       },
       py::arg("device"), "PoolStats of the pool behind PyTorch on a device, or None.");
-  m.def(
-      "_torch_pool_cleanup",
-      [](int device) -> std::size_t {
-        py::gil_scoped_release nogil;
-        // Graph pools that no graph uses any more give their cache back too; a graph
-        // that may still replay keeps its memory.
-        std::size_t released = 0;
-        for (auto& pool : torch_pools().pools()) {
-          if (device >= 0 && pool->device() != device) continue;
-          released += pool->emergency_cleanup();
-          if (GraphPools* graphs = torch_graph_pools_if_any(pool->device())) {
-            released += graphs->release_unused();
-          }
-        }
-        return released;
-      },
-      py::arg("device"),
-      "Releases the cached memory of the torch pools, and of graph pools no graph uses "
-      "(device -1: all devices).");
   m.def(
       "_torch_pool_devices",
       []() {
@@ -378,40 +337,20 @@ __attribute__((visibility("default"))) void* gpukeeper_torch_malloc(std::size_t 
                                                                      void* stream) {
   if (size == 0) return nullptr;  // PyTorch asks for 0 bytes for empty tensors, as its own does
   namespace gk = gpukeeper;
-  try {
-    const auto s = reinterpret_cast<gk::stream_t>(stream);
-    // While a CUDA graph captures on this device, its streams' allocations go to its
-    // private pool (torch_graph_pools.cpp); otherwise one atomic load is all this costs.
-    if (gk::GraphPools* graphs = gk::py_bindings::torch_graph_pools_if_any(device);
-        graphs != nullptr && graphs->routing()) {
-      if (void* p = graphs->allocate(size, s)) return p;
-    }
-    return gk::py_bindings::torch_pool(device)->allocate(size, s);
-  } catch (const gk::AllocationError& e) {
-    gk::py_bindings::throw_torch_oom(gk::py_bindings::torch_oom_text(size, e.what()));
-  } catch (const gk::InvalidInputError& e) {
-    // A size beyond any device: PyTorch's own allocator calls that an out-of-memory too.
-    // Anything else (a device that does not exist) reaches PyTorch as a RuntimeError.
-    if (size > gk::CachingPool::kMaxRequest) {
-      gk::py_bindings::throw_torch_oom(gk::py_bindings::torch_oom_text(size, e.what()));
-    }
-    throw;
+  gk::torch_api::Status status = gk::torch_api::Status::ok;
+  std::string error;
+  void* ptr = gk::py_bindings::torch_pool_api().allocate(size, device, stream, &status, &error);
+  if (ptr != nullptr) return ptr;
+  if (status == gk::torch_api::Status::out_of_memory) {
+    gk::py_bindings::throw_torch_oom(gk::py_bindings::torch_oom_text(size, error));
   }
+  // Anything else (a device that does not exist) reaches PyTorch as a RuntimeError.
+  throw std::runtime_error(error);
 }
 
 __attribute__((visibility("default"))) void gpukeeper_torch_free(void* ptr, std::size_t, int device,
                                                                   void*) {
-  if (ptr == nullptr) return;
-  try {
-    // The main pool first: while graphs live, most frees are still eager tensors', and the
-    // graph pools' lookup takes a mutex and a probe per pool.
-    if (gpukeeper::py_bindings::torch_pool(device)->try_deallocate(ptr)) return;
-    if (gpukeeper::GraphPools* graphs = gpukeeper::py_bindings::torch_graph_pools_if_any(device)) {
-      graphs->deallocate(ptr);  // a block of a graph's private pool, or none of ours
-    }
-  } catch (...) {
-    // A pointer we did not hand out: nothing safe to do but leave it.
-  }
+  if (ptr != nullptr) gpukeeper::py_bindings::torch_pool_api().deallocate(ptr, device);
 }
 
 }  // extern "C"

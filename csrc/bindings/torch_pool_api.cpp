@@ -238,7 +238,9 @@ std::vector<void*> restore_pool(int device, api::PoolId id, const std::vector<ap
   return graph_pool(device, id)->restore_live_blocks(std::move(layout));
 }
 
-const api::Api& table() {
+}  // namespace
+
+const api::Api& torch_pool_api() {
   static const api::Api t = [] {
     api::Api a;
     a.allocate = allocate;
@@ -263,15 +265,27 @@ const api::Api& table() {
   return t;
 }
 
-}  // namespace
-
 void init_torch_pool_api(py::module_& m) {
   m.def(
       "_torch_pool_api",
-      []() { return reinterpret_cast<std::uintptr_t>(&table()); },
+      []() { return reinterpret_cast<std::uintptr_t>(&torch_pool_api()); },
       "Address of the table of pool functions lent to the PyTorch allocator component "
       "(torch_ext/pool_api.hpp), and its version.");
   m.attr("_torch_pool_api_version") = torch_api::kVersion;
+  // The same functions for Python (PyTorch's memory API on the pluggable route).
+  m.def("_torch_pool_set_fraction", &set_fraction, py::arg("device"), py::arg("fraction"),
+        "Limits the pool behind PyTorch on a device to fraction * the device's memory.");
+  m.def("_torch_pool_fraction", &fraction, py::arg("device"),
+        "The limit of the pool behind PyTorch as a fraction of the device.");
+  m.def(
+      "_torch_pool_cleanup",
+      [](int device) {
+        py::gil_scoped_release nogil;
+        return release_cache(device);
+      },
+      py::arg("device"),
+      "Releases the cached memory of the torch pools, and of graph pools no graph uses "
+      "(device -1: all devices).");
 }
 
 }  // namespace gpukeeper::py_bindings

@@ -6,6 +6,7 @@
 
 #include "gpukeeper/memory/caching_pool.hpp"
 #include "gpukeeper/memory/pool_registry.hpp"
+#include "torch_ext/pool_api.hpp"
 
 namespace gpukeeper::py_bindings {
 
@@ -15,5 +16,8 @@ PoolRegistry& torch_pools();
 std::shared_ptr<CachingPool> torch_pool(int device);
 // The device's pool if PyTorch allocated there, else nullptr; never makes one.
 std::shared_ptr<CachingPool> existing_torch_pool(int device);
+// The pool functions both routes into PyTorch use (torch_pool_api.cpp): the allocator
+// component through its table, the pluggable route's two exported functions directly.
+const torch_api::Api& torch_pool_api();
 
 }  // namespace gpukeeper::py_bindings

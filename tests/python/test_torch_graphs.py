@@ -5,6 +5,7 @@ tests/cpp/test_graph_pools.cpp."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,9 @@ torch = pytest.importorskip("torch")
 CHILD = Path(__file__).with_name("torch_graphs_child.py")
 
 
-def run_child(mode: str, timeout: float = 400) -> dict:
-    return run_json_child(CHILD, mode, timeout=timeout)
+def run_child(mode: str, timeout: float = 400, route: str = "auto") -> dict:
+    env = dict(os.environ, GPUKEEPER_TORCH_ROUTE=route)
+    return run_json_child(CHILD, mode, timeout=timeout, env=env)
 
 
 def test_linking_without_pytorchs_libraries_says_why():
@@ -37,8 +39,9 @@ gpu = pytest.mark.gpu
 
 
 @gpu
-def test_gpu_a_graphs_memory_is_never_handed_to_eager_tensors():
-    out = run_child("isolation")
+@pytest.mark.parametrize("route", ["auto", "pluggable"])
+def test_gpu_a_graphs_memory_is_never_handed_to_eager_tensors(route):
+    out = run_child("isolation", route=route)
     assert out["graph_status"] == ""
     [pool] = out["pools_after_capture"]
     assert pool["uses"] == 1 and not pool["capturing"]

@@ -188,13 +188,15 @@ def test_the_oom_error_is_pytorchs_own_type():
 # --------------------------------------------------------------------- on the GPU
 
 
-def run_child(mode: str, timeout: float = 300) -> dict:
-    return run_json_child(CHILD, mode, timeout=timeout)
+def run_child(mode: str, timeout: float = 300, route: str = "auto") -> dict:
+    env = dict(os.environ, GPUKEEPER_TORCH_ROUTE=route)
+    return run_json_child(CHILD, mode, timeout=timeout, env=env)
 
 
 @pytest.mark.gpu
-def test_gpu_torchs_memory_api_answers_from_the_pool():
-    out = run_child("api")
+@pytest.mark.parametrize("route", ["auto", "pluggable"])
+def test_gpu_torchs_memory_api_answers_from_the_pool(route):
+    out = run_child("api", route=route)
     assert out["allocated"] == out["pool_allocated"] > 0
     assert out["reserved"] == out["pool_reserved"] >= out["allocated"]
     assert out["stats_allocated"] == out["allocated"]

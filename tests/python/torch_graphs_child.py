@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import traceback
 
@@ -16,10 +17,12 @@ from gpukeeper.errors import GpuError
 from gpukeeper.integrations import torch_allocator
 
 MiB = 1 << 20
+# The route into PyTorch (use_torch_allocator(route=)): the tests run the pluggable one too.
+ROUTE = os.environ.get("GPUKEEPER_TORCH_ROUTE", "auto")
 
 
 def _start() -> dict:
-    torch_allocator.use_torch_allocator()
+    torch_allocator.use_torch_allocator(route=ROUTE)
     return {"graph_status": torch_allocator.graph_capture_status()}
 
 

@@ -20,11 +20,13 @@ from gpukeeper import _core
 from gpukeeper.integrations import torch_allocator
 
 MiB = 1 << 20
+# The route into PyTorch (use_torch_allocator(route=)): the tests run the pluggable one too.
+ROUTE = os.environ.get("GPUKEEPER_TORCH_ROUTE", "auto")
 
 
 def api() -> dict:
     out: dict = {}
-    torch_allocator.use_torch_allocator()
+    torch_allocator.use_torch_allocator(route=ROUTE)
     keep = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
     gone = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
     del gone
@@ -84,7 +86,7 @@ def api() -> dict:
 
 def oom() -> dict:
     out: dict = {}
-    torch_allocator.use_torch_allocator()
+    torch_allocator.use_torch_allocator(route=ROUTE)
     out["oom_status"] = torch_allocator.oom_error_status()
     total = torch.cuda.get_device_properties(0).total_memory
     out["total"] = total
@@ -120,7 +122,7 @@ def oom() -> dict:
 
 def train() -> dict:
     out: dict = {}
-    torch_allocator.use_torch_allocator()
+    torch_allocator.use_torch_allocator(route=ROUTE)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
