@@ -6,7 +6,10 @@
 # from the source by griffe. Extra arguments go to `mkdocs build`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# The project's environment, as the other scripts use (an active venv or conda, $PYTHON,
+# else .venv): a bare python3 is Debian's, where pip refuses to install (PEP 668).
+. scripts/lib/python-env.sh
+gk_use_python
 
 # The doc tools, pinned to minor series known to build this site without warnings.
 # ruff only formats the long signatures in the reference.

@@ -76,7 +76,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 __all__ = [
     "__version__",
-    # memory (seed 001)
+    # memory
     "BufferBatch",
     "ManagedBuffer",
     "MemoryPool",
@@ -89,7 +89,7 @@ __all__ = [
     "GpuError",
     "InvalidInputError",
     "MemoryLeakError",
-    # cleanup (seed 000)
+    # cleanup
     "CleanupReport",
     "GPUContext",
     "cleanup_cuda",

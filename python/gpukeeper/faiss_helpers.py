@@ -1,4 +1,4 @@
-"""FAISS on the GPU with memory that fits (seed 003's helpers).
+"""FAISS on the GPU with memory that fits: index sizing, batched search, cleanup.
 
 >>> temp = calculate_faiss_temp_memory(n_points=1_000_000, k=30)   # bytes
 >>> index, res = create_faiss_index(n_dims=3, n_points=1_000_000, k=30)

@@ -1,4 +1,4 @@
-"""One memory manager per device (seed 003).
+"""One memory manager per device.
 
 >>> gpu_mem = get_gpu_memory_manager()          # the current device; one per device
 >>> gpu_mem.free_cache()                        # every framework's caches; never raises
@@ -24,7 +24,7 @@ its physical memory), ``free_cache()`` releases gpukeeper's host pools and
 ``manager.cpu_mode`` is True. Whether the host can take ``size_gb`` is its own question:
 ``host_allocate(size_gb)``, in either mode.
 
-The FAISS helpers of seed 003 are in :mod:`gpukeeper.faiss_helpers` (re-exported here).
+The FAISS helpers are in :mod:`gpukeeper.faiss_helpers` (re-exported here).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ __all__ = [
     "create_faiss_index",
 ]
 
-# Seed 003 imports these next to the manager.
+# The FAISS helpers are imported next to the manager, as the manager's users expect.
 from gpukeeper.faiss_helpers import (  # noqa: E402
     FaissUnavailableError,
     calculate_faiss_temp_memory,

@@ -46,7 +46,7 @@ class MemoryPool(_core._MemoryPoolBase):
     segments. The default, ``"auto"``, is ``"large"`` for device memory on a device and
     driver with virtual memory management (every recorded trace then holds at most 1.05
     times the memory it asked for at once, against 1.15-3.40 with fixed segments) and
-    ``False`` otherwise (docs/performance.md, issue 13).
+    ``False`` otherwise (docs/performance.md).
     """
 
     def __init__(self, kind: str = "auto", expandable: Union[bool, str] = "auto") -> None:

@@ -1,4 +1,4 @@
-"""Seed 002's out-of-memory pattern as one helper: ``retry_on_oom``.
+"""The out-of-memory retry pattern as one helper: ``retry_on_oom``.
 
 Call form: run ``fn`` now, retrying after an out-of-memory error::
 

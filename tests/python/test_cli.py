@@ -58,7 +58,14 @@ def test_check_passes_and_writes_json(tmp_path: Path) -> None:
     done = gk("check", "--json", str(path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "gpukeeper check: PASS" in done.stdout
-    assert json.loads(path.read_text())["verdict"] == "PASS"
+    result = json.loads(path.read_text())
+    assert result["verdict"] == "PASS"
+    # The verdict names the mode, in the line and in the JSON alike.
+    if gpukeeper.cuda_available():
+        assert result["mode"] == "gpu" and "CPU mode" not in done.stdout
+    else:
+        assert result["mode"] == "cpu" and result["cuda"]
+        assert "PASS in CPU mode: " in done.stdout
 
 
 def test_check_json_to_stdout_is_only_json() -> None:
@@ -125,7 +132,7 @@ def test_report_every_device_and_json() -> None:
 
 def test_report_bad_device_is_a_one_line_error() -> None:
     _one_line_error(gk("report", "--device", "99"), "--device 99")
-    _one_line_error(gk("report", "--device", "gpu"), "--device gpu")
+    _one_line_error(gk("report", "--device", "gpu"), "argument --device: takes N, cuda:N, cuda, cpu or all, got 'gpu'")
 
 
 def test_watch_bounded_and_bad_interval() -> None:
@@ -176,7 +183,7 @@ def test_timeit_prepare_runs_the_statement_in_the_setup_namespace() -> None:
       "raise InvalidInputError('line one\\nline two')"], "the statement raised InvalidInputError: line one ..."),
     (["-d", "cpu", "-s", "x = 0", "x += 1; x > 3 and undefined_name"], "the statement raised NameError"),
     (["-d", "cpu", "# only a comment"], "no statement to time"),
-    (["-n", "0", "1"], "n_calls"),
+    (["-n", "0", "1"], "argument -n/--number: must be at least 1"),
     (["-d", "cuda:99", "1"], "cuda:99"),
 ])
 def test_timeit_errors_are_one_line(args: List[str], needle: str) -> None:
@@ -247,3 +254,19 @@ def test_compare_bad_threshold_and_usage_errors(tmp_path: Path) -> None:
     _one_line_error(gk("compare", str(good)), "required")
     _one_line_error(gk("nonsense"), "invalid choice")
     _one_line_error(gk(), "required")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("report", "--device", "None"), "argument --device: takes N, cuda:N, cuda, cpu or all, got 'None'"),
+    (("watch", "--device", "gpu0", "--count", "1"), "argument --device: takes N, cuda:N, cuda, cpu or all"),
+    (("timeit", "-d", "None", "1+1"), "argument -d/--device: takes N, cuda:N, cuda or cpu, got 'None'"),
+    (("timeit", "-n", "0", "1+1"), "argument -n/--number: must be at least 1, got 0"),
+    (("timeit", "-w", "-1", "1+1"), "argument -w/--warmup: must be at least 0, got -1"),
+    (("timeit", "-n", "x", "1+1"), "argument -n/--number: takes a whole number, got 'x'"),
+    (("watch", "--count", "0"), "argument --count: must be at least 1, got 0"),
+])
+def test_bad_flags_are_answered_in_the_command_lines_words(argv, says) -> None:
+    done = gk(*argv)
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert "None for the current device" not in done.stderr and "int >=" not in done.stderr

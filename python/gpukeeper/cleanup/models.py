@@ -77,7 +77,7 @@ def cleanup_models(*objs: Any) -> int:
     Accepts ``torch.nn.Module`` (parameters, buffers, gradients and tensor attributes of
     it and its submodules), ``torch.optim.Optimizer`` (its state: moments, steps), tensors,
     gpukeeper ``ManagedBuffer``s (released: a later use raises ``InvalidInputError``), and
-    lists/tuples/sets/dicts of them. ``None`` is skipped, on purpose: seed 000's
+    lists/tuples/sets/dicts of them. ``None`` is skipped, on purpose: the pattern
     ``finally: cleanup_models(model)`` must also run when building the model failed
     (``model = None`` before the ``try``), and an optimizer may be optional. Anything else
     (a string, a generator such as ``model.parameters()``, a NumPy array) raises

@@ -46,11 +46,19 @@ def run(args: argparse.Namespace) -> int:
         mark = "[green]ok  [/]" if result.ok else "[bold red]FAIL[/]"
         text = escape(f"{result.name:<14} {result.detail}")
         out.print(f"\\[{mark}] {text}  ({result.seconds * 1e3:.1f} ms)", markup=True)
+    from gpukeeper.runtime import cuda_available
+
     failed = [r for r in results if not r.ok]
     verdict = "FAIL" if failed else "PASS"
     style = "bold red" if failed else "bold green"
-    out.print(f"gpukeeper check: [{style}]{verdict}[/] ({len(results) - len(failed)}/{len(results)} "
-              "checks passed)", markup=True)
+    cuda = cuda_available()
+    # The mode is part of the verdict: a PASS without CUDA checked the host pool only.
+    mode = "gpu" if cuda else "cpu"
+    where = "" if cuda else escape(f" in CPU mode: {cuda.reason.rstrip('.')}")
+    out.print(f"gpukeeper check: [{style}]{verdict}[/]{where} ({len(results) - len(failed)}/"
+              f"{len(results)} checks passed)", markup=True)
     if args.json is not None:
-        write_json(args.json, {"verdict": verdict, "checks": [r.to_dict() for r in results]})
+        write_json(args.json, {"verdict": verdict, "mode": mode,
+                               "cuda": "" if cuda else cuda.reason,
+                               "checks": [r.to_dict() for r in results]})
     return FAILED if failed else OK

@@ -1,5 +1,5 @@
-"""``gpukeeper info``: build, devices, driver, frameworks and NVML, as a table or as
-seed 004's environment export (``--json``)."""
+"""``gpukeeper info``: build, devices, driver, frameworks and NVML, as a table or as the
+environment export (``--json``: devices, driver and library versions)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ __all__ = ["add_parser", "environment"]
 
 EXAMPLES = """examples:
   gpukeeper info                           a table
-  gpukeeper info --json gpu_specs.json     the environment export (seed 004)
+  gpukeeper info --json gpu_specs.json     the environment export (devices, driver, versions)
   gpukeeper info --json -                  the same on stdout"""
 
 #: Distributions whose versions the export lists: read from their metadata, never imported
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "specifications, the installed frameworks and whether NVML answers.",
         epilog=EXAMPLES)
     add_json_option(p, "write the environment export")
-    p.add_argument("--export-json", metavar="FILE", help=argparse.SUPPRESS)  # seed 004's spelling
+    p.add_argument("--export-json", metavar="FILE", help=argparse.SUPPRESS)  # the older spelling
     p.set_defaults(func=run)
 
 

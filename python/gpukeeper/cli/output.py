@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 __all__ = ["EXIT_CODES", "plain", "FAILED", "INTERRUPTED", "OK", "PIPE_CLOSED", "USAGE", "UserError",
            "check_json_target", "console", "write_json"]
@@ -67,6 +67,36 @@ def add_command(sub: Any, name: str, *, help: str, description: str, epilog: str
     as written (the epilog)."""
     return sub.add_parser(name, help=help, description=description, epilog=epilog,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def count_arg(minimum: int) -> Callable[[str], int]:
+    """An argparse type for a whole number of at least ``minimum`` (argparse names the flag
+    in front of its errors)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"takes a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def device_arg(allow_all: bool) -> Callable[[str], str]:
+    """An argparse type for a device as the command line spells it: ``N``, ``cuda:N``,
+    ``cuda``, ``cpu`` (and ``all`` where every device is meant)."""
+    words = "N, cuda:N, cuda, cpu or all" if allow_all else "N, cuda:N, cuda or cpu"
+
+    def parse(text: str) -> str:
+        t = text.strip().lower()
+        if t in ("cpu", "cuda") or (allow_all and t == "all") or t.isdigit() or \
+                (t.startswith("cuda:") and t[5:].isdigit()):
+            return t
+        raise argparse.ArgumentTypeError(f"takes {words}, got {text!r}")
+
+    return parse
 
 
 def add_json_option(parser: argparse.ArgumentParser, what: str) -> None:

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, List, Union
 
 from gpukeeper.cli.output import (
-    OK, UserError, add_command, add_json_option, check_json_target, console, write_json,
+    OK, UserError, add_command, add_json_option, check_json_target, console, device_arg, write_json,
 )
 
 if TYPE_CHECKING:  # the CLI imports the report only when the command runs
@@ -27,9 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="memory_report() for each device, then their total: used and free memory, the "
                     "CUDA contexts, this process's frameworks and pools, and the other processes (NVML). Run "
                     "from the command line it is a separate process, so its own frameworks hold "
-                    "nothing: the other processes' figures are the news.",
+                    "nothing: what matters there is what the other processes hold.",
         epilog=EXAMPLES)
-    p.add_argument("--device", default="all", metavar="N|all",
+    p.add_argument("--device", default="all", metavar="N|all", type=device_arg(allow_all=True),
                    help="a CUDA ordinal, cuda:N, cpu, or all (the default)")
     add_json_option(p, "write the report")
     p.add_argument("--no-nvml", action="store_true", help="skip NVML (faster; no per-process split)")

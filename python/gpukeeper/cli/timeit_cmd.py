@@ -8,7 +8,8 @@ import textwrap
 from typing import Any, Callable, Dict, Tuple
 
 from gpukeeper.cli.output import (
-    OK, UserError, add_command, add_json_option, check_json_target, console, plain, write_json,
+    OK, UserError, add_command, add_json_option, check_json_target, console, count_arg, device_arg,
+    plain, write_json,
 )
 from gpukeeper.statements import Statement, compile_statement, describe_exception
 
@@ -29,9 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("statement", nargs="+", metavar="STMT", help="the statement to time")
     p.add_argument("-s", "--setup", action="append", default=[], metavar="SETUP",
                    help="run once before timing (repeatable)")
-    p.add_argument("-n", "--number", type=int, default=100, metavar="N", help="measured calls (100)")
-    p.add_argument("-w", "--warmup", type=int, default=10, metavar="W", help="calls before measuring (10)")
-    p.add_argument("-d", "--device", default=None, help="cuda:N, N or cpu (default: CUDA when the setup "
+    p.add_argument("-n", "--number", type=count_arg(1), default=100, metavar="N", help="measured calls (100)")
+    p.add_argument("-w", "--warmup", type=count_arg(0), default=10, metavar="W", help="calls before measuring (10)")
+    p.add_argument("-d", "--device", default=None, type=device_arg(allow_all=False), help="cuda:N, N or cpu (default: CUDA when the setup "
                                                         "made a framework use it, else the CPU)")
     p.add_argument("--no-flush", action="store_true", help="do not flush the L2 cache between calls")
     p.add_argument("--device-time", action="store_true",

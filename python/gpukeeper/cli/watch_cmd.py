@@ -14,7 +14,7 @@ import argparse
 import time
 from typing import Any, List, Optional
 
-from gpukeeper.cli.output import OK, UserError, add_command, console, plain
+from gpukeeper.cli.output import OK, UserError, add_command, console, count_arg, device_arg, plain
 
 __all__ = ["add_parser", "snapshot", "watch"]
 
@@ -30,8 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=plain(__doc__.split("\n\n", 1)[1]),
         epilog=EXAMPLES)
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes (2)")
-    p.add_argument("--device", default="all", metavar="N|all", help="a CUDA ordinal or all (the default)")
-    p.add_argument("--count", type=int, default=None, metavar="K", help="stop after K refreshes")
+    p.add_argument("--device", default="all", metavar="N|all", type=device_arg(allow_all=True),
+                   help="a CUDA ordinal, cuda:N, or all (the default)")
+    p.add_argument("--count", type=count_arg(1), default=None, metavar="K", help="stop after K refreshes")
     p.set_defaults(func=run)
 
 
