@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("gpukeeper.pytest_plugin")
 
+import gpukeeper  # noqa: E402
+
 HEADER = """
 import pytest
 import gpukeeper
@@ -92,6 +94,11 @@ def test_clean():
     assert "::test_leaks" in checked.stdout.str() and "::test_allowed" not in checked.stdout.str().split("short test summary")[-1]
     tolerant = pytester.runpytest("-q", "--gpu-leaks=100")
     tolerant.assert_outcomes(passed=3)
+    # Without CUDA, the run says once, without -rA, what the checks could see.
+    note = "leak checks watched gpukeeper's pools only"
+    if not gpukeeper.cuda_available():
+        assert tolerant.stdout.str().count(note) == 1
+    assert note not in plain.stdout.str()  # nothing was checked: nothing to say
 
 
 def test_failing_test_keeps_its_own_error(pytester: pytest.Pytester) -> None:
@@ -300,3 +307,22 @@ def test_benchmark_options_are_checked(pytester: pytest.Pytester) -> None:
     missing = pytester.runpytest("-q", "--gpu-benchmark-compare=nothing")
     missing.assert_outcomes(failed=1)
     assert "no saved benchmark run 'nothing'" in missing.stdout.str()
+
+
+def test_comparing_with_no_saved_run_fails_every_benchmark_alike(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(BENCH_FILE + """
+
+def test_second(gpu_benchmark):
+    big = list(range(100_000))  # a fixture-like local that must not be dumped
+    gpu_benchmark(sum, big, n_calls=5, warmup=1, device="cpu")
+
+def test_plain():
+    pass
+""")
+    run = pytester.runpytest("-q", "--gpu-benchmark-compare")
+    run.assert_outcomes(failed=2, passed=1)
+    out = run.stdout.str()
+    line = "--gpu-benchmark-compare: no saved benchmark run for this machine in"
+    assert out.count(line) >= 2  # the same one line for each benchmark test
+    assert "Traceback" not in out and "store.py" not in out and "99999" not in out

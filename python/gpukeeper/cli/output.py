@@ -46,7 +46,9 @@ class UserError(Exception):
 
 def console(stream: Optional[TextIO] = None) -> Any:
     """A rich Console on ``stream`` (stdout): colour and styles only on a terminal, none
-    with ``NO_COLOR`` set (rich reads it), no wrapping of long lines when piped."""
+    with ``NO_COLOR`` set (rich reads it). Off a terminal (CI logs, pipes, files) nothing
+    is wrapped or cut: tables are as wide as their content, so test names stay whole; the
+    80 columns rich assumes there would cut them."""
     from rich.console import Console
 
     class _Console(Console):
@@ -57,9 +59,15 @@ def console(stream: Optional[TextIO] = None) -> Any:
 
     stream = stream or sys.stdout
     tty = stream.isatty()
+    extra: dict = {} if tty or os.environ.get("COLUMNS") else {"width": _UNBOUNDED}
     if os.environ.get("NO_COLOR"):  # no-color.org: and no bold either, whatever FORCE_COLOR says
-        return _Console(file=stream, highlight=False, soft_wrap=not tty, color_system=None, no_color=True)
-    return _Console(file=stream, highlight=False, soft_wrap=not tty)
+        extra.update(color_system=None, no_color=True)
+    return _Console(file=stream, highlight=False, soft_wrap=not tty, **extra)
+
+
+# The width of a console off a terminal: wider than any line the commands print, so that a
+# table takes its content's width.
+_UNBOUNDED = 10_000
 
 
 def add_command(sub: Any, name: str, *, help: str, description: str, epilog: str) -> argparse.ArgumentParser:

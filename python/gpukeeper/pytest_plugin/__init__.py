@@ -63,6 +63,7 @@ class _Session:
         self.rows: List[MemoryRow] = []
         self.bench = BenchmarkSession(config)
         self.worker_device: Optional[str] = None
+        self.leak_checked = 0  # tests whose leak check ran (for the note without CUDA)
 
 
 _SESSION = pytest.StashKey[_Session]()
@@ -142,6 +143,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         return (yield)
     if probe is not None:
         probe.start()
+    if check is not None:
+        session.leak_checked += 1
     try:
         result = yield
     except BaseException:
@@ -225,10 +228,26 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
     return f"gpukeeper: xdist workers get CUDA devices {resolved} in turn (CUDA_VISIBLE_DEVICES)"
 
 
+def _no_cuda_note() -> str:
+    """Once per run where leaks were checked without CUDA: what those checks could see."""
+    from gpukeeper.runtime import cuda_available
+
+    cuda = cuda_available()
+    if cuda:
+        return ""
+    return ("gpukeeper: no usable CUDA here, so the leak checks watched gpukeeper's pools only "
+            "(host pools included); memory of CPU tensors and arrays is not checked "
+            f"({cuda.reason.rstrip('.')})")
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state = config.stash.get(_SESSION, None)
     if state is None:
         return
+    if state.leak_checked:
+        note = _no_cuda_note()
+        if note:
+            terminalreporter.write_line(note)
     bench = state.bench
     if bench.comparisons or bench.failures:
         terminalreporter.section(f"gpukeeper: benchmarks against saved run {bench.compare_with!r}")

@@ -99,14 +99,20 @@ class BenchmarkSession:
         self.to_confirm: List[str] = []
         self.failures: List[str] = []
         self.saved_path: Optional[Path] = None
+        self.baseline_error: Optional[str] = None
 
     def open(self) -> None:
-        """Reads the machine and the baseline once, at the first benchmark."""
+        """Reads the machine and the baseline once, at the first benchmark. A baseline that
+        cannot be read fails every benchmark test alike, with one line (``baseline_error``)."""
         if self.store is not None:
             return
         self.store = RunStore(self.root, machine_info())
         if self.compare_with is not None:
-            self.baseline = self.store.load_rounds(self.compare_with or None)
+            try:
+                self.baseline = self.store.load_rounds(self.compare_with or None)
+            except InvalidInputError as e:
+                self.baseline_error = f"--gpu-benchmark-compare: {e}"
+                return
             self.compare_with = self.compare_with or self.store.latest()
 
     def record(self, key: str, result: BenchmarkResult) -> Optional[str]:
@@ -232,9 +238,13 @@ def make_gpu_benchmark(session: BenchmarkSession, key: str) -> Callable[..., Ben
         if used:
             raise InvalidInputError(f"gpu_benchmark: call it once per test ({key} called it twice)")
         used.append(True)
+        session.open()
+        if session.baseline_error is not None:
+            # Before measuring: nothing could be compared, and the message is the same for
+            # every benchmark test (no traceback through the user's fixtures).
+            pytest.fail(session.baseline_error, pytrace=False)
         kwargs.setdefault("name", key)
         result = benchmark_function(fn, *args, **kwargs)
-        session.open()
         failure = session.record(key, result)
         if failure is not None:
             pytest.fail(failure, pytrace=False)

@@ -12,6 +12,7 @@ from gpukeeper.htmltable import html_fields
 from gpukeeper.plotting import PathLike
 from gpukeeper.timing import stats as _stats
 from gpukeeper.timing.loop_time import describe_bound
+from gpukeeper.timing.units import duration_text
 
 __all__ = ["BenchmarkResult"]
 
@@ -304,10 +305,10 @@ class BenchmarkResult:
         rows: List[Tuple[str, str]] = []
         if self.measure == "loop" and self.gpu_times_ms and self._device is not None:
             d = self._device
-            rows.append(("device time per call", f"median {d.median:.4f} ms, p95 {d.p95:.4f} ms "
+            rows.append(("device time per call", f"median {duration_text(d.median)}, p95 {duration_text(d.p95)} "
                                                  f"(the call's own GPU work, launch {self.launch_latency})"))
         elif self.measure == "device" and self._loop is not None and self.work == "gpu":
-            rows.append(("loop time per call", f"median {self._loop.median:.4f} ms "
+            rows.append(("loop time per call", f"median {duration_text(self._loop.median)} "
                                                "(calls back to back, as a loop sees them)"))
         if self.work == "gpu" and self.device_busy is not None:
             rows.append(("device busy", f"{self.device_busy * 100:.0f} % of the loop time"))
@@ -315,27 +316,35 @@ class BenchmarkResult:
             rows.append(("bound by", describe_bound(self.bound)))
         return rows
 
+    def _how(self) -> str:
+        """How the calls were timed, each word once: "GPU work, device time, torch"."""
+        work = (self.work or "cpu").upper()
+        parts = [f"{work} work", f"{self.timing} time"]
+        if self.backend and self.backend.lower() not in (str(self.device).lower(), work.lower()):
+            parts.append(self.backend)
+        return ", ".join(parts)
+
     def summary(self) -> str:
         """A few readable lines: the headline statistics (saying which time they are of),
         the other time, what bounds the call, throughput, memory, warnings."""
         s = self._summary
         counted = (f"{s.count} batches of {self.loop_calls} calls" if self.measure == "loop" and self.loop_calls > 1
                    else f"{s.count} calls")
+        d = duration_text
         lines = [
-            f"{self.name}: {counted} on {self.device} ({(self.work or 'cpu').upper()} work, "
-            f"{self.timing} time, {self.backend})",
+            f"{self.name}: {counted} on {self.device} ({self._how()})",
             f"  {self._headline_words()}:",
-            f"  mean   {s.mean:.4f} ms ± {s.std:.4f} ms (noise {_pct(s.relative_std)})",
-            f"  median {s.median:.4f} ms  IQR {s.iqr:.4f} ms ({_pct(s.relative_iqr)})",
-            f"  min {s.min:.4f}  p5 {s.p5:.4f}  p25 {s.p25:.4f}  p75 {s.p75:.4f}  "
-            f"p95 {s.p95:.4f}  p99 {s.p99:.4f}  max {s.max:.4f} ms",
+            f"  mean   {d(s.mean)} ± {d(s.std)} (noise {_pct(s.relative_std)})",
+            f"  median {d(s.median)}  IQR {d(s.iqr)} ({_pct(s.relative_iqr)})",
+            f"  min {d(s.min)}  p5 {d(s.p5)}  p25 {d(s.p25)}  p75 {d(s.p75)}  "
+            f"p95 {d(s.p95)}  p99 {d(s.p99)}  max {d(s.max)}",
             f"  throughput {self.calls_per_s:,.1f} calls/s",
         ]
         lines += [f"  {label}: {text}" for label, text in self._other_rows()]
         if self.timing_method:
             lines.insert(1, f"  timed: {self.timing_method}")
         if self.gpu_times_ms is not None and self._host is not None:
-            lines.append(f"  host latency median {self._host.median:.4f} ms (launch + wait of one call)")
+            lines.append(f"  host latency median {duration_text(self._host.median)} (launch + wait of one call)")
             lines.append(f"  launch latency {self.launch_latency} in the GPU times")
         if self.memory_source is not None:
             lines.append(
@@ -371,8 +380,7 @@ class BenchmarkResult:
     def _html_fields(self) -> List[Tuple[str, str]]:
         s = self._summary
         rows = [
-            ("device", f"{self.device} ({(self.work or 'cpu').upper()} work, {self.timing} time, "
-                       f"{self.backend})"),
+            ("device", f"{self.device} ({self._how()})"),
             ("headline", self._headline_words()),
             ("samples", f"{s.count}"),
             ("median", f"{s.median:.4f} ms"),

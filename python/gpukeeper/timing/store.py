@@ -153,8 +153,9 @@ class RunStore:
         path = self.folder / f"{name}.json" if name else None
         if path is None or not path.is_file():
             have = sorted(p.stem for p in self.folder.glob("*.json")) if self.folder.is_dir() else []
+            which = f"benchmark run {name!r}" if name else "benchmark run"
             raise InvalidInputError(
-                f"no saved benchmark run {name!r} for this machine in {self.folder} "
+                f"no saved {which} for this machine in {self.folder} "
                 f"(saved here: {', '.join(have) or 'none'}; save one with --gpu-benchmark-save=NAME)")
         try:
             return rounds_from_doc(json.loads(path.read_text()))
