@@ -270,3 +270,20 @@ def test_bad_flags_are_answered_in_the_command_lines_words(argv, says) -> None:
     assert done.returncode == 2
     assert says in done.stderr
     assert "None for the current device" not in done.stderr and "int >=" not in done.stderr
+
+
+def test_compare_never_cuts_names_off_a_terminal(tmp_path: Path) -> None:
+    name = "tests/test_models.py::test_matmul_with_a_rather_long_parametrised_name[float16-4096x4096]"
+    paths = []
+    for label in ("a", "b"):
+        path = _saved(tmp_path, label)
+        doc = json.loads(path.read_text())
+        doc["benchmarks"] = {name: dict(doc["benchmarks"].pop("sum"), name=name)}
+        doc["later_rounds"] = {name: [dict(r, name=name) for r in doc["later_rounds"].pop("sum")]}
+        path.write_text(json.dumps(doc))
+        paths.append(str(path))
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run([sys.executable, "-m", "gpukeeper", "compare", *paths], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert name in done.stdout and "…" not in done.stdout
