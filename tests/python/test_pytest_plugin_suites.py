@@ -105,6 +105,21 @@ def test_where(i):
     assert "xdist workers get CUDA devices 5,7" in result.stdout.str()
 
 
+def test_xdist_all_devices_on_a_machine_without_cuda_runs_on_the_cpu(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpukeeper
+
+    if gpukeeper.cuda_available():
+        pytest.skip("this machine has a CUDA device")
+    _xdist(pytester)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makepyfile("def test_x():\n    pass\n\ndef test_y():\n    pass\n")
+    result = pytester.runpytest_subprocess("-n", "2", "--gpu-devices=all", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert "--gpu-devices=all: no CUDA device here" in result.stdout.str()
+    assert "the tests run on the CPU" in result.stdout.str()
+
+
 def test_xdist_bad_device_list_is_a_usage_error(pytester: pytest.Pytester) -> None:
     _xdist(pytester)
     pytester.makepyfile("def test_x():\n    pass\n")

@@ -225,6 +225,9 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
     resolved = os.environ.get(workers.RESOLVED_ENV)
     if config.getoption("--gpu-devices") is None or not resolved:
         return None
+    if resolved == workers.NO_DEVICES:
+        return (f"gpukeeper: --gpu-devices={config.getoption('--gpu-devices')}: no CUDA device here "
+                f"({workers.no_devices_reason().rstrip('.')}); the tests run on the CPU")
     return f"gpukeeper: xdist workers get CUDA devices {resolved} in turn (CUDA_VISIBLE_DEVICES)"
 
 

@@ -23,6 +23,8 @@ __all__ = ["RESOLVED_ENV", "WORKER_KEY", "assign_worker_device", "parse_device_l
 
 #: The environment variable through which the controller hands ``all`` resolved to workers.
 RESOLVED_ENV = "GPUKEEPER_XDIST_DEVICES"
+# The resolved list where ``all`` found no CUDA device: the workers keep the CPU.
+NO_DEVICES = "cpu"
 #: The key of gpukeeper's data in an xdist worker's ``workeroutput``.
 WORKER_KEY = "gpukeeper"
 
@@ -42,17 +44,23 @@ def parse_device_list(text: str) -> List[str]:
 
 def resolve_for_workers(option: str) -> List[str]:
     """The device list the workers share: ``all`` becomes the devices visible here (the
-    entries of ``CUDA_VISIBLE_DEVICES`` when it is set); ``InvalidInputError`` when
-    there is no CUDA device."""
+    entries of ``CUDA_VISIBLE_DEVICES`` when it is set), and ``[NO_DEVICES]`` where there
+    is no CUDA device: one command line serves CPU and GPU machines, and on a CPU one the
+    workers run on the CPU (the report header says so)."""
     if option.strip() != "all":
         return parse_device_list(option)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip():
         return parse_device_list(visible)
-    count, reason = cuda_status()
+    count, _reason = cuda_status()
     if count == 0:
-        raise InvalidInputError(f"--gpu-devices=all: no CUDA device here ({reason})")
+        return [NO_DEVICES]
     return [str(i) for i in range(count)]
+
+
+def no_devices_reason() -> str:
+    """Why ``all`` found no device (for the report header)."""
+    return cuda_status()[1]
 
 
 def worker_index() -> Optional[int]:
@@ -71,6 +79,8 @@ def assign_worker_device(option: Optional[str]) -> Optional[str]:
     resolved = os.environ.get(RESOLVED_ENV)
     if not resolved and option.strip() == "all":
         raise InvalidInputError("--gpu-devices=all: the xdist controller did not resolve the device list")
+    if resolved == NO_DEVICES:
+        return None  # no CUDA device here: the workers run on the CPU
     devices = parse_device_list(resolved or option)
     device = devices[index % len(devices)]
     os.environ["CUDA_VISIBLE_DEVICES"] = device
