@@ -147,9 +147,11 @@ def resolve_device(device: Any = None, what: str = "device", *, auto_cuda: bool 
     kind, index = parse_device(device, what)
     if kind == CPU:
         return DeviceSpec(CPU, reason="the CPU was asked for")
-    if kind == AUTO and not auto_cuda:
-        return DeviceSpec(CPU, reason="no loaded framework uses CUDA")
     count, why = cuda_status()
+    if kind == AUTO and not auto_cuda:
+        # The first cause a reader can act on: no CUDA at all, before no framework using it.
+        return DeviceSpec(CPU, reason=f"CUDA unavailable: {why}" if count == 0
+                          else "no loaded framework uses CUDA")
     if kind == AUTO:
         if count == 0:
             return DeviceSpec(CPU, reason=f"CUDA unavailable: {why}")

@@ -108,3 +108,12 @@ def test_resolution_on_a_faked_machine(monkeypatch):
 def test_the_message_names_the_argument():
     with pytest.raises(InvalidInputError, match="GPUContext device"):
         gpukeeper.GPUContext(device="gpu")
+
+
+def test_cpu_timing_names_the_missing_cuda_before_the_frameworks(monkeypatch) -> None:
+    # Timing's "auto" where no framework uses CUDA: with no CUDA at all, that is the cause
+    # to act on; with CUDA present, the frameworks are.
+    monkeypatch.setattr(devices, "cuda_status", lambda: (0, "No NVIDIA driver found"))
+    assert resolve_device(None, auto_cuda=False).reason == "CUDA unavailable: No NVIDIA driver found"
+    monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
+    assert resolve_device(None, auto_cuda=False).reason == "no loaded framework uses CUDA"

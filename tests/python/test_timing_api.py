@@ -558,3 +558,12 @@ def test_benchmark_on_gpu_uses_events() -> None:
     assert r.memory_peak_bytes >= r.memory_before_bytes + 256 * 256 * 4
     # the host sees at least the GPU time of each call (it waited for it)
     assert r.host_median_ms >= r.median_ms * 0.9
+
+
+def test_the_printed_table_is_not_shown_again_as_a_cells_value() -> None:
+    from gpukeeper.timing.compare import PrintedText
+
+    out = io.StringIO()
+    text = print_comparison_table([_result("only", [1.0, 2.0])], file=out)
+    assert isinstance(text, str) and text == out.getvalue()
+    assert isinstance(text, PrintedText) and text._ipython_display_() is None

@@ -187,4 +187,12 @@ def print_comparison_table(
     different things (loop and device time) raise ``InvalidInputError``."""
     text = format_comparison_table(results)
     print(text, end="", file=file if file is not None else sys.stdout)
-    return text
+    return PrintedText(text)
+
+
+class PrintedText(str):
+    """Text that was printed already: a ``str`` in every way, which a notebook does not
+    show again as the cell's value."""
+
+    def _ipython_display_(self) -> None:
+        pass
