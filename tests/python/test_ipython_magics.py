@@ -226,7 +226,11 @@ def test_gpu_memory_names_a_planted_leak(shell, host_pool):
     assert (before, peak, after) == ("0 B", "4.0 MiB", "4.0 MiB")
     assert "LEAK: 4.0 MiB still held after the cell (gpukeeper 4.0 MiB on host" in shown
     assert "kept: gpukeeper ManagedBuffer (1048576,) fp32, 4.0 MiB on host" in shown
-    run(shell, "del kept")
+    # A notebook gets the same table as HTML, as every other result of the magics.
+    _, _, cap = run(shell, "%%gpu_memory\nkept2 = kept")
+    html = "\n".join(out.data.get("text/html", "") for out in cap.outputs)
+    assert "<table" in html and "allocated before" in html and "gpu_memory: cell ran in" in html
+    run(shell, "del kept, kept2")
     assert allocated(host_pool) == 0
 
 

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Set, Tuple
 from gpukeeper.cleanup import CleanupReport
 from gpukeeper.cleanup.measure import HOST
 from gpukeeper.figures import fmt_bytes
+from gpukeeper.htmltable import html_table
 from gpukeeper.memory import ManagedBuffer
 
 __all__ = ["BufferWatch", "CellMemory"]
@@ -78,6 +79,9 @@ class BufferWatch:
         return lines
 
 
+_HEADER = ("where", "framework", "allocated before", "peak", "after", "reserved before", "after")
+
+
 @dataclass
 class CellMemory:
     """One ``%%gpu_memory`` cell: the context's report, the peaks, the buffers the cell
@@ -118,16 +122,18 @@ class CellMemory:
                 ))
         return out
 
-    def table(self) -> str:
-        """The readable table: a row per framework and location, then the verdict."""
+    def _head(self) -> str:
         head = f"gpu_memory: cell ran in {self.wall_s * 1e3:.1f} ms"
         if self.report.exc_type:
             head += f" and raised {self.report.exc_type}"
-        lines = [head]
+        return head
+
+    def table(self) -> str:
+        """The readable table: a row per framework and location, then the verdict."""
+        lines = [self._head()]
         rows = self.rows()
         if rows:
-            rows.insert(0, ("where", "framework", "allocated before", "peak", "after",
-                            "reserved before", "after"))
+            rows.insert(0, _HEADER)
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
             lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         else:
@@ -157,3 +163,12 @@ class CellMemory:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(self.table())
+
+    def _repr_html_(self) -> str:
+        """The same table as HTML, as the other results show in a notebook: the rows, then
+        the verdict (a leak in red) and the notes."""
+        rows = self.rows()
+        verdict = [line.strip() for line in self._verdict()]
+        return html_table(self._head(), _HEADER if rows else None, rows,
+                          warnings=[v for v in verdict if v.startswith("LEAK")],
+                          notes=[v for v in verdict if not v.startswith("LEAK")] + list(self.report.notes))
