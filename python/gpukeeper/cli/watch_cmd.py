@@ -56,6 +56,15 @@ def _device_table(report: Any) -> Any:
     for name, mem in report.frameworks.items():
         table.add_row("this process", escape(f"{name} (allocated / reserved)"),
                       f"{_bytes(mem.allocated)} / {_bytes(mem.reserved)}")
+    if report.device is None:
+        # CPU mode: device memory cannot be watched; what this process holds on the host can.
+        from gpukeeper.host import current_rss_bytes
+        from gpukeeper.runtime import cuda_available
+
+        table.add_row("this process", "resident memory (RSS)", _bytes(current_rss_bytes()))
+        table.caption = escape(f"no CUDA device to watch: {cuda_available().reason.rstrip('.')}")
+        table.caption_justify = "left"
+        return table
     for proc in sorted(report.other_processes, key=lambda p: -(p.used_bytes or 0)):
         table.add_row(f"pid {proc.pid}", escape(proc.name or "(not visible from here)"), _bytes(proc.used_bytes))
     table.add_row("contexts", "CUDA contexts and libraries of this process", _bytes(report.context_and_libraries_bytes))
