@@ -648,9 +648,27 @@ void def_pool_callbacks(PoolClass& pool_class) {
 
 }  // namespace
 
+// Pools that outlived their MemoryPool (pool_registry.hpp's orphaned_pools), as the
+// process's account reads them: kind, device, stats, peaks, and their cache released.
+void init_orphaned_pools(py::module_& m) {
+  py::class_<CachingPool, std::shared_ptr<CachingPool>>(m, "_OrphanPool")
+      .def_property_readonly("kind", [](const CachingPool& p) { return std::string(to_string(p.kind())); })
+      .def_property_readonly("device", &CachingPool::device)
+      .def("stats", &CachingPool::stats)
+      .def("reset_peaks", &CachingPool::reset_peaks)
+      .def("emergency_cleanup", [](CachingPool& p) {
+        py::gil_scoped_release nogil;
+        return p.emergency_cleanup();
+      });
+  m.def("_orphaned_pools", [] { return orphaned_pools(); },
+        "Pools whose MemoryPool is gone but whose blocks are still out (a buffer returned "
+        "from a function that made its own pool).");
+}
+
 void init_memory(py::module_& m) {
   init_precision(m);
   init_pool_stats(m);
+  init_orphaned_pools(m);
   PoolClass pool_class(m, "_MemoryPoolBase", py::dynamic_attr());
   def_pool_buffers(pool_class);
   def_pool_release(pool_class);

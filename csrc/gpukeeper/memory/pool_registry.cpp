@@ -5,8 +5,56 @@
 
 namespace gpukeeper {
 
+namespace {
+
+struct Orphans {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<CachingPool>> pools;
+};
+// Never destroyed: buffers may die while the process exits, after static destructors.
+Orphans& orphans() {
+  static Orphans* o = new Orphans();
+  return *o;
+}
+
+}  // namespace
+
 PoolRegistry::PoolRegistry(ResourceKind kind, PoolOptions options)
     : kind_(kind), options_(options) {}
+
+PoolRegistry::~PoolRegistry() {
+  std::vector<std::weak_ptr<CachingPool>> left;
+  for (std::size_t d = 0; d < pools_.size(); ++d) {
+    const auto& p = pools_[d];
+    if (!p) continue;
+    // More owners than this registry (and its published copy): blocks are still out.
+    const long own = 1 + (d < static_cast<std::size_t>(kPublished) && published_[d] ? 1 : 0);
+    if (p.use_count() > own) left.push_back(p);
+  }
+  if (left.empty()) return;
+  try {
+    Orphans& o = orphans();
+    std::lock_guard<std::mutex> lock(o.mutex);
+    o.pools.insert(o.pools.end(), left.begin(), left.end());
+  } catch (...) {
+    // Out of host memory in a destructor: those pools go uncounted, their memory stays safe.
+  }
+}
+
+std::vector<std::shared_ptr<CachingPool>> orphaned_pools() {
+  Orphans& o = orphans();
+  std::lock_guard<std::mutex> lock(o.mutex);
+  std::vector<std::shared_ptr<CachingPool>> alive;
+  std::vector<std::weak_ptr<CachingPool>> kept;
+  for (const auto& w : o.pools) {
+    if (auto p = w.lock()) {
+      alive.push_back(p);
+      kept.push_back(w);
+    }
+  }
+  o.pools.swap(kept);
+  return alive;
+}
 
 std::shared_ptr<CachingPool> PoolRegistry::pool(int device) {
   if (device >= 0 && device < kPublished &&

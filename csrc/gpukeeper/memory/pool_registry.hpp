@@ -21,6 +21,11 @@ namespace gpukeeper {
 class PoolRegistry {
  public:
   explicit PoolRegistry(ResourceKind kind, PoolOptions options = {});
+  // Pools that outlive the registry (blocks still out: a buffer keeps its pool alive)
+  // become orphans, which orphaned_pools() lists: memory still held must stay counted.
+  ~PoolRegistry();
+  PoolRegistry(const PoolRegistry&) = delete;
+  PoolRegistry& operator=(const PoolRegistry&) = delete;
 
   // The pool of `device`, made on first use. InvalidInputError for a device id the kind
   // does not have; DeviceError when the kind is unavailable on this machine.
@@ -83,5 +88,10 @@ class PoolRegistry {
   std::shared_ptr<CachingPool> published_[kPublished];
   std::atomic<bool> is_published_[kPublished] = {};
 };
+
+// The pools whose registry is gone but which still live, because blocks of theirs are
+// still out (a ManagedBuffer returned from a function whose MemoryPool went out of
+// scope). The process's account reads them like any pool; expired ones are dropped here.
+std::vector<std::shared_ptr<CachingPool>> orphaned_pools();
 
 }  // namespace gpukeeper

@@ -6,6 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
+from gpukeeper import _core
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
 
 __all__ = ["PoolsAdapter", "host_pool_memory", "host_pool_peak", "live_pools", "register_pool",
@@ -41,8 +42,38 @@ def register_pool(pool: Any) -> None:
 
 
 def live_pools() -> List[Any]:
-    """Every gpukeeper pool registry alive in the process."""
-    return [pool for pool in (ref() for ref in _ref_tuple) if pool is not None]
+    """Every gpukeeper pool registry alive in the process, and every pool that outlived
+    its ``MemoryPool`` because a buffer of it is still alive (an ``_Orphan`` each): the
+    memory such a buffer holds stays in the account."""
+    pools: List[Any] = [pool for pool in (ref() for ref in _ref_tuple) if pool is not None]
+    orphans = _core._orphaned_pools()
+    if orphans:
+        pools += [_Orphan(p) for p in orphans]
+    return pools
+
+
+class _Orphan:
+    """A pool whose ``MemoryPool`` is gone, read as a registry of one device."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self.kind = pool.kind
+
+    def devices(self) -> List[int]:
+        return [self._pool.device]
+
+    def stats(self, device: int) -> Any:
+        return self._pool.stats() if device == self._pool.device else None
+
+    def reset_peaks(self, device: int) -> None:
+        if device == self._pool.device:
+            self._pool.reset_peaks()
+
+    def emergency_cleanup(self, device: int) -> int:
+        return int(self._pool.emergency_cleanup()) if device == self._pool.device else 0
+
+    def emergency_cleanup_all(self) -> int:
+        return int(self._pool.emergency_cleanup())
 
 
 def _figures(kinds: tuple, device: Optional[int]) -> Optional[FrameworkMemory]:
