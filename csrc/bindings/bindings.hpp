@@ -58,12 +58,18 @@ struct PyBuffer {
 
 // A ManagedBuffer's Python object. A plain CPython type, not a pybind11 class: pybind11's
 // instance bookkeeping (type lookups on every cast, the registered-instance map on every
-// creation and death) cost more than the pool's allocation and release (issue 13).
+// creation and death) cost more than the pool's allocation and release.
 struct BufferObject {
   PyObject_HEAD
   PyObject* weakrefs;
+  // Every live buffer object is on one list (guarded by the GIL): ManagedBuffer is not a
+  // gc-tracked type, so gc.get_objects() cannot find buffers for leak reports.
+  BufferObject* live_prev;
+  BufferObject* live_next;
   PyBuffer buf;
 };
+// The buffer objects alive now (new references), for leak reports.
+py::list live_buffer_objects();
 extern PyTypeObject* g_buffer_type;  // gpukeeper._core.ManagedBuffer, set by init_buffer
 
 // The PyBuffer of a ManagedBuffer object; nullptr (no Python error set) for anything else.

@@ -267,9 +267,29 @@ constexpr int kFreeObjects = 16;
 PyObject* g_free_objects[kFreeObjects];
 int g_free_count = 0;
 
+BufferObject* g_live_head = nullptr;  // the list of live buffer objects (GIL-guarded)
+
+void link_live(BufferObject* obj) noexcept {
+  obj->live_prev = nullptr;
+  obj->live_next = g_live_head;
+  if (g_live_head != nullptr) g_live_head->live_prev = obj;
+  g_live_head = obj;
+}
+
+void unlink_live(BufferObject* obj) noexcept {
+  if (obj->live_prev != nullptr) {
+    obj->live_prev->live_next = obj->live_next;
+  } else if (g_live_head == obj) {
+    g_live_head = obj->live_next;
+  }
+  if (obj->live_next != nullptr) obj->live_next->live_prev = obj->live_prev;
+  obj->live_prev = obj->live_next = nullptr;
+}
+
 void buffer_dealloc(PyObject* self) {
   auto* obj = reinterpret_cast<BufferObject*>(self);
   PyTypeObject* type = Py_TYPE(self);
+  unlink_live(obj);
   if (obj->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
   obj->buf.~PyBuffer();  // returns the block unless release() did already
   if (type == g_buffer_type && g_free_count < kFreeObjects) {
@@ -394,7 +414,16 @@ py::object new_buffer_object() {
     if (self == nullptr) throw py::error_already_set();
   }
   new (&reinterpret_cast<BufferObject*>(self)->buf) PyBuffer();
+  link_live(reinterpret_cast<BufferObject*>(self));
   return py::reinterpret_steal<py::object>(self);
+}
+
+py::list live_buffer_objects() {
+  py::list out;
+  for (BufferObject* b = g_live_head; b != nullptr; b = b->live_next) {
+    out.append(py::handle(reinterpret_cast<PyObject*>(b)));
+  }
+  return out;
 }
 
 void init_buffer(py::module_& m) {
@@ -417,6 +446,8 @@ void init_buffer(py::module_& m) {
   if (type == nullptr) throw py::error_already_set();
   g_buffer_type = reinterpret_cast<PyTypeObject*>(type);  // this reference is never dropped
   m.add_object("ManagedBuffer", py::handle(type));
+  m.def("_live_buffers", &live_buffer_objects,
+        "Every ManagedBuffer object alive now, released or not (for leak reports).");
   def_buffer_views(type);
   def_buffer_copies(type);
 }

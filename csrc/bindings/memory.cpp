@@ -49,6 +49,10 @@ std::shared_ptr<CachingPool> pool_if_valid(PoolRegistry& reg, const py::handle& 
   return reg.pool(id);
 }
 
+// Called with each new ManagedBuffer while set (leak tracking records where buffers are
+// made); a null check on the allocation path otherwise. Set and read with the GIL held.
+py::object* g_buffer_hook = nullptr;
+
 // A new Python ManagedBuffer.
 py::object new_buffer(PoolRegistry& reg, const py::handle& device, const py::handle& size,
                       const py::handle& precision, const py::handle& stream) {
@@ -64,6 +68,7 @@ py::object new_buffer(PoolRegistry& reg, const py::handle& device, const py::han
   buf->kind = pool->kind();
   buf->device = pool->device();
   buf->buffer = ManagedBuffer(std::move(pool), bytes_for(count, prec), s);
+  if (g_buffer_hook != nullptr) (*g_buffer_hook)(obj);
   return obj;
 }
 
@@ -650,6 +655,18 @@ void def_pool_callbacks(PoolClass& pool_class) {
 
 // Pools that outlived their MemoryPool (pool_registry.hpp's orphaned_pools), as the
 // process's account reads them: kind, device, stats, peaks, and their cache released.
+void init_buffer_hook(py::module_& m) {
+  m.def(
+      "_set_buffer_hook",
+      [](py::object hook) {
+        py::object* old = g_buffer_hook;
+        g_buffer_hook = hook.is_none() ? nullptr : new py::object(std::move(hook));
+        delete old;
+      },
+      py::arg("hook"),
+      "Calls hook(buffer) with each new ManagedBuffer (None: stop). For leak tracking.");
+}
+
 void init_orphaned_pools(py::module_& m) {
   py::class_<CachingPool, std::shared_ptr<CachingPool>>(m, "_OrphanPool")
       .def_property_readonly("kind", [](const CachingPool& p) { return std::string(to_string(p.kind())); })
@@ -669,6 +686,7 @@ void init_memory(py::module_& m) {
   init_precision(m);
   init_pool_stats(m);
   init_orphaned_pools(m);
+  init_buffer_hook(m);
   PoolClass pool_class(m, "_MemoryPoolBase", py::dynamic_attr());
   def_pool_buffers(pool_class);
   def_pool_release(pool_class);

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from gpukeeper import frameworks
+from gpukeeper import _core, frameworks
 from gpukeeper.cleanup.measure import level_of
 from gpukeeper.cleanup.report import LeakedArray, Snapshot
 from gpukeeper.frameworks import LiveArray
@@ -19,7 +19,9 @@ _INTERNAL_DIRS: Optional[Tuple[str, ...]] = None
 def _internal_dirs() -> Tuple[str, ...]:
     global _INTERNAL_DIRS
     dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
-    for name in ("torch", "cupy", "cupyx"):
+    # The libraries the stack passes through on its way to the user's line: pytest's
+    # runner and hooks frame every test.
+    for name in ("torch", "cupy", "cupyx", "_pytest", "pluggy"):
         mod = sys.modules.get(name)
         path = getattr(mod, "__file__", None)
         if path:
@@ -91,6 +93,10 @@ class AllocationTracker:
         self._hook: Any = None
         self.frameworks: Set[str] = set()
 
+    def record_buffer(self, buffer: Any) -> None:
+        """Called by gpukeeper with each new ``ManagedBuffer`` while tracking."""
+        self.sites[("gpukeeper", int(buffer.ptr))] = _user_stack(self.depth)
+
     def record_torch(self, tensors: Sequence[Any]) -> None:
         stack = None
         for t in tensors:
@@ -105,6 +111,8 @@ class AllocationTracker:
 
     def start(self) -> None:
         _internal_dirs()
+        _core._set_buffer_hook(self.record_buffer)
+        self.frameworks.add("gpukeeper")
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "utils"):
             mode = _recorder_class()(self)
@@ -132,6 +140,8 @@ class AllocationTracker:
                 pass  # CuPy's hooks unavailable: its arrays are listed without sites
 
     def stop(self) -> None:
+        if "gpukeeper" in self.frameworks:
+            _core._set_buffer_hook(None)
         if self._hook is not None:
             try:
                 self._hook.__exit__(None, None, None)
@@ -153,14 +163,19 @@ def name_leaks(
     max_listed: int,
 ) -> Tuple[List[LeakedArray], int]:
     """The live tensors/arrays on the devices where memory is still held (slow: gc walk)."""
-    wanted = {(loc, name) for loc, per in held.items() for name in per if name in ("torch", "cupy")}
+    wanted = {(loc, name) for loc, per in held.items() for name in per
+              if name in ("torch", "cupy", "gpukeeper")}
     if not wanted:
         return [], 0
     locations = sorted({loc for loc, _ in wanted})
     candidates: List[LeakedArray] = []
     for loc in locations:
-        index = int(loc.split(":", 1)[1])
-        for arr in frameworks.live_arrays(index):
+        found: List[LiveArray] = []
+        if (loc, "gpukeeper") in wanted:
+            found += frameworks.live_buffers(loc)
+        if loc.startswith("cuda:") and ({(loc, "torch"), (loc, "cupy")} & wanted):
+            found += frameworks.live_arrays(int(loc.split(":", 1)[1]))
+        for arr in found:
             if (loc, arr.framework) not in wanted:
                 continue
             candidates.append(_leaked(arr, loc, baseline, tracker))

@@ -37,7 +37,7 @@ from gpukeeper.frameworks.jax_adapter import (
     jax_memory_stats,
     jax_release_hint,
 )
-from gpukeeper.frameworks.live_arrays import LiveArray, live_array_holders, live_arrays
+from gpukeeper.frameworks.live_arrays import LiveArray, live_array_holders, live_arrays, live_buffers
 from gpukeeper.frameworks.pools_adapter import (
     PoolsAdapter,
     host_pool_memory,
@@ -84,6 +84,7 @@ __all__ = [
     "l2_scratch",
     "live_array_holders",
     "live_arrays",
+    "live_buffers",
     "live_pools",
     "memory_dict",
     "loaded_frameworks",

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from gpukeeper.devices import current_cuda_index, parse_device
 
-__all__ = ["LiveArray", "live_array_holders", "live_arrays"]
+__all__ = ["LiveArray", "live_array_holders", "live_arrays", "live_buffers"]
 
 
 @dataclass(frozen=True)
@@ -147,3 +147,24 @@ def live_array_holders(device: Any = None) -> List[Tuple[LiveArray, List[Any]]]:
                 found[key] = (rank, entry, old[2])
     ordered = sorted(found.values(), key=lambda v: (-v[1].nbytes, v[1].framework, v[1].data_ptr))
     return [(entry, objs) for _, entry, objs in ordered]
+
+
+def live_buffers(location: str) -> List[LiveArray]:
+    """gpukeeper's ``ManagedBuffer``s not yet released at ``location`` (``"host"`` for the
+    host and pinned pools, ``"cuda:N"`` for device pools), largest first. Buffers are
+    not gc-tracked objects: the core keeps the list of live ones."""
+    from gpukeeper import _core
+
+    found = []
+    for obj in _core._live_buffers():
+        try:
+            if obj.released:
+                continue
+            where = "host" if obj.kind in ("host", "pinned") else f"cuda:{obj.device}"
+            if where != location:
+                continue
+            found.append(LiveArray("gpukeeper", where, "ManagedBuffer", (int(obj.size),),
+                                   obj.precision.label, int(obj.nbytes), int(obj.ptr)))
+        except Exception:
+            continue  # a buffer torn down while the walk ran
+    return sorted(found, key=lambda e: (-e.nbytes, e.data_ptr))
