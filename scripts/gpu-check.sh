@@ -26,6 +26,9 @@
 #   peers       gpukeeper against RMM (C++: rmm_pair_bench, built against the librmm wheel in
 #               build/bench-rmm), CuPy and PyTorch's allocators (benchmarks/python/peers_bench.py);
 #               needs the librmm-cu13, rmm-cu13 and rapids_logger wheels in .whl/
+#   wheel       the binary wheel (scripts/wheel-check.sh): built here, installed into a
+#               fresh venv with no compiler and no nvcc on PATH, `gpukeeper check
+#               --require-gpu` must PASS with CUDA
 #   truth       gpukeeper's benchmark_function, triton's do_bench and torch.utils.benchmark
 #               against truths of their own (a synchronized wall clock around back-to-back
 #               calls, an event pair around them, the calibration kernels' %globaltimer, plain
@@ -284,6 +287,16 @@ if want peers; then
   "$PY" benchmarks/python/peers_bench.py --json "$OUT/bench/peers.json" 2>&1 | tee "$LOG/peers.txt"
   rc=${PIPESTATUS[0]}; summary "peers Python (peers_bench.py): rc=$rc"
   grep -E "^ratio |: (not installed|import failed)" "$LOG/peers.txt" >> "$OUT/summary.txt"
+  [ "$rc" = 0 ] || status=1
+fi
+
+if want wheel; then
+  step "the binary wheel, installed with no toolkit on PATH"
+  GPUKEEPER_REQUIRE_GPU=1 GPUKEEPER_SYSTEM_PYTHON="${GPUKEEPER_SYSTEM_PYTHON:-$PY}" \
+    GPUKEEPER_WHEEL_VENV_ARGS="--system-site-packages" \
+    bash scripts/wheel-check.sh 2>&1 | tee "$LOG/wheel.txt"
+  rc=${PIPESTATUS[0]}
+  summary "wheel (wheel-check.sh): rc=$rc; $(grep -E '== wheel-check .*(wheel gpukeeper|installed in)' "$LOG/wheel.txt" | sed 's/^== wheel-check \[[0-9]*s\]: //' | tr '\n' ' ')"
   [ "$rc" = 0 ] || status=1
 fi
 

@@ -13,6 +13,18 @@ cd "$(dirname "$0")/.."
 gk_use_python
 
 "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.10" cmake ninja
+# A machine with an NVIDIA driver but no CUDA toolkit would get a CPU-only core that cannot
+# use its GPU: say what to install before building that.
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  if ls /dev/nvidia0 >/dev/null 2>&1 || ldconfig -p 2>/dev/null | grep -q "libcuda.so.1"; then
+    gk_say "this machine has an NVIDIA driver but no CUDA toolkit (nvcc): the core built now is"
+    gk_say "CPU-only and will not use the GPU. Install CUDA 13's toolkit (apt: cuda-toolkit-13-0,"
+    gk_say "from NVIDIA's repository) and run this again, or install the binary wheel, which needs"
+    gk_say "no toolkit (bash scripts/build-wheel.sh on a machine that has one, then pip install dist/*.whl)"
+  fi
+else
+  export PATH="$PATH:/usr/local/cuda/bin"
+fi
 # With its dependencies (rich) and the `nvml` extra: nvidia-ml-py (pure Python) gives
 # gpukeeper the device's clocks, driver and per-process memory; without it those figures
 # say what to install.
