@@ -254,6 +254,11 @@ def test_plot(tmp_path) -> None:
     out = tmp_path / "traj.png"
     fig = r.plot(out)
     assert out.stat().st_size > 1000 and len(fig.axes) == 3
+    # The timeline's legend sits beside its axes, so that it hides no outlier marker.
+    timeline = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    legend = timeline.get_legend().get_window_extent(renderer)
+    assert legend.x0 >= timeline.get_window_extent(renderer).x1
 
 
 def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:

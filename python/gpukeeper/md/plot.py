@@ -74,7 +74,10 @@ def _timeline(ax: Any, r: Any) -> None:
     _memory_lines(mem, r)
     handles, labels = ax.get_legend_handles_labels()
     more, more_labels = mem.get_legend_handles_labels()
-    ax.legend(handles + more, labels + more_labels, loc="upper right", fontsize=8)
+    # Beside the axes, not over them: inside, the legend hid outlier markers and the peaks
+    # of the latency line, which are what the plot is for.
+    ax.legend(handles + more, labels + more_labels, loc="upper left", bbox_to_anchor=(1.08, 1.0),
+              fontsize=8, borderaxespad=0.0)
     ax.set_title(f"{r.name}: per-step latency and memory ({r.device})")
 
 
