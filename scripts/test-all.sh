@@ -23,17 +23,12 @@ fi
 # 2.13.0 from PyTorch's CPU index. PyPI's Linux torch wheel depends on about 2.7 GB of
 # CUDA libraries (nvidia-* wheels); the CPU index's wheels depend on none. Without
 # either (offline, or no wheel for this Python), the torch tests skip and the rest runs.
-# --retries 1: where that index cannot be reached but pip's configuration names other
-# sources, pip would otherwise retry it five times for torch and for each dependency.
-# An index that cannot be reached is found out once, before pip retries it for torch and
-# each of its dependencies.
+# --retries 0: where that index cannot be reached but pip's configuration names other
+# sources (find-links, extra indexes), pip takes those at once instead of retrying the
+# index and warning for torch and for each dependency.
 if ! "$PY" -c "import torch; torch.__version__" 2>/dev/null; then
-  if ! "$PY" -c "import socket; socket.setdefaulttimeout(5); socket.create_connection(('download.pytorch.org', 443)).close()" 2>/dev/null; then
-    gk_say "PyTorch's CPU index (download.pytorch.org) cannot be reached: the torch tests will skip"
-  else
-    "$PY" -m pip install -q --retries 1 "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
-      || gk_say "no CPU build of torch 2.13.0 could be installed: the torch tests will skip"
-  fi
+  "$PY" -m pip install -q --retries 0 "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
+    || gk_say "no CPU build of torch 2.13.0 could be installed: the torch tests will skip"
 fi
 "$PY" -m pip install -q pytest numpy "scikit-build-core>=0.10" "pybind11>=2.10" cmake ninja \
   pytest-xdist pytest-benchmark pytest-memray matplotlib ipython ipykernel nbclient nbformat rich
