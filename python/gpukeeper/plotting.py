@@ -40,23 +40,7 @@ def pyplot(path: Optional[PathLike], what: str) -> Any:
 
 def finish(fig: Any, path: Optional[PathLike]) -> Any:
     """Saves ``fig`` to ``path`` (any format matplotlib infers from the suffix) when a
-    path is given, and returns ``fig``.
-
-    In a Jupyter kernel the returned figure is what the notebook shows; pyplot would show
-    it a second time at the end of the cell, so it is closed in pyplot there. Elsewhere
-    it stays open for ``plt.show()``."""
+    path is given, and returns ``fig``."""
     if path is not None:
         fig.savefig(os.fspath(path), dpi=100)
-    if _in_kernel():
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
     return fig
-
-
-def _in_kernel() -> bool:
-    """Whether this runs in a Jupyter kernel (IPython's ZMQ shell)."""
-    ipython = sys.modules.get("IPython")
-    get = getattr(ipython, "get_ipython", None)
-    shell = get() if callable(get) else None
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
