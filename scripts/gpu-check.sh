@@ -295,7 +295,7 @@ if want wheel; then
   step "the binary wheel, installed with no toolkit on PATH"
   # Without network, the wheel's dependencies (rich and its own) come from .whl/wheelcheck.
   if [ -d .whl/wheelcheck ]; then export PIP_NO_INDEX=1 PIP_FIND_LINKS=$REPO/.whl/wheelcheck; fi
-  GPUKEEPER_REQUIRE_GPU=1 GPUKEEPER_SYSTEM_PYTHON="${GPUKEEPER_SYSTEM_PYTHON:-$PY}" \
+  PYTHON=$PY GPUKEEPER_REQUIRE_GPU=1 GPUKEEPER_SYSTEM_PYTHON="${GPUKEEPER_SYSTEM_PYTHON:-$PY}" \
     bash scripts/wheel-check.sh 2>&1 | tee "$LOG/wheel.txt"
   rc=${PIPESTATUS[0]}
   summary "wheel (wheel-check.sh): rc=$rc; $(grep -E '== wheel-check .*(wheel gpukeeper|installed in)' "$LOG/wheel.txt" | sed 's/^== wheel-check \[[0-9]*s\]: //' | tr '\n' ' ')"
