@@ -25,8 +25,8 @@ def test_the_account_sees_a_buffer_whose_pool_object_is_gone():
     assert len(_core._orphaned_pools()) == 1
     held = pools_adapter.host_pool_memory()
     assert held is not None and held.allocated >= 32 * MiB
-    assert gpukeeper.get_gpu_memory_info()["host_pools_allocated_bytes"] >= 32 * MiB
-    assert "32.00 MiB" in gpukeeper.memory_report().table()
+    assert gpukeeper.get_gpu_memory_info("cpu")["host_pools_allocated_bytes"] >= 32 * MiB
+    assert "32.00 MiB" in gpukeeper.memory_report("cpu").table()
     buf.release()
     gc.collect()
     # Released: the pool dies with its last block, and leaves the account.

@@ -553,7 +553,11 @@ def test_benchmark_on_gpu_uses_events() -> None:
     r = benchmark_function(torch.mm, x, x, n_calls=20, warmup=3, l2_flush=True)
     assert r.timing == "gpu" and r.backend == "torch" and r.device.startswith("cuda")
     assert r.gpu_times_ms is not None and len(r.gpu_times_ms) == 20
-    assert r.l2_flush and r.memory_source == "torch"
+    # PyTorch's counters when it is the one framework in the process; earlier tests may
+    # have loaded another (CuPy, gpukeeper's own pools), and then the sum over all is read.
+    from gpukeeper import frameworks
+    alone = frameworks.loaded_frameworks() == ["torch"]
+    assert r.l2_flush and r.memory_source == ("torch" if alone else "frameworks")
     # the peak counter was reset at the start: it holds at least one 256 x 256 fp32 output
     assert r.memory_peak_bytes >= r.memory_before_bytes + 256 * 256 * 4
     # the host sees at least the GPU time of each call (it waited for it)
