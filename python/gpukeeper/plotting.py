@@ -40,7 +40,43 @@ def pyplot(path: Optional[PathLike], what: str) -> Any:
 
 def finish(fig: Any, path: Optional[PathLike]) -> Any:
     """Saves ``fig`` to ``path`` (any format matplotlib infers from the suffix) when a
-    path is given, and returns ``fig``."""
+    path is given, and returns ``fig``.
+
+    In a Jupyter kernel with the inline backend the figure is shown exactly once, whether
+    the cell ends with the call, assigns its figure or ends in ``;``: see
+    :func:`_show_once`."""
     if path is not None:
         fig.savefig(os.fspath(path), dpi=100)
+    _show_once(fig)
     return fig
+
+
+def _show_once(fig: Any) -> None:
+    """Inline, a pyplot figure would be drawn twice when it is also the cell's value: once
+    as the value, once by the backend's flush at the end of the cell. The figure is
+    therefore taken out of pyplot, and after the cell it is displayed only if the cell's
+    value was not this figure (assigned, or silenced with ``;``). Other backends
+    (interactive widgets, scripts) keep pyplot's own behaviour."""
+    shell = _kernel_shell()
+    if shell is None or "inline" not in str(sys.modules["matplotlib"].get_backend()):
+        return
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    plt.close(fig)
+
+    def after_cell(result: Any) -> None:
+        shell.events.unregister("post_run_cell", after_cell)
+        if getattr(result, "result", None) is not fig:
+            display(fig)
+
+    shell.events.register("post_run_cell", after_cell)
+
+
+def _kernel_shell() -> Any:
+    """IPython's shell when this runs in a Jupyter kernel (IPython's ZMQ shell), else None.
+    Read from ``sys.modules``: plotting never imports IPython itself."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if callable(get) else None
+    return shell if shell is not None and type(shell).__name__ == "ZMQInteractiveShell" else None

@@ -133,3 +133,29 @@ def test_md_trajectory(kernel_env: Path):
     saved = kernel_env / "trajectory.png"
     assert saved.is_file() and saved.stat().st_size > 10_000
     check_png(saved.read_bytes())
+
+
+def test_a_returned_figure_is_shown_once(kernel_env: Path):
+    """A plot() call shows its figure exactly once whether the cell ends with the call,
+    assigns the figure, ends in ';', or ends with the assigned figure's name."""
+    cells = {
+        "bare": "r.plot()",
+        "assigned": "fig = r.plot()",
+        "silenced": "r.plot();",
+        "named": "fig2 = r.plot()\nfig2",
+        "two": "a = r.plot()\nr.plot()",
+    }
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "from gpukeeper import benchmark_function\n"
+        "r = benchmark_function(lambda: sum(range(100)), n_calls=30, warmup=2, device='cpu')"))
+    nb.cells.extend(nbformat.v4.new_code_cell(src) for src in cells.values())
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(kernel_env)}}
+    )
+    client.execute()
+    for (name, _), cell in zip(cells.items(), nb.cells[1:]):
+        pictures = [out for out in cell.outputs if "image/png" in out.get("data", {})]
+        assert len(pictures) == (2 if name == "two" else 1), (name, cell.outputs)
+        for out in pictures:
+            check_png(base64.b64decode(out["data"]["image/png"]))
