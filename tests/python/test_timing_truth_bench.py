@@ -11,6 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# The CPU case is torch.mm, timed by torch.utils.benchmark among others.
+pytest.importorskip("torch")
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "python" / "timing_truth_bench.py"
 
