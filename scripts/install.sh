@@ -15,11 +15,15 @@ gk_use_python
 "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.10" cmake ninja
 # A machine with an NVIDIA driver but no CUDA toolkit would get a CPU-only core that cannot
 # use its GPU: say what to install before building that.
-if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+# The toolkit of NVIDIA's pip wheels, in this environment, serves too (cmake/pip_cuda_toolkit.cmake).
+pip_nvcc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'] + '/nvidia/cu13/bin/nvcc')")
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ] && [ ! -x "$pip_nvcc" ]; then
   if ls /dev/nvidia0 >/dev/null 2>&1 || ldconfig -p 2>/dev/null | grep -q "libcuda.so.1"; then
     gk_say "this machine has an NVIDIA driver but no CUDA toolkit (nvcc): the core built now is"
-    gk_say "CPU-only and will not use the GPU. Install CUDA 13's toolkit (apt: cuda-toolkit-13-0,"
-    gk_say "from NVIDIA's repository) and run this again, or install the binary wheel, which needs"
+    gk_say "CPU-only and will not use the GPU. Install the toolkit from pip into this environment"
+    gk_say "(about 130 MB to download) and run this again:"
+    gk_say "  $PY -m pip install \"nvidia-cuda-runtime==13.0.*\" \"nvidia-cuda-crt==13.0.*\" \"nvidia-cuda-cccl==13.0.*\" \"nvidia-cuda-nvcc==13.0.*\" \"nvidia-nvvm==13.0.*\""
+    gk_say "or install CUDA 13's toolkit (apt: cuda-toolkit-13-0), or the binary wheel, which needs"
     gk_say "no toolkit (bash scripts/build-wheel.sh on a machine that has one, then pip install dist/*.whl)"
   fi
 else
