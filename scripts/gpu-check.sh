@@ -12,7 +12,8 @@
 # GPUKEEPER_STEPS names the steps to run, so that a round longer than one call of the device
 # tool (10 minutes) is split over calls on the same warm machine; the default is all of
 #   install check cpp stress sanitizer pytest bench
-# and three more that run only when named:
+# (pytest-a and pytest-b instead of pytest split the Python suite in two calls)
+# and more that run only when named:
 #   soak-start  starts the 10-minute soak (benchmarks/python/soak.py, torch-geometric's SchNet
 #               under the torch hook) in its own process session, which outlives the call
 #   soak-wait   waits for it and keeps its table and JSON
@@ -209,12 +210,27 @@ if want soak-wait; then
   fi
 fi
 
-if want pytest; then
-step "Python tests"
-# GPUKEEPER_PYTEST_ARGS narrows the run (e.g. a few files) when iterating.
-"$PY" -m pytest ${GPUKEEPER_PYTEST_ARGS:-tests/python} -q -p no:cacheprovider -rs 2>&1 | tee "$LOG/pytest.txt"
-rc=${PIPESTATUS[0]}; summary "pytest: $(tail -1 "$LOG/pytest.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
-fi
+# The Python suite takes longer than one call on a GPU: pytest-a and pytest-b each run half
+# of its files (in name order), pytest all of them.
+pytest_half() {  # a | b
+  local files=(tests/python/test_*.py) half
+  half=$(( (${#files[@]} + 1) / 2 ))
+  if [ "$1" = a ]; then echo "${files[@]:0:half}"; else echo "${files[@]:half}"; fi
+}
+for part in pytest pytest-a pytest-b; do
+  want "$part" || continue
+  step "Python tests ($part)"
+  case $part in
+    pytest) files=tests/python ;;
+    pytest-a) files=$(pytest_half a) ;;
+    pytest-b) files=$(pytest_half b) ;;
+  esac
+  # GPUKEEPER_PYTEST_ARGS narrows the run (e.g. a few files) when iterating.
+  # shellcheck disable=SC2086
+  "$PY" -m pytest ${GPUKEEPER_PYTEST_ARGS:-$files} -q -p no:cacheprovider -rfEs 2>&1 | tee "$LOG/$part.txt"
+  rc=${PIPESTATUS[0]}; summary "$part: $(tail -1 "$LOG/$part.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
+  grep -E "^(FAILED|ERROR) " "$LOG/$part.txt" >> "$OUT/summary.txt"
+done
 
 if want distributed; then
   step "many GPUs: torchrun with NCCL, one process over two devices"
