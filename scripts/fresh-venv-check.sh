@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# README's two commands as a new user runs them on a clean Debian or Ubuntu machine
-# (issue 12's "Done when"), on a copy of this checkout: its tracked files plus untracked
+# README's two commands as a new user runs them on a clean Debian or Ubuntu machine,
+# on a copy of this checkout: its tracked files plus untracked
 # files git does not ignore, so no build directory and no .venv come along. A clean
 # environment (env -i: HOME, locale, the machine's pip and proxy settings, PATH
 # /usr/local/bin:/usr/bin:/bin with python3 being the system Python) runs

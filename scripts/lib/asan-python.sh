@@ -45,7 +45,7 @@ TESTS=(
   tests/python/test_buffers.py
   tests/python/test_expandable.py
   tests/python/test_oom_retry.py
-  tests/python/test_seed_001.py
+  tests/python/test_memory_guide.py
   tests/python/test_manager.py
   tests/python/test_cleanup.py
   tests/python/test_cleanup_deferred.py

@@ -357,7 +357,7 @@ def test_books_balance_after_a_storm_of_bad_calls(pool, balanced):
         b.release()
 
 
-# ------------------------------------------------------------------ inputs that escaped the error types (issue 15)
+# ------------------------------------------------------------------ inputs that escaped the error types
 
 
 @pytest.mark.parametrize("kind", [None, 0, b"host", ["host"]])

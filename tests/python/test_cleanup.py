@@ -567,7 +567,7 @@ def test_emptied_parameters_buffers_and_optimizer_state_fail_loudly():
     assert "Linear" in repr(model)
 
 
-def test_cleanup_models_skips_none_as_the_seed_finally_pattern_needs():
+def test_cleanup_models_skips_none_as_the_finally_pattern_needs():
     model = None
     try:
         raise RuntimeError("building the model failed")
@@ -579,11 +579,11 @@ def test_cleanup_models_skips_none_as_the_seed_finally_pattern_needs():
     assert cleanup_models(model, None) > 0  # an optional optimizer left out
 
 
-# ============================================================================ seed 000
+# ================================================================ the production notes
 
 
-def test_seed_000_patterns():
-    """The three patterns of seed 000, with the import path changed to gpukeeper (and the
+def test_production_notes_patterns():
+    """The three patterns of the production notes, with the import path changed to gpukeeper (and the
     model on the CPU where there is no GPU)."""
     from gpukeeper.cleanup import GPUContext, cleanup_cuda, cleanup_models
 

@@ -104,7 +104,7 @@ def test_info_table_and_environment_export(tmp_path: Path) -> None:
     for key in ("build", "cuda", "devices", "host", "frameworks", "nvml"):
         assert key in exported
     path = tmp_path / "env.json"
-    done = gk("info", "--export-json", str(path))  # seed 004's spelling: written once
+    done = gk("info", "--export-json", str(path))  # the MLFF utilities' spelling: written once
     assert done.returncode == 0 and json.loads(path.read_text())["build"]["version"] == gpukeeper.__version__
     assert done.stdout.count('"build"') == 0
 

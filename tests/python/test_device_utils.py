@@ -1,4 +1,4 @@
-"""Device utilities (seeds 002/004): every function in CPU mode with real work; GPU
+"""Device utilities (the GPU fundamentals guide and the MLFF utilities): every function in CPU mode with real work; GPU
 tests run only where CUDA is usable."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_warmup_is_noop_on_cpu() -> None:
         dev.warmup_cuda(matmul_size=0)
 
 
-def test_seed_004_example() -> None:
+def test_mlff_utilities_example() -> None:
     from gpukeeper.device import get_device, get_gpu_memory_info, warmup_cuda
 
     get_device()

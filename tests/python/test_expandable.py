@@ -125,7 +125,7 @@ def test_default_layout_is_fixed_where_pages_cannot_help(kind):
 
 @pytest.mark.skipif(not gpukeeper.cuda_available(), reason="needs a CUDA device")
 def test_default_device_pool_is_hybrid():
-    """Large requests in an expandable range, small ones in fixed segments (issue 13)."""
+    """Large requests in an expandable range, small ones in fixed segments."""
     pool = MemoryPool("device")
     assert pool.expandable == "auto"
     with pool.get_managed_buffer(0, 5 * MiB, Precision.Uint8) as big, \

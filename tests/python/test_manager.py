@@ -1,4 +1,4 @@
-"""Seed 003: get_gpu_memory_manager() and the FAISS helpers."""
+"""The migration guide's API: get_gpu_memory_manager() and the FAISS helpers."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_without_cuda_the_default_manager_is_cpu_mode():
 
 
 @pytest.mark.skipif(bool(CUDA), reason="checks the CPU mode of a machine without CUDA")
-def test_seed_003_fallback_takes_the_cpu_path_without_a_gpu():
+def test_migration_guide_fallback_takes_the_cpu_path_without_a_gpu():
     gpu_mem = get_gpu_memory_manager()
     ran = []
     for required_gb in (0, 0.1, 1e-9):
@@ -237,7 +237,7 @@ def _expected(n, k, dims, queries=None, tile_target=GiB):
 
 def test_faiss_temp_memory_formula():
     big = dict(total_bytes=141 * GiB, available_bytes=140 * GiB)
-    # The seed's example: a million 3-D points, k = 30.
+    # The migration guide's example: a million 3-D points, k = 30.
     got = calculate_faiss_temp_memory(1_000_000, 30, **big)
     assert got == _expected(1_000_000, 30, 3)
     assert 1.3 * GiB < got < 1.4 * GiB  # 1 GiB of tiles + 343 MiB of results
@@ -273,7 +273,7 @@ def test_faiss_temp_memory_grows_with_the_problem():
 
 
 def test_faiss_temp_memory_on_this_machine():
-    temp = calculate_faiss_temp_memory(1_000_000, 30)  # the seed's call, as written
+    temp = calculate_faiss_temp_memory(1_000_000, 30)  # the guide's call, as written
     assert temp > 0
     if not CUDA:  # documented: a GPU over 8 GiB, no availability cap
         assert temp == _expected(1_000_000, 30, 3)

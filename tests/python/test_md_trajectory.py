@@ -277,7 +277,7 @@ def test_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
         r.plot()
 
 
-def test_seed_004_example() -> None:
+def test_mlff_utilities_example() -> None:
     torch = pytest.importorskip("torch")
     model = torch.nn.Linear(16, 3)
     trajectory = [torch.randn(8, 16) for _ in range(50)]

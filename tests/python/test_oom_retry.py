@@ -1,4 +1,4 @@
-"""retry_on_oom: seed 002's out-of-memory pattern.
+"""retry_on_oom: the GPU fundamentals guide's out-of-memory pattern.
 
 The CPU tests run out of memory for real: a host pool with a size limit raises
 gpukeeper's AllocationError, and the memory that blocks the next attempt is held the

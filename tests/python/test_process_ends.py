@@ -1,4 +1,4 @@
-"""Process ends (issue 15): however a script with the exit guard installed ends - normally,
+"""Process ends: however a script with the exit guard installed ends - normally,
 by an exception, by SIGINT (also inside autograd), by SIGTERM, or by a DataLoader worker
 killed under it - it exits with the conventional status and leaves no process behind; on
 a GPU machine, also no device memory.

@@ -211,7 +211,7 @@ def test_benchmark_known_duration() -> None:
     assert r.calls_per_s == pytest.approx(1e3 / r.host_mean_ms)
     assert r.stop_reason == "n_calls" and r.warmup == 3
     assert r.host_times_ms == r.times_ms  # CPU work: the times are the host's
-    # the seed's names, against the samples themselves (sample std, numpy's ddof=1)
+    # the MLFF utilities' names, against the samples themselves (sample std, numpy's ddof=1)
     assert r.mean_ms == pytest.approx(statistics.fmean(r.times_ms))
     assert r.median_ms == pytest.approx(statistics.median(r.times_ms))
     assert r.std_ms == pytest.approx(statistics.stdev(r.times_ms))
@@ -435,7 +435,7 @@ def test_result_with_one_call_serialises_nan_as_null() -> None:
 def test_result_memory_delta() -> None:
     r = BenchmarkResult("m", [1.0], memory_before_bytes=1 << 30, memory_after_bytes=(1 << 30) + (10 << 20))
     assert r.memory_delta_bytes == 10 << 20
-    assert r.memory_delta_gb * 1024 == pytest.approx(10.0)  # seed 004: MB = delta_gb * 1024
+    assert r.memory_delta_gb * 1024 == pytest.approx(10.0)  # the MLFF utilities: MB = delta_gb * 1024
 
 
 @pytest.mark.parametrize("bad", ["{", "[]", '{"times_ms": [1.0]}'])

@@ -1,5 +1,5 @@
-"""Seed 000's patterns 2 and 3 on a GPU with the seed's own verification lines, each in a
-fresh process (seed_000_cases.py holds them): the check "memory_reserved() is minimal"
+"""The production notes' patterns 2 and 3 on a GPU with the notes' own verification lines, each in a
+fresh process (production_notes_cases.py holds them): the check "memory_reserved() is minimal"
 needs a process whose other tests hold no CUDA memory."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-CASES = Path(__file__).with_name("seed_000_cases.py")
+CASES = Path(__file__).with_name("production_notes_cases.py")
 NAMES = ['test_pattern_2_context_manager_names_deleted_after_the_block', 'test_pattern_2_exception_path_names_deleted_after_the_block', 'test_pattern_2_release_names_without_del', 'test_pattern_3_cleanup_models']
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", NAMES)
-def test_seed_000_pattern_in_a_fresh_process(case: str) -> None:
+def test_production_notes_pattern_in_a_fresh_process(case: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", f"{CASES}::{case}", "-q", "-s", "-p", "no:cacheprovider",
          "-W", "error::pytest.PytestUnraisableExceptionWarning"],

@@ -1,5 +1,5 @@
-"""Seed 000's patterns on a GPU (run one at a time in a fresh process by
-test_seed_000.py: the seed's check needs a process that holds no other CUDA memory).
+"""The production notes' patterns on a GPU (run one at a time in a fresh process by
+test_production_notes.py: the notes' check needs a process that holds no other CUDA memory).
 
 With its own verification lines: after the cleanup,
 ``torch.cuda.memory_allocated()`` is back at its value on entry and
@@ -57,7 +57,7 @@ def entry() -> Iterator[int]:
     if reserved > 2 * MiB:
         pytest.fail(
             f"the process holds {reserved} bytes of CUDA memory before the test (live tensors "
-            "of other tests): run each case in a fresh process, as test_seed_000.py does"
+            "of other tests): run each case in a fresh process, as test_production_notes.py does"
         )
     yield torch.cuda.memory_allocated()
     deferred.disarm_all()

@@ -1,6 +1,6 @@
-"""Seed 001's examples (written in Rust there), in Python with the same names.
+"""The memory management guide's examples (written in Rust there), in Python with the same names.
 
-Each test follows one example of the seed's guide as closely as Python allows and then
+Each test follows one example of the guide as closely as Python allows and then
 checks that it did what the guide promises.
 """
 
@@ -285,7 +285,7 @@ def test_configure_pool_from_memory_info(pool):
     assert pool.memory_pressure(0) == 0.0
 
 
-def test_seed_names_exist():
+def test_the_guide_names_exist():
     for name in (
         "get_managed_buffer",
         "get_buffer",
