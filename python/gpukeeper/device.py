@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 import time
 from typing import Any, Dict, Optional, Tuple
 
@@ -389,7 +388,7 @@ def warmup_cuda(device: Any = None, *, matmul_size: int = 1024, iterations: int 
         return 0.0
     start = time.perf_counter()
     torch = frameworks.loaded_torch()
-    cupy = sys.modules.get("cupy")
+    cupy = frameworks.loaded_cupy()
     if torch is not None:
         dev = torch.device(f"cuda:{index}")
         with torch.cuda.device(dev):

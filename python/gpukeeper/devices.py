@@ -23,9 +23,8 @@ goes through them.
 from __future__ import annotations
 
 import numbers
-import sys
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from gpukeeper import _core
 from gpukeeper.errors import InvalidInputError
@@ -118,22 +117,27 @@ def cuda_status() -> Tuple[int, str]:
     return int(status["device_count"]), ""
 
 
+# Which device a loaded framework calls current is the framework layer's to say, and it
+# sits above this module: gpukeeper.frameworks sets this source when it is imported (and
+# importing gpukeeper imports it). Until then no framework is asked.
+_current_index_source: Callable[[], Optional[int]] = lambda: None
+
+
+def set_current_index_source(source: Callable[[], Optional[int]]) -> None:
+    """Sets what :func:`current_cuda_index` asks first (the framework layer does)."""
+    global _current_index_source
+    _current_index_source = source
+
+
 def current_cuda_index() -> int:
-    """The device a framework in use calls current: PyTorch's once it has initialised
-    CUDA, else CuPy's, else 0. Never imports a framework or initialises CUDA."""
-    torch = sys.modules.get("torch")
+    """The device a framework in use calls current (PyTorch's once it has initialised
+    CUDA, else CuPy's, as gpukeeper.frameworks answers), else 0. Never imports a framework
+    or initialises CUDA."""
     try:
-        if torch is not None and torch.cuda.is_initialized():
-            return int(torch.cuda.current_device())
+        index = _current_index_source()
     except Exception:
-        pass
-    cupy = sys.modules.get("cupy")
-    try:
-        if cupy is not None:
-            return int(cupy.cuda.runtime.getDevice())
-    except Exception:
-        pass
-    return 0
+        index = None
+    return 0 if index is None else int(index)
 
 
 def resolve_device(device: Any = None, what: str = "device", *, auto_cuda: bool = True) -> DeviceSpec:

@@ -33,7 +33,6 @@ import gc
 import logging
 import math
 import numbers
-import sys
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
@@ -209,13 +208,7 @@ class GPUMemoryManager:
                 return _nvml.text(nvml.nvmlDeviceGetName(handle))
         except Exception:
             pass
-        torch = sys.modules.get("torch")
-        try:
-            if torch is not None and torch.cuda.is_initialized():
-                return str(torch.cuda.get_device_name(self.device))
-        except Exception:
-            pass
-        return ""
+        return frameworks.torch_device_name(self.device) or ""
 
     def __str__(self) -> str:
         try:

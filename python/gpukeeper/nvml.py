@@ -18,7 +18,6 @@ device order is NVML's (true for identical GPUs, or with ``CUDA_DEVICE_ORDER=PCI
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -137,15 +136,14 @@ def _cuda_visible_entry(device: int) -> Optional[str]:
     return entries[device] if device < len(entries) and entries[device] else None
 
 
-def _torch_uuid(device: int) -> Optional[str]:
-    torch = sys.modules.get("torch")
-    try:
-        if torch is None or not torch.cuda.is_initialized():
-            return None  # reading properties could initialise CUDA: not for a lookup
-        uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    except Exception:
+def _driver_uuid(device: int) -> Optional[str]:
+    # The device's UUID without its "GPU-" prefix (cuDeviceGetUuid), under the same
+    # condition as the bus id: only once libcuda is loaded.
+    if not _core.cuda_driver_loaded():
         return None
-    return str(uuid) if uuid else None
+    info = _core.driver_device_info(device)
+    uuid = str((info or {}).get("uuid") or "")
+    return uuid[4:] if uuid.startswith("GPU-") else (uuid or None)
 
 
 def _pci_bus_id(device: int) -> Optional[str]:
@@ -173,7 +171,7 @@ def device_handle(nvml: Any, device: int) -> Tuple[Any, str]:
         except Exception:
             found = None
     if found is None:
-        uuid = _torch_uuid(device)
+        uuid = _driver_uuid(device)
         for candidate in ([f"GPU-{uuid}", f"MIG-{uuid}", uuid] if uuid else []):
             try:
                 found = (nvml.nvmlDeviceGetHandleByUUID(candidate), f"UUID {candidate}")

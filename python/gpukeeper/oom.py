@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import sys
 import traceback
 from typing import Any, Callable, Optional, TypeVar
 
@@ -73,9 +72,7 @@ def is_oom_error(exc: BaseException) -> bool:
     """
     if isinstance(exc, MemoryError):
         return True
-    torch = sys.modules.get("torch")
-    oom_type = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
+    if isinstance(exc, frameworks.oom_error_types()):
         return True
     if isinstance(exc, RuntimeError):
         try:

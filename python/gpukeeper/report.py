@@ -505,7 +505,7 @@ def _device_memory(device: int, nvml, handle, notes: List[str]):
         free, total = _core.device_memory_info(device)
         free, total = int(free), int(total)
         if name == f"CUDA device {device}":
-            name = _torch_name(device) or name
+            name = frameworks.torch_device_name(device) or name
     return name, total, free, source, processes
 
 
@@ -559,16 +559,6 @@ def _holds_context(device: int) -> bool:
         return device in active()
     except Exception:
         return False
-
-
-def _torch_name(device: int) -> Optional[str]:
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            return str(torch.cuda.get_device_name(device))
-    except Exception:
-        pass
-    return None
 
 
 @overload

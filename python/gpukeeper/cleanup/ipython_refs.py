@@ -138,22 +138,14 @@ def _holds(value: Any, hit: Any) -> bool:
 
 
 def _holds_device_memory(armed: Set[int]) -> Any:
-    torch = sys.modules.get("torch")
-    tensor = getattr(torch, "Tensor", None) if torch is not None else None
-    cupy = sys.modules.get("cupy")
-    ndarray = getattr(cupy, "ndarray", None) if cupy is not None else None
+    framework_array = frameworks.device_array_predicate()
 
     def hit(obj: Any) -> bool:
         if id(obj) in armed:
             return True
         if type(obj) is ManagedBuffer:
             return not obj.released
-        if tensor is not None and isinstance(obj, tensor):
-            try:
-                return obj.device.type != "cpu" and obj.untyped_storage().nbytes() > 0
-            except Exception:
-                return False
-        return ndarray is not None and isinstance(obj, ndarray)
+        return framework_array(obj)
 
     return hit
 

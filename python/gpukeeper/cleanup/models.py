@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Dict, List, Set, Tuple
 
 from gpukeeper import frameworks
@@ -116,7 +115,7 @@ def emptiable(obj: Any) -> bool:
     module, optimizer or tensor, a ManagedBuffer, or a container holding only those."""
     found = _Found()
     try:
-        _gather(obj, sys.modules.get("torch"), found, "value")
+        _gather(obj, frameworks.loaded_torch(), found, "value")
     except InvalidInputError:
         return False
     return bool(found.modules or found.optimizers or found.tensors or found.buffers)
@@ -126,7 +125,7 @@ def empty_objects(*objs: Any) -> Tuple[int, bool]:
     """``cleanup_models`` without its synchronize-and-release step, for callers that
     release the caches themselves (``GPUContext(release_names=True)``): empties the
     objects and returns ``(bytes freed, whether anything was emptied)``."""
-    torch = sys.modules.get("torch")
+    torch = frameworks.loaded_torch()
     found = _Found()
     for i, obj in enumerate(objs):
         _gather(obj, torch, found, f"argument {i}")
@@ -199,10 +198,7 @@ def empty_objects(*objs: Any) -> Tuple[int, bool]:
 def _empty_tensors(torch: Any, tensors: List[Any]) -> int:
     """Swaps each tensor's data for an empty tensor and marks it emptied (a later use
     raises); returns the bytes of the storages that died."""
-    try:
-        from torch.multiprocessing.reductions import StorageWeakRef
-    except Exception:  # pragma: no cover - every torch with storages has it
-        StorageWeakRef = None
+    StorageWeakRef = frameworks.torch_storage_weakref()
     watched: Dict[Tuple[str, int], Tuple[Any, int]] = {}
     for t in tensors:
         if is_emptied(t):

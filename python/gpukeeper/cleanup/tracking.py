@@ -19,11 +19,11 @@ _INTERNAL_DIRS: Optional[Tuple[str, ...]] = None
 def _internal_dirs() -> Tuple[str, ...]:
     global _INTERNAL_DIRS
     dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
-    # The libraries the stack passes through on its way to the user's line: pytest's
-    # runner and hooks frame every test.
-    for name in ("torch", "cupy", "cupyx", "_pytest", "pluggy"):
-        mod = sys.modules.get(name)
-        path = getattr(mod, "__file__", None)
+    # The libraries the stack passes through on its way to the user's line: the
+    # frameworks', and pytest's runner and hooks, which frame every test.
+    dirs += frameworks.framework_dirs()
+    for name in ("_pytest", "pluggy"):
+        path = getattr(sys.modules.get(name), "__file__", None)
         if path:
             dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
     _INTERNAL_DIRS = tuple(dirs)
@@ -51,12 +51,9 @@ def _recorder_class() -> Any:
     """A TorchDispatchMode that records where each new storage was made (made once)."""
     global _dispatch_mode_class
     if _dispatch_mode_class is None:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
+        tensor_type, TorchDispatchMode = frameworks.torch_dispatch_mode()
 
-        tensor_type = torch.Tensor
-
-        class _Recorder(TorchDispatchMode):
+        class _Recorder(TorchDispatchMode):  # type: ignore[misc, valid-type]
             def __init__(self, tracker: "AllocationTracker") -> None:
                 super().__init__()
                 self.tracker = tracker
@@ -113,14 +110,12 @@ class AllocationTracker:
         _internal_dirs()
         _core._set_buffer_hook(self.record_buffer)
         self.frameworks.add("gpukeeper")
-        torch = sys.modules.get("torch")
-        if torch is not None and hasattr(torch, "utils"):
+        if frameworks.torch_dispatch_mode() is not None:
             mode = _recorder_class()(self)
             mode.__enter__()
             self._mode = mode
             self.frameworks.add("torch")
-        cupy = sys.modules.get("cupy")
-        hook_base = getattr(getattr(cupy, "cuda", None), "MemoryHook", None)
+        hook_base = frameworks.cupy_memory_hook()
         if hook_base is not None:
             tracker = self
 

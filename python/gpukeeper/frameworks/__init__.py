@@ -14,6 +14,8 @@ context.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, memory_dict
@@ -26,7 +28,13 @@ from gpukeeper.frameworks.contexts import (
     engine_memory,
     gpu_frameworks_loaded,
 )
-from gpukeeper.frameworks.cupy_adapter import CupyAdapter
+from gpukeeper import devices as _devices
+from gpukeeper.frameworks.cupy_adapter import (
+    CupyAdapter,
+    cupy_current_device,
+    cupy_memory_hook,
+    loaded_cupy,
+)
 from gpukeeper.frameworks.driver import primary_context_active
 from gpukeeper.frameworks.jax_adapter import (
     JaxAdapter,
@@ -37,7 +45,13 @@ from gpukeeper.frameworks.jax_adapter import (
     jax_memory_stats,
     jax_release_hint,
 )
-from gpukeeper.frameworks.live_arrays import LiveArray, live_array_holders, live_arrays, live_buffers
+from gpukeeper.frameworks.live_arrays import (
+    LiveArray,
+    device_array_predicate,
+    live_array_holders,
+    live_arrays,
+    live_buffers,
+)
 from gpukeeper.frameworks.pools_adapter import (
     PoolsAdapter,
     host_pool_memory,
@@ -49,10 +63,16 @@ from gpukeeper.frameworks.pools_adapter import (
 from gpukeeper.frameworks.torch_adapter import (
     TorchAdapter,
     compiled_frames,
+    import_torch,
     loaded_torch,
     torch_allocated_reader,
     torch_cuda,
+    torch_current_device,
+    torch_device_name,
+    torch_dispatch_mode,
     torch_in_use,
+    torch_oom_error,
+    torch_storage_weakref,
     torch_uses_gpukeeper,
 )
 
@@ -69,6 +89,10 @@ __all__ = [
     "allocated_reader",
     "compiled_frames",
     "context_census",
+    "cupy_memory_hook",
+    "current_framework_device",
+    "device_array_predicate",
+    "framework_dirs",
     "context_devices",
     "engine_memory",
     "gpu_frameworks_loaded",
@@ -79,6 +103,7 @@ __all__ = [
     "jax_device_index",
     "jax_gpu_devices",
     "jax_memory_stats",
+    "import_torch",
     "jax_release_hint",
     "l2_cache_size",
     "l2_scratch",
@@ -88,7 +113,9 @@ __all__ = [
     "live_pools",
     "memory_dict",
     "loaded_frameworks",
+    "loaded_cupy",
     "loaded_torch",
+    "oom_error_types",
     "memory_by_framework",
     "peak_by_framework",
     "primary_context_active",
@@ -101,9 +128,40 @@ __all__ = [
     "synchronize_all",
     "torch_allocated_reader",
     "torch_cuda",
+    "torch_device_name",
+    "torch_dispatch_mode",
     "torch_in_use",
+    "torch_storage_weakref",
     "torch_uses_gpukeeper",
 ]
+
+def current_framework_device() -> Optional[int]:
+    """The CUDA device a loaded framework calls current: PyTorch's once it has initialised
+    CUDA, else CuPy's; None when neither says. Imports nothing and initialises nothing."""
+    index = torch_current_device()
+    return cupy_current_device() if index is None else index
+
+
+# gpukeeper.devices sits below this layer and asks through this for "the current device".
+_devices.set_current_index_source(current_framework_device)
+
+
+def framework_dirs() -> List[str]:
+    """The folders of the loaded frameworks' packages (PyTorch, CuPy), each ending in a path
+    separator: where a stack leaves the user's code."""
+    dirs = []
+    for name in ("torch", "cupy", "cupyx"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    return dirs
+
+
+def oom_error_types() -> Tuple[type, ...]:
+    """The out-of-memory error types of the loaded frameworks (``torch.cuda.OutOfMemoryError``)."""
+    error = torch_oom_error()
+    return (error,) if error is not None else ()
+
 
 #: The adapters, in the order reports list them. Tests replace entries to fake a machine.
 ADAPTERS: Dict[str, FrameworkAdapter] = {

@@ -10,13 +10,37 @@ from gpukeeper.devices import DeviceSpec
 from gpukeeper.errors import InvalidInputError
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, TimerBackend
 
-__all__ = ["CupyAdapter", "CupyBackend", "cupy_cuda"]
+__all__ = ["CupyAdapter", "CupyBackend", "cupy_current_device", "cupy_cuda", "cupy_memory_hook",
+           "loaded_cupy"]
+
+
+def loaded_cupy() -> Any:
+    """CuPy when it is already imported (never imports it), else None."""
+    cupy = sys.modules.get("cupy")
+    return cupy if cupy is not None and hasattr(cupy, "cuda") else None
+
+
+def cupy_current_device() -> Optional[int]:
+    """The CUDA device CuPy calls current when CuPy is loaded, else None."""
+    cupy = loaded_cupy()
+    try:
+        if cupy is not None:
+            return int(cupy.cuda.runtime.getDevice())
+    except Exception:
+        pass
+    return None
+
+
+def cupy_memory_hook() -> Any:
+    """``cupy.cuda.MemoryHook`` (the base of hooks called on every CuPy allocation) when
+    CuPy is loaded, else None."""
+    return getattr(getattr(loaded_cupy(), "cuda", None), "MemoryHook", None)
 
 
 def cupy_cuda() -> Any:
     """CuPy when it is loaded and sees a device, else None."""
-    cupy = sys.modules.get("cupy")
-    if cupy is None or not hasattr(cupy, "cuda"):
+    cupy = loaded_cupy()
+    if cupy is None:
         return None
     try:
         if cupy.cuda.runtime.getDeviceCount() == 0:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from gpukeeper.devices import current_cuda_index, parse_device
 
-__all__ = ["LiveArray", "live_array_holders", "live_arrays", "live_buffers"]
+__all__ = ["LiveArray", "device_array_predicate", "live_array_holders", "live_arrays", "live_buffers"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,26 @@ def _device_filter(device: Any) -> Callable[[str, Optional[int]], bool]:
     if index is None:
         index = current_cuda_index()
     return lambda k, i: k == "cuda" and i == index
+
+
+def device_array_predicate() -> Callable[[Any], bool]:
+    """A test of one object: is it a PyTorch tensor whose storage is on a device and not
+    empty, or a CuPy array? Made once per walk over many objects: the types are looked up
+    here, not per object."""
+    torch = sys.modules.get("torch")
+    tensor = getattr(torch, "Tensor", None) if torch is not None else None
+    cupy = sys.modules.get("cupy")
+    ndarray = getattr(cupy, "ndarray", None) if cupy is not None else None
+
+    def holds(obj: Any) -> bool:
+        if tensor is not None and isinstance(obj, tensor):
+            try:
+                return bool(obj.device.type != "cpu" and obj.untyped_storage().nbytes() > 0)
+            except Exception:
+                return False
+        return ndarray is not None and isinstance(obj, ndarray)
+
+    return holds
 
 
 def _walk_arrays(device: Any) -> Iterator[Tuple[Tuple[str, str, int], int, LiveArray, Any]]:

@@ -15,10 +15,16 @@ __all__ = [
     "TorchAdapter",
     "TorchBackend",
     "compiled_frames",
+    "import_torch",
     "loaded_torch",
     "torch_allocated_reader",
     "torch_cuda",
+    "torch_current_device",
+    "torch_device_name",
+    "torch_dispatch_mode",
     "torch_in_use",
+    "torch_oom_error",
+    "torch_storage_weakref",
     "torch_uses_gpukeeper",
 ]
 
@@ -27,6 +33,69 @@ def loaded_torch() -> Any:
     """PyTorch when it is already imported (never imports it), else None."""
     torch = sys.modules.get("torch")
     return torch if torch is not None and hasattr(torch, "cuda") else None
+
+
+def import_torch() -> Any:
+    """PyTorch, imported now if it is not yet: for features whose point is PyTorch itself
+    (its profiler). Raises ImportError when it is not installed."""
+    torch = loaded_torch()
+    if torch is not None:
+        return torch
+    import torch
+
+    return torch
+
+
+def torch_current_device() -> Optional[int]:
+    """The CUDA device PyTorch calls current, once it has initialised CUDA (asking before
+    would initialise it), else None."""
+    torch = loaded_torch()
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+    except Exception:
+        pass
+    return None
+
+
+def torch_device_name(device: int) -> Optional[str]:
+    """The name PyTorch gives CUDA device ``device`` once it has initialised CUDA, else None."""
+    torch = loaded_torch()
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            return str(torch.cuda.get_device_name(device))
+    except Exception:
+        pass
+    return None
+
+
+def torch_oom_error() -> Optional[type]:
+    """``torch.cuda.OutOfMemoryError`` when PyTorch is loaded and has it, else None."""
+    error = getattr(getattr(loaded_torch(), "cuda", None), "OutOfMemoryError", None)
+    return error if isinstance(error, type) else None
+
+
+def torch_storage_weakref() -> Any:
+    """PyTorch's ``StorageWeakRef`` (a weak reference to a tensor's storage, to see it die),
+    or None when PyTorch is not loaded or lacks it."""
+    if loaded_torch() is None:
+        return None
+    try:
+        from torch.multiprocessing.reductions import StorageWeakRef
+    except Exception:  # pragma: no cover - every torch with storages has it
+        return None
+    return StorageWeakRef
+
+
+def torch_dispatch_mode() -> Optional[Tuple[type, type]]:
+    """(``torch.Tensor``, ``TorchDispatchMode``) to watch every tensor operation, when
+    PyTorch is loaded, else None."""
+    torch = loaded_torch()
+    if torch is None or not hasattr(torch, "utils"):
+        return None
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return torch.Tensor, TorchDispatchMode
 
 
 def _dynamo_utils() -> Any:

@@ -17,19 +17,14 @@ __all__ = ["ProfilerContext"]
 
 
 def _import_torch() -> Any:
-    torch = frameworks.loaded_torch()
-    if torch is not None:
-        return torch
     try:
-        # The one framework import in the measuring code (timing/, md/): the caller asked
-        # for the PyTorch profiler, so importing it is the point of this feature.
-        import torch
+        # The caller asked for the PyTorch profiler: importing PyTorch is the point here.
+        return frameworks.import_torch()
     except ImportError as exc:
         raise GpuError(
             f"ProfilerContext needs PyTorch (import torch failed: {exc}); install torch, or "
             "use gpukeeper.CUDATimer / benchmark_function, which work without it"
         ) from None
-    return torch
 
 
 class ProfilerContext:
