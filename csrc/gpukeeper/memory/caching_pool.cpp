@@ -70,14 +70,14 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
   bool hopeless = false;
   {
     std::lock_guard<SpinMutex> lock(mutex_);
-    if (Block* recent = take_recent(size, stream)) {
-      count(cache_hits_, 1);
+    if (Block* recent = recent_.take(size, stream)) {
+      counters_.cache_hit();
       hand_out(recent, bytes, stream);
       return reinterpret_cast<void*>(recent->addr);
     }
     block = try_allocate(size, bytes, small, stream, grew);
     if (block == nullptr) {
-      count(oom_events_, 1);
+      counters_.oom_event();
       ++history_.alloc_retries;
       // Bigger than the limit or than the whole memory: dropping the cache cannot help.
       const std::size_t limit = limit_.load(std::memory_order_relaxed);
@@ -90,7 +90,7 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
   }
   if (block == nullptr && !hopeless) {
     // Ask the rest of the process (other frameworks' caches, user callbacks), then retry.
-    run_reclaimers(size);
+    callbacks_.reclaim(size);
     std::lock_guard<SpinMutex> lock(mutex_);
     block = try_allocate(size, bytes, small, stream, grew);
     if (block == nullptr && release_free_segments(0) > 0) {
@@ -117,9 +117,9 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
 Block* CachingPool::try_allocate(std::size_t size, std::size_t requested, bool small,
                                  stream_t stream, bool& grew) {
   // Placement sees every free block: none may stay held back from the index.
-  if (recent_count_ != 0) {
+  if (!recent_.empty()) {
     settle_recent();
-    if (pending_count_ > kMergeWindow) merge_pending();
+    if (pending_.size() > kMergeWindow) merge_pending();
   }
   Block* block = take_cached(size, small, stream);
   if (block == nullptr && streams_.size() > 1 && adopt_idle_streams(stream, small)) {
@@ -127,13 +127,13 @@ Block* CachingPool::try_allocate(std::size_t size, std::size_t requested, bool s
   }
   if (block != nullptr) {
     // A cached block of an expandable range may need pages made: growth, as a segment is.
-    const std::size_t reserved_before = reserved_.load(std::memory_order_relaxed);
+    const std::size_t reserved_before = counters_.reserved();
     Block* taken = carve(block, size, requested, stream);
-    if (taken != nullptr) count(cache_hits_, 1);
-    if (reserved_.load(std::memory_order_relaxed) > reserved_before) grew = true;
+    if (taken != nullptr) counters_.cache_hit();
+    if (counters_.reserved() > reserved_before) grew = true;
     return taken;
   }
-  count(cache_misses_, 1);
+  counters_.cache_miss();
   block = grow(size, small, stream);
   if (block == nullptr) return nullptr;
   grew = true;
@@ -174,7 +174,7 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
   Block* block = own_fit(own, size, small, stream);
   // Unmerged blocks serve only their own size: a request that would split a block is
   // placed as if every free run were merged, which keeps large runs whole.
-  if (pending_ != nullptr && (block == nullptr || block->size != size)) {
+  if (!pending_.empty() && (block == nullptr || block->size != size)) {
     merge_pending();
     block = own_fit(own, size, small, stream);
   }
@@ -224,7 +224,7 @@ std::size_t CachingPool::segment_size_for(std::size_t size, bool small) const no
 Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
   if (expandable_class(small)) return grow_expandable(size, small, stream);
   const std::size_t limit = limit_.load(std::memory_order_relaxed);
-  const std::size_t reserved = reserved_.load(std::memory_order_relaxed);
+  const std::size_t reserved = counters_.reserved();
   // Preferred segment first, then the least that holds the request.
   std::size_t candidates[2] = {segment_size_for(size, small), size};
   bool limited = false;
@@ -243,15 +243,11 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
     }
     Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(raw), seg_size, stream, small,
                                nullptr);
-    count(reserved_, static_cast<std::ptrdiff_t>(seg_size));
+    counters_.reserve(seg_size);
     fixed_reserved_ += seg_size;
-    count(upstream_allocations_, 1);
+    counters_.upstream_allocated(1);
     history_.reserved_bytes.increase(small, seg_size);
     ++history_.device_allocs;
-    std::size_t now = reserved_.load(std::memory_order_relaxed);
-    if (now > peak_reserved_.load(std::memory_order_relaxed)) {
-      peak_reserved_.store(now, std::memory_order_relaxed);
-    }
     return seg->first;
   }
   if (limited) ++history_.limit_rejections;
@@ -277,7 +273,7 @@ Segment* CachingPool::add_segment(std::uintptr_t base, std::size_t size, stream_
   block->stream = stream;
   block->free = true;
   seg->first = seg->last = block;
-  count(segment_count_, 1);
+  counters_.segment_added();
   history_.segments.increase(small, 1);
   return seg;
 }
@@ -290,7 +286,7 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
     add_pending(block);
     return nullptr;
   }
-  const bool was_largest = block->size >= largest_free_.load(std::memory_order_relaxed);
+  const bool was_largest = block->size >= counters_.largest_free();
   if (block->size > size) {
     Block* rest = blocks_.make();
     rest->addr = block->addr + size;
@@ -308,7 +304,7 @@ Block* CachingPool::carve(Block* block, std::size_t size, std::size_t requested,
     if (rest->next != nullptr && rest->next->free) add_pending(rest);
   }
   hand_out(block, requested, stream);
-  if (was_largest) largest_stale_.store(true, std::memory_order_relaxed);
+  if (was_largest) counters_.mark_largest_stale();
   return block;
 }
 
@@ -320,71 +316,42 @@ void CachingPool::hand_out(Block* block, std::size_t requested, stream_t stream)
   block->requested = requested;
   live_.insert(block->addr, block);
 
-  count(allocated_, static_cast<std::ptrdiff_t>(size));
-  count(allocated_count_, 1);
-  count(requested_, static_cast<std::ptrdiff_t>(requested));
-  if (paged_) {
-    budget_peak_requested_ =
-        std::max(budget_peak_requested_, requested_.load(std::memory_order_relaxed));
-  }
+  counters_.handed_out(size, requested);
+  if (paged_) budget_peak_requested_ = std::max(budget_peak_requested_, counters_.requested());
   const bool small = block->segment->small;
   history_.allocated_bytes.increase(small, size);
   history_.allocations.increase(small, 1);
   history_.requested_bytes.increase(small, requested);
-  std::size_t now = allocated_.load(std::memory_order_relaxed);
-  if (now > peak_allocated_.load(std::memory_order_relaxed)) {
-    peak_allocated_.store(now, std::memory_order_relaxed);
-  }
 }
 
-// Recent frees. A freed block first waits, off the free index and with its pages still
-// counted in, among the last kRecentFrees freed: a request of the same rounded size on the
-// same stream takes the newest such block back whole. Repeated sizes, most of a training
-// step's or a benchmark's requests, then cost neither the index nor the merge queue, nor
-// counting an expandable block's pages out and in again. Every other request settles the
-// held blocks first (try_allocate), as do merging, releasing and reading the books, so
-// that placement and reports see every free block as if it had been settled at its free.
-Block* CachingPool::take_recent(std::size_t size, stream_t stream) noexcept {
-  for (unsigned i = recent_count_; i-- > 0;) {
-    if (recent_[i].size == size && recent_[i].stream == stream) return drop_recent(i);
-  }
-  return nullptr;
-}
-
-// Takes entry `i` out of the held blocks, keeping the rest oldest first.
-Block* CachingPool::drop_recent(unsigned i) noexcept {
-  Block* block = recent_[i].block;
-  for (unsigned j = i + 1; j < recent_count_; ++j) recent_[j - 1] = recent_[j];
-  --recent_count_;
-  block->recent = false;
-  return block;
-}
-
+// Recent frees (recent_frees.hpp). A freed block first waits, off the free index and with
+// its pages still counted in, among the last kRecentFrees freed: a request of the same
+// rounded size on the same stream takes the newest such block back whole (allocate).
+// Repeated sizes, most of a training step's or a benchmark's requests, then cost neither
+// the index nor the merge queue, nor counting an expandable block's pages out and in
+// again. Every other request settles the held blocks first (try_allocate), as do merging,
+// releasing and reading the books, so that placement and reports see every free block as
+// if it had been settled at its free.
 void CachingPool::hold_recent(Block* block) {
   bool evicted = false;
-  if (recent_count_ == kRecentFrees) {
-    settle(drop_recent(0));
+  if (recent_.full()) {
+    settle(recent_.drop_oldest());
     evicted = true;
   }
-  block->recent = true;
-  recent_[recent_count_++] = Recent{block->size, block->stream, block};
+  recent_.hold(block);
   // The largest free block reported must count held blocks, merged with their free
   // neighbours as settling would (stats() settles them when this is stale).
-  if (block->size > largest_free_.load(std::memory_order_relaxed) || block->next_to_free()) {
-    largest_stale_.store(true, std::memory_order_relaxed);
+  if (block->size > counters_.largest_free() || block->next_to_free()) {
+    counters_.mark_largest_stale();
   }
   // Only now, with `block` held: a merge settles it first. Free on no list, a merging
   // neighbour would take it in while it is still to be handed out.
-  if (evicted && pending_count_ > kMergeWindow) merge_pending();
+  if (evicted && pending_.size() > kMergeWindow) merge_pending();
 }
 
 // Every held block onto its index (newest first); merges nothing.
 void CachingPool::settle_recent() {
-  while (recent_count_ != 0) {
-    Block* block = recent_[--recent_count_].block;
-    block->recent = false;
-    settle(block);
-  }
+  while (!recent_.empty()) settle(recent_.drop_newest());
 }
 
 void CachingPool::settle(Block* block) {
@@ -400,10 +367,7 @@ void CachingPool::settle(Block* block) {
 
 void CachingPool::insert_free(Block* block) {
   index_of(block).insert(block);
-  if (block->size >= largest_free_.load(std::memory_order_relaxed)) {
-    largest_free_.store(block->size, std::memory_order_relaxed);
-    largest_stale_.store(false, std::memory_order_relaxed);
-  }
+  if (block->size >= counters_.largest_free()) counters_.set_largest_free(block->size);
 }
 
 void CachingPool::refresh_largest() const noexcept {
@@ -413,8 +377,7 @@ void CachingPool::refresh_largest() const noexcept {
       if (Block* b = index->largest()) largest = std::max(largest, b->size);
     }
   }
-  largest_free_.store(largest, std::memory_order_relaxed);
-  largest_stale_.store(false, std::memory_order_relaxed);
+  counters_.set_largest_free(largest);
 }
 
 // ---------------------------------------------------------------- deallocation
@@ -456,39 +419,13 @@ bool CachingPool::free_block(void* ptr, bool has_stream, stream_t stream, std::s
 }
 
 void CachingPool::unbook(Block* block) {
-  count(allocated_, -static_cast<std::ptrdiff_t>(block->size));
-  count(allocated_count_, -1);
-  count(requested_, -static_cast<std::ptrdiff_t>(block->requested));
+  counters_.taken_back(block->size, block->requested);
   const bool small = block->segment->small;
   history_.allocated_bytes.decrease(small, block->size);
   history_.allocations.decrease(small, 1);
   history_.requested_bytes.decrease(small, block->requested);
   block->free = true;
   block->requested = 0;
-}
-
-void CachingPool::add_pending(Block* block) noexcept {
-  if (block->pending) return;
-  largest_stale_.store(true, std::memory_order_relaxed);  // a merge may make a larger block
-  block->pending = true;
-  ++pending_count_;
-  block->pending_prev = nullptr;
-  block->pending_next = pending_;
-  if (pending_ != nullptr) pending_->pending_prev = block;
-  pending_ = block;
-}
-
-void CachingPool::remove_pending(Block* block) noexcept {
-  if (!block->pending) return;
-  if (block->pending_prev != nullptr) {
-    block->pending_prev->pending_next = block->pending_next;
-  } else {
-    pending_ = block->pending_next;
-  }
-  if (block->pending_next != nullptr) block->pending_next->pending_prev = block->pending_prev;
-  block->pending_prev = block->pending_next = nullptr;
-  block->pending = false;
-  --pending_count_;
 }
 
 // Merges a free block (on its index) with every free neighbour run ordered on the same
@@ -528,8 +465,8 @@ Block* CachingPool::merge_neighbours(Block* block) {
 
 void CachingPool::merge_pending() {
   settle_recent();  // a held block's neighbours would see it free but find it on no index
-  while (pending_ != nullptr) {
-    Block* block = pending_;
+  while (!pending_.empty()) {
+    Block* block = pending_.front();
     remove_pending(block);
     merge_neighbours(block);
   }
@@ -554,7 +491,7 @@ std::size_t CachingPool::requested_size(const void* ptr) const {
 // Merges every run of free blocks (all streams synchronized first, so any stream may
 // reuse them) and returns whole free segments until reserved <= keep_reserved.
 std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
-  if (reserved_.load(std::memory_order_relaxed) <= keep_reserved) return 0;
+  if (counters_.reserved() <= keep_reserved) return 0;
   settle_recent();  // held blocks onto their indexes, so that the wait below covers them
   for (auto& sf : streams_) {
     // Pages remember every stream that freed a block on them: wait for all streams (one
@@ -570,11 +507,11 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
   if (paged_) {
     // A released cache starts the spare budget over from what is live now: spare pages
     // sized for an earlier, larger phase would otherwise be made again.
-    budget_peak_requested_ = requested_.load(std::memory_order_relaxed);
+    budget_peak_requested_ = counters_.requested();
     // Pages first, down to what the fixed segments leave of keep_reserved.
     const std::size_t keep_pages = keep_reserved > fixed_reserved_ ? keep_reserved - fixed_reserved_ : 0;
     released = paged_->unmap_movable(keep_pages);
-    count(upstream_frees_, static_cast<std::ptrdiff_t>(released / paged_->page_size()));
+    counters_.upstream_freed(released / paged_->page_size());
     history_.device_frees += released / paged_->page_size();
     sync_reserved();
   }
@@ -606,7 +543,7 @@ std::size_t CachingPool::release_free_segments(std::size_t keep_reserved) {
       if (seg->whole_free() && seg->table->mapped == 0 && seg->table->aliases == 0) {
         release_expandable_segment(seg);
       }
-    } else if (reserved_.load(std::memory_order_relaxed) > keep_reserved && seg->whole_free()) {
+    } else if (counters_.reserved() > keep_reserved && seg->whole_free()) {
       released += seg->size;
       release_segment(seg);
     }
@@ -631,10 +568,10 @@ void CachingPool::release_segment(Segment* seg) {
   // Only after release_free_segments waited for the device: the memory is idle, so it
   // goes back in stream 0's order; the stream that made the segment may be gone.
   upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, 0);
-  count(reserved_, -static_cast<std::ptrdiff_t>(seg->size));
+  counters_.unreserve(seg->size);
   fixed_reserved_ -= seg->size;
-  count(segment_count_, -1);
-  count(upstream_frees_, 1);
+  counters_.segment_removed();
+  counters_.upstream_freed(1);
   history_.reserved_bytes.decrease(seg->small, seg->size);
   history_.segments.decrease(seg->small, 1);
   ++history_.device_frees;

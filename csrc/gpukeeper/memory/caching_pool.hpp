@@ -13,15 +13,37 @@
 // kMergeWindow of them, and before stats are read. Before even that, the last
 // kRecentFrees freed blocks wait off the free index: a request of the same rounded size
 // on the same stream takes the newest back whole, and any other request puts them all on
-// their indexes first (take_recent). A repeated size thus costs no split, merge or index
+// their indexes first (RecentFrees). A repeated size thus costs no split, merge or index
 // update, while every other placement sees free runs merged. Whole free segments go back
 // to the upstream on emergency_cleanup(), trim(), a limit change, or when the upstream
 // runs out.
 // All members are thread-safe. Prefer ManagedBuffer (managed_buffer.hpp) to raw calls.
-// The code is split by concern, as RMM splits its resources: caching_pool.cpp (allocate,
-// free, merge, release), caching_pool_limits.cpp (limit, pressure, callbacks),
-// caching_pool_expandable.cpp, caching_pool_books.cpp (stats, history, snapshot) and
-// caching_pool_validation.cpp (options, validate(), the out-of-memory message).
+//
+// Structure. The pool is composed of one type per concern, each with its own test, as RMM
+// splits a pool's concerns into resource adaptors; here they are members, not wrappers
+// around an upstream, so that the allocation path keeps one lock and no indirection:
+//   - detail::PoolCounters (pool_counters.hpp): what stats() reports; written under the
+//     pool's lock, read without it (relaxed atomics, inline: the fast path is unchanged);
+//   - detail::PressureCallbacks (pressure_callbacks.hpp): watermark and reclaim callbacks,
+//     with their own lock, run with no lock held (RMM's failure-callback adaptor);
+//   - detail::RecentFrees (recent_frees.hpp): the last kRecentFrees freed blocks, held off
+//     the free index (a fixed inline array: the fast path's first and last step);
+//   - detail::PendingMerges (pending_merges.hpp): freed blocks whose merge is to come;
+//   - detail::PoolAudit (pool_audit.hpp): validate()'s read-only walk of the books;
+// beside the record types it already used: detail::FreeIndex (free_index.hpp, one per
+// stream and size class), detail::PtrMap (ptr_map.hpp, the live blocks),
+// detail::StreamEvents (stream_events.hpp), detail::PagedMemory (paged_memory.hpp, the
+// pages of expandable ranges) and PoolHistory (pool_history.hpp).
+// What stays members of CachingPool, and why: the books that tie these together (segments,
+// blocks, free indexes per stream) and the placement logic over them (caching_pool.cpp,
+// caching_pool_idle_streams.cpp, caching_pool_placement.cpp); the limit and reclaim
+// sequence, the history and the expandable layout (caching_pool_limits.cpp,
+// caching_pool_books.cpp, caching_pool_expandable.cpp), because each is read or written
+// in the middle of a placement under the same lock (the limit by grow() and the page
+// budget, the history by every hand-out and free, the layout by carve() and own_fit()):
+// wrapping them as adaptors around an upstream would put an indirection or a second lock
+// on the allocation path. caching_pool_validation.cpp holds the options check, the
+// out-of-memory message and PoolAudit's code; caching_pool_limits.cpp PressureCallbacks'.
 #pragma once
 
 #include <atomic>
@@ -37,17 +59,17 @@
 #include "gpukeeper/memory/block.hpp"
 #include "gpukeeper/memory/free_index.hpp"
 #include "gpukeeper/memory/paged_memory.hpp"
+#include "gpukeeper/memory/pending_merges.hpp"
+#include "gpukeeper/memory/pool_counters.hpp"
 #include "gpukeeper/memory/pool_history.hpp"
 #include "gpukeeper/memory/pool_stats.hpp"
+#include "gpukeeper/memory/pressure_callbacks.hpp"
 #include "gpukeeper/memory/ptr_map.hpp"
+#include "gpukeeper/memory/recent_frees.hpp"
 #include "gpukeeper/memory/resource.hpp"
 #include "gpukeeper/memory/stream_events.hpp"
 
 namespace gpukeeper {
-
-namespace detail {
-class Text;
-}  // namespace detail
 
 // How a pool lays out its segments (PoolOptions::segments).
 enum class SegmentLayout : std::uint8_t {
@@ -103,13 +125,13 @@ class CachingPool {
   static constexpr std::size_t kMergeWindow = 4;
   // Free blocks an expandable class looks through for one already mapped (own_fit).
   static constexpr unsigned kMappedCandidates = 16;
-  // Freed blocks held back from the free index at a time (see take_recent).
-  static constexpr unsigned kRecentFrees = 8;
+  // Freed blocks held back from the free index at a time (recent_frees.hpp).
+  static constexpr unsigned kRecentFrees = detail::RecentFrees::kCapacity;
 
   // Returns the bytes it released (a guess is fine); `needed` is the failed request.
-  using ReclaimCallback = std::function<std::size_t(std::size_t needed)>;
+  using ReclaimCallback = detail::PressureCallbacks::ReclaimCallback;
   // Receives the pressure that crossed the watermark's level.
-  using WatermarkCallback = std::function<void(double pressure)>;
+  using WatermarkCallback = detail::PressureCallbacks::WatermarkCallback;
 
   explicit CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions options = {});
   ~CachingPool();
@@ -215,24 +237,6 @@ class CachingPool {
     detail::FreeIndex large;
     detail::FreeIndex& index(bool is_small) noexcept { return is_small ? small : large; }
   };
-  struct Watermark {
-    int id;
-    double level;
-    WatermarkCallback callback;
-    bool armed;
-  };
-  struct Reclaimer {
-    int id;
-    ReclaimCallback callback;
-  };
-  struct Tally;  // what validate() counts while it walks the segments
-  // A freed block held back from the free index, with what a request must match: copied
-  // from the block, so that the scan reads one small array rather than eight blocks.
-  struct Recent {
-    std::size_t size;
-    stream_t stream;
-    detail::Block* block;
-  };
 
   static constexpr std::size_t round_up(std::size_t value, std::size_t to) noexcept {
     return (value + to - 1) / to * to;
@@ -254,8 +258,6 @@ class CachingPool {
   detail::Block* carve(detail::Block* block, std::size_t size, std::size_t requested,
                        stream_t stream);
   void hand_out(detail::Block* block, std::size_t requested, stream_t stream);
-  detail::Block* take_recent(std::size_t size, stream_t stream) noexcept;
-  detail::Block* drop_recent(unsigned i) noexcept;
   void hold_recent(detail::Block* block);
   void settle_recent();
   // Puts a freed block on its index (its pages counted out), pending a merge when a
@@ -266,8 +268,10 @@ class CachingPool {
   detail::Segment* segment_holding(std::uintptr_t addr) const noexcept;
   void place_at(const LiveBlock& spec);
   void insert_free(detail::Block* block);
-  void add_pending(detail::Block* block) noexcept;
-  void remove_pending(detail::Block* block) noexcept;
+  void add_pending(detail::Block* block) noexcept {
+    if (pending_.add(block)) counters_.mark_largest_stale();  // a merge may make a larger block
+  }
+  void remove_pending(detail::Block* block) noexcept { pending_.remove(block); }
   void merge_pending();
   // caching_pool_idle_streams.cpp: free blocks of idle streams, adopted and merged.
   bool adopt_idle_streams(stream_t stream, bool small);
@@ -292,22 +296,12 @@ class CachingPool {
   bool streams_done(std::uint64_t bits);
   void sync_reserved() noexcept;
   void release_expandable_segment(detail::Segment* segment);
-  // caching_pool_limits.cpp: callbacks, run without mutex_ held.
+  // caching_pool_limits.cpp: measures the pressure for the watermarks; run without
+  // mutex_ held.
   void notify_watermarks();
-  std::size_t run_reclaimers(std::size_t needed);
   // caching_pool_validation.cpp: checks and the out-of-memory message.
   static void check_options(const PoolOptions& options);
   std::string oom_message(std::size_t bytes) const;
-  void validate_segment(const detail::Segment* segment, Tally& tally,
-                        detail::Text& problems) const;
-  void validate_block(const detail::Segment* segment, const detail::Block* block,
-                      const detail::Block* prev, std::uintptr_t expect, Tally& tally,
-                      std::vector<std::uint32_t>& page_refs, detail::Text& problems) const;
-  void validate_counters(const Tally& tally, detail::Text& problems) const;
-
-  void count(std::atomic<std::size_t>& counter, std::ptrdiff_t delta) noexcept {
-    counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
-  }
 
   std::unique_ptr<MemoryResource> upstream_;
   // upstream_->stream_ordered(), asked once: every allocation and free needs it.
@@ -323,41 +317,27 @@ class CachingPool {
   mutable SpinMutex mutex_;  // guards everything below up to the counters
   PoolHistory history_;
   std::size_t history_mapped_[2] = {0, 0};  // expandable: mapped bytes per class, as last seen
-  std::size_t fixed_reserved_ = 0;  // bytes of fixed segments (all of reserved_ without paged_)
+  std::size_t fixed_reserved_ = 0;  // bytes of fixed segments (all reserved bytes without paged_)
   // Expandable: the most bytes requested at once since the pool was made or released its
   // cache, the base of the spare-page budget (expandable_slack). Not reset by
   // reset_peaks(): a user's peak statistics must not change how much the pool keeps.
   std::size_t budget_peak_requested_ = 0;
-  std::uint64_t pages_counted_ = 0;  // expandable: pages made that upstream_allocations_ holds
+  std::uint64_t pages_counted_ = 0;  // expandable: pages made that counters_' upstream allocations hold
   detail::RecordArena<detail::Block> blocks_;
   detail::RecordArena<detail::Segment> segment_records_;
   detail::Segment* segments_ = nullptr;
-  detail::Block* pending_ = nullptr;  // freed blocks not yet merged
-  std::size_t pending_count_ = 0;
-  Recent recent_[kRecentFrees];  // oldest first
-  unsigned recent_count_ = 0;
+  detail::PendingMerges pending_;  // freed blocks not yet merged
+  detail::RecentFrees recent_;     // freed blocks held off the free index
   detail::PtrMap<detail::Block> live_;
   std::vector<std::unique_ptr<StreamFree>> streams_;
   StreamFree* last_stream_ = nullptr;
   detail::StreamEvents events_;
 
   // Written under mutex_, read by anyone.
-  std::atomic<std::size_t> allocated_{0}, allocated_count_{0}, requested_{0}, reserved_{0},
-      segment_count_{0}, peak_allocated_{0}, peak_reserved_{0},
-      cache_hits_{0}, cache_misses_{0}, upstream_allocations_{0}, upstream_frees_{0},
-      oom_events_{0}, callback_errors_{0}, pages_moved_{0};
+  detail::PoolCounters counters_;
   std::atomic<std::size_t> limit_{0};
-  mutable std::atomic<std::size_t> largest_free_{0};
-  // Set when the largest free block was handed out or a merge is pending: largest_free_
-  // may then be off until the next refresh (slow paths, or stats() when the lock is
-  // free). Keeps the scan for the new largest block off the allocation fast path.
-  mutable std::atomic<bool> largest_stale_{false};
 
-  std::mutex callbacks_mutex_;  // guards the callback lists; never held with mutex_
-  std::vector<Watermark> watermarks_;
-  std::vector<Reclaimer> reclaimers_;
-  int next_callback_id_ = 1;
-  std::atomic<bool> has_watermarks_{false};
+  detail::PressureCallbacks callbacks_;  // its own lock; never held with mutex_
 };
 
 }  // namespace gpukeeper

@@ -10,39 +10,21 @@ using detail::Block;
 using detail::Segment;
 
 PoolStats CachingPool::stats() const noexcept {
-  if (largest_stale_.load(std::memory_order_relaxed) && mutex_.try_lock()) {
+  if (counters_.largest_stale() && mutex_.try_lock()) {
     // Tidying, not a change of what the pool holds: merged free runs make the largest
     // free block (and fragmentation) what a request would see.
     const_cast<CachingPool*>(this)->merge_pending();
     refresh_largest();
     mutex_.unlock();
   }
-  PoolStats s;
-  auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
-  s.allocated_bytes = get(allocated_);
-  s.allocated_count = get(allocated_count_);
-  s.requested_bytes = get(requested_);
-  s.reserved_bytes = get(reserved_);
-  s.segment_count = get(segment_count_);
-  s.cached_bytes = s.reserved_bytes >= s.allocated_bytes ? s.reserved_bytes - s.allocated_bytes : 0;
-  s.peak_allocated_bytes = get(peak_allocated_);
-  s.peak_reserved_bytes = get(peak_reserved_);
-  s.largest_free_block = std::min(get(largest_free_), s.cached_bytes);
-  s.limit_bytes = get(limit_);
-  s.cache_hits = get(cache_hits_);
-  s.cache_misses = get(cache_misses_);
-  s.upstream_allocations = get(upstream_allocations_);
-  s.upstream_frees = get(upstream_frees_);
-  s.oom_events = get(oom_events_);
-  s.callback_errors = get(callback_errors_);
-  s.pages_moved = get(pages_moved_);
+  PoolStats s = counters_.snapshot(limit_.load(std::memory_order_relaxed));
+  s.callback_errors = callbacks_.errors();
   return s;
 }
 
 void CachingPool::reset_peaks() noexcept {
   std::lock_guard<SpinMutex> lock(mutex_);
-  peak_allocated_.store(allocated_.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  peak_reserved_.store(reserved_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  counters_.reset_peaks();
   history_.reset_peaks();
 }
 

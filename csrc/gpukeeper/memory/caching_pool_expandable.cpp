@@ -142,7 +142,7 @@ bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requeste
   // times the most bytes requested at once, this request included; what the fixed
   // segments hold comes off what the pages may take.
   const double peak = static_cast<double>(
-      std::max(budget_peak_requested_, requested_.load(std::memory_order_relaxed) + requested));
+      std::max(budget_peak_requested_, counters_.requested() + requested));
   const double budget = peak * (1.0 + options_.expandable_slack);
   const double pages_budget = budget - static_cast<double>(fixed_reserved_);
   const std::size_t spare_limit = pages_budget > 0 ? static_cast<std::size_t>(pages_budget) : 0;
@@ -158,7 +158,7 @@ bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requeste
   }
   // Pages a failed call made are given back (and a failed map drops its page).
   if (const std::uint64_t released = paged_->pages_released() - released_before) {
-    count(upstream_frees_, static_cast<std::ptrdiff_t>(released));
+    counters_.upstream_freed(released);
     history_.device_frees += released;
   }
   if (paged_->mapped_bytes() != mapped_before || paged_->pages_moved() != moved_before ||
@@ -178,10 +178,7 @@ bool CachingPool::streams_done(std::uint64_t bits) {
 void CachingPool::sync_reserved() noexcept {
   if (!paged_) return;
   const std::size_t now = paged_->mapped_bytes() + fixed_reserved_;
-  reserved_.store(now, std::memory_order_relaxed);
-  if (now > peak_reserved_.load(std::memory_order_relaxed)) {
-    peak_reserved_.store(now, std::memory_order_relaxed);
-  }
+  counters_.set_reserved(now);
   // Pages move between ranges, so the split by size class is read off the ranges (a
   // handful: one growing range per class, plus any not yet given back).
   std::size_t mapped[2] = {0, 0};
@@ -200,9 +197,9 @@ void CachingPool::sync_reserved() noexcept {
   // segments that grow() counts (hybrid has both).
   const std::uint64_t made = paged_->pages_created() - pages_counted_;
   pages_counted_ += made;
-  count(upstream_allocations_, static_cast<std::ptrdiff_t>(made));
+  counters_.upstream_allocated(made);
   history_.device_allocs += made;
-  pages_moved_.store(paged_->pages_moved(), std::memory_order_relaxed);
+  counters_.set_pages_moved(paged_->pages_moved());
 }
 
 void CachingPool::release_expandable_segment(Segment* seg) {
@@ -211,7 +208,7 @@ void CachingPool::release_expandable_segment(Segment* seg) {
     if (current == seg) current = nullptr;
   }
   paged_->unreserve(seg->table);
-  count(segment_count_, -1);
+  counters_.segment_removed();
   history_.segments.decrease(seg->small, 1);
   segment_records_.recycle(seg);
 }

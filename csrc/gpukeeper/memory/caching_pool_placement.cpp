@@ -137,7 +137,7 @@ void CachingPool::place_at(const LiveBlock& spec) {
     block = at;
   }
   carve(block, spec.size, spec.requested, spec.stream);
-  largest_stale_.store(true, std::memory_order_relaxed);
+  counters_.mark_largest_stale();
 }
 
 }  // namespace gpukeeper

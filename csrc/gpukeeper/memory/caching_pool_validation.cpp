@@ -1,11 +1,13 @@
-// Checking a CachingPool: its options (at construction), validate()'s walk of the books,
-// and the text of the AllocationError raised when memory cannot be had.
+// Checking a CachingPool: its options (at construction), validate() with the code of
+// detail::PoolAudit (pool_audit.hpp), its read-only walk of the books, and the text of the
+// AllocationError raised when memory cannot be had.
 #include <cstdint>
 #include <vector>
 
 #include "gpukeeper/core/errors.hpp"
 #include "gpukeeper/core/text.hpp"
 #include "gpukeeper/memory/caching_pool.hpp"
+#include "gpukeeper/memory/pool_audit.hpp"
 
 namespace gpukeeper {
 
@@ -71,76 +73,73 @@ std::string CachingPool::oom_message(std::size_t bytes) const {
 
 // ---------------------------------------------------------------- validate()
 
-// What the walk over the segments found, to compare with the counters.
-struct CachingPool::Tally {
-  std::size_t reserved = 0, segments = 0, allocated = 0, allocated_count = 0, requested = 0;
-  std::size_t free_blocks = 0, recent_blocks = 0;
-};
-
 std::string CachingPool::validate() const {
   std::lock_guard<SpinMutex> lock(mutex_);
-  detail::Text problems;
-  Tally tally;
-  for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) {
-    validate_segment(seg, tally, problems);
-  }
-  validate_counters(tally, problems);
-  return problems.str();
+  detail::PoolAudit audit(live_, recent_, paged_.get(), kAlignment);
+  for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) audit.segment(seg);
+  std::size_t indexed = 0;
+  for (const auto& sf : streams_) indexed += sf->small.count() + sf->large.count();
+  audit.books(indexed, counters_, history_);
+  return audit.problems();
 }
 
+// ---------------------------------------------------------------- PoolAudit
+
+namespace detail {
+
 // Blocks must tile the segment, link both ways, and (expandable) sit on mapped pages.
-void CachingPool::validate_segment(const Segment* seg, Tally& tally,
-                                   detail::Text& problems) const {
-  ++tally.segments;
-  if (seg->table == nullptr) tally.reserved += seg->size;
+void PoolAudit::segment(const Segment* seg) {
+  ++tally_.segments;
+  if (seg->table == nullptr) tally_.reserved += seg->size;
   std::vector<std::uint32_t> page_refs;
   if (seg->table != nullptr) page_refs.assign(seg->table->page_count(), 0);
   std::uintptr_t expect = seg->base;
   const Block* prev = nullptr;
   for (const Block* b = seg->first; b != nullptr; prev = b, b = b->next) {
-    validate_block(seg, b, prev, expect, tally, page_refs, problems);
+    block(seg, b, prev, expect, page_refs);
     expect = b->addr + b->size;
   }
-  if (prev != seg->last) problems << "segment's last block is wrong; ";
-  if (expect != seg->base + seg->size) problems << "blocks do not fill their segment; ";
-  if (seg->table != nullptr) problems << paged_->check(seg->table, page_refs);
+  if (prev != seg->last) problems_ << "segment's last block is wrong; ";
+  if (expect != seg->base + seg->size) problems_ << "blocks do not fill their segment; ";
+  if (seg->table != nullptr) {
+    if (paged_ == nullptr) {
+      problems_ << "expandable segment in a pool without pages; ";
+    } else {
+      problems_ << paged_->check(seg->table, page_refs);
+    }
+  }
 }
 
 // Block `b` of segment `seg`: `expect` is where it should start, `prev` the block before it.
-void CachingPool::validate_block(const Segment* seg, const Block* b, const Block* prev,
-                                 std::uintptr_t expect, Tally& tally,
-                                 std::vector<std::uint32_t>& page_refs,
-                                 detail::Text& problems) const {
-  if (b->addr != expect) problems << "block " << hex((void*)b->addr) << " leaves a gap; ";
-  if (b->prev != prev) problems << "broken prev link at " << hex((void*)b->addr) << "; ";
-  if (b->segment != seg) problems << "block in wrong segment; ";
-  if (b->size == 0 || b->size % kAlignment) problems << "bad block size; ";
+void PoolAudit::block(const Segment* seg, const Block* b, const Block* prev, std::uintptr_t expect,
+                      std::vector<std::uint32_t>& page_refs) {
+  if (b->addr != expect) problems_ << "block " << hex((void*)b->addr) << " leaves a gap; ";
+  if (b->prev != prev) problems_ << "broken prev link at " << hex((void*)b->addr) << "; ";
+  if (b->segment != seg) problems_ << "block in wrong segment; ";
+  if (b->size == 0 || b->size % alignment_) problems_ << "bad block size; ";
   auto waits = [](const Block* x) { return x->pending || x->recent; };  // a merge to come
   if (b->free) {
-    ++tally.free_blocks;
+    ++tally_.free_blocks;
     if (prev && prev->free && prev->stream == b->stream && !waits(prev) && !waits(b)) {
-      problems << "unmerged free pair at " << hex((void*)prev->addr) << " (" << prev->size
-               << " + " << b->size << " bytes), neither pending a merge; ";
+      problems_ << "unmerged free pair at " << hex((void*)prev->addr) << " (" << prev->size
+                << " + " << b->size << " bytes), neither pending a merge; ";
     }
-    if (live_.find(b->addr) != nullptr) problems << "free block in live map; ";
+    if (live_.find(b->addr) != nullptr) problems_ << "free block in live map; ";
     if (!b->recent) return;
-    ++tally.recent_blocks;
-    bool held = false;
-    for (unsigned i = 0; i < recent_count_; ++i) {
-      const Recent& r = recent_[i];
-      if (r.block == b) held = r.size == b->size && r.stream == b->stream;
+    ++tally_.recent_blocks;
+    if (!recent_.holds_as_is(b)) {
+      problems_ << "recent block " << hex((void*)b->addr) << " not held as it is; ";
     }
-    if (!held) problems << "recent block " << hex((void*)b->addr) << " not held as it is; ";
-    if (b->pending) problems << "recent block pending a merge; ";
+    if (b->pending) problems_ << "recent block pending a merge; ";
   } else {
-    if (b->recent) problems << "live block marked recent; ";
-    ++tally.allocated_count;
-    tally.allocated += b->size;
-    tally.requested += b->requested;
-    if (live_.find(b->addr) != b) problems << "live block missing from map; ";
+    if (b->recent) problems_ << "live block marked recent; ";
+    ++tally_.allocated_count;
+    tally_.allocated += b->size;
+    tally_.requested += b->requested;
+    if (live_.find(b->addr) != b) problems_ << "live block missing from map; ";
   }
   // A held block keeps its pages counted in, as a live one does.
-  if (seg->table != nullptr) {
+  if (seg->table != nullptr && paged_ != nullptr) {
     const std::size_t page = paged_->page_size();
     for (std::size_t i = (b->addr - seg->base) / page;
          i <= (b->addr + b->size - 1 - seg->base) / page && i < page_refs.size(); ++i) {
@@ -150,38 +149,42 @@ void CachingPool::validate_block(const Segment* seg, const Block* b, const Block
 }
 
 // The free indexes, the live map, the counters and the history against the walk.
-void CachingPool::validate_counters(const Tally& tally, detail::Text& problems) const {
-  std::size_t indexed = 0;
-  for (const auto& sf : streams_) indexed += sf->small.count() + sf->large.count();
-  if (indexed + tally.recent_blocks != tally.free_blocks) {
-    problems << "free blocks " << tally.free_blocks << " but " << indexed << " indexed and "
-             << tally.recent_blocks << " held; ";
+void PoolAudit::books(std::size_t indexed, const PoolCounters& counters, const PoolHistory& history) {
+  const Tally& t = tally_;
+  if (indexed + t.recent_blocks != t.free_blocks) {
+    problems_ << "free blocks " << t.free_blocks << " but " << indexed << " indexed and "
+              << t.recent_blocks << " held; ";
   }
-  if (tally.recent_blocks != recent_count_) {
-    problems << recent_count_ << " recent frees held but " << tally.recent_blocks << " found; ";
+  if (t.recent_blocks != recent_.size()) {
+    problems_ << recent_.size() << " recent frees held but " << t.recent_blocks << " found; ";
   }
-  if (live_.size() != tally.allocated_count) problems << "live map size disagrees; ";
-  auto get = [](const std::atomic<std::size_t>& a) { return a.load(std::memory_order_relaxed); };
-  // tally.reserved sums the fixed segments; expandable ranges count their mapped pages.
-  const std::size_t reserved = paged_ ? paged_->mapped_bytes() + tally.reserved : tally.reserved;
-  const std::size_t allocated = tally.allocated;
-  if (get(reserved_) != reserved) problems << "reserved counter " << get(reserved_) << " != " << reserved << "; ";
-  if (get(segment_count_) != tally.segments) problems << "segment counter disagrees; ";
-  if (get(allocated_) != allocated) problems << "allocated counter " << get(allocated_) << " != " << allocated << "; ";
-  if (get(allocated_count_) != tally.allocated_count) problems << "allocated count disagrees; ";
-  if (get(requested_) != tally.requested) problems << "requested counter disagrees; ";
-  const PoolHistory h = history_.totals();
+  if (live_.size() != t.allocated_count) problems_ << "live map size disagrees; ";
+  const PoolStats c = counters.snapshot(0);
+  // t.reserved sums the fixed segments; expandable ranges count their mapped pages.
+  const std::size_t reserved = paged_ ? paged_->mapped_bytes() + t.reserved : t.reserved;
+  const std::size_t allocated = t.allocated;
+  if (c.reserved_bytes != reserved) {
+    problems_ << "reserved counter " << c.reserved_bytes << " != " << reserved << "; ";
+  }
+  if (c.segment_count != t.segments) problems_ << "segment counter disagrees; ";
+  if (c.allocated_bytes != allocated) {
+    problems_ << "allocated counter " << c.allocated_bytes << " != " << allocated << "; ";
+  }
+  if (c.allocated_count != t.allocated_count) problems_ << "allocated count disagrees; ";
+  if (c.requested_bytes != t.requested) problems_ << "requested counter disagrees; ";
+  const PoolHistory h = history.totals();
   if (h.allocated_bytes.all.current != allocated ||
       h.allocated_bytes.small.current + h.allocated_bytes.large.current != allocated) {
-    problems << "history's allocated bytes " << h.allocated_bytes.all.current << " != " << allocated << "; ";
+    problems_ << "history's allocated bytes " << h.allocated_bytes.all.current << " != " << allocated << "; ";
   }
-  if (h.allocations.all.current != tally.allocated_count) problems << "history's allocation count disagrees; ";
-  if (h.requested_bytes.all.current != tally.requested) problems << "history's requested bytes disagree; ";
-  if (h.reserved_bytes.all.current != get(reserved_) ||
-      h.reserved_bytes.small.current + h.reserved_bytes.large.current != get(reserved_)) {
-    problems << "history's reserved bytes " << h.reserved_bytes.all.current << " != " << get(reserved_) << "; ";
+  if (h.allocations.all.current != t.allocated_count) problems_ << "history's allocation count disagrees; ";
+  if (h.requested_bytes.all.current != t.requested) problems_ << "history's requested bytes disagree; ";
+  if (h.reserved_bytes.all.current != c.reserved_bytes ||
+      h.reserved_bytes.small.current + h.reserved_bytes.large.current != c.reserved_bytes) {
+    problems_ << "history's reserved bytes " << h.reserved_bytes.all.current << " != " << c.reserved_bytes << "; ";
   }
-  if (h.segments.all.current != tally.segments) problems << "history's segment count disagrees; ";
+  if (h.segments.all.current != t.segments) problems_ << "history's segment count disagrees; ";
 }
 
+}  // namespace detail
 }  // namespace gpukeeper
