@@ -7,9 +7,9 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
-from gpukeeper.cleanup import deferred, ipython_refs
+from gpukeeper.cleanup import deferred
 from gpukeeper.cleanup.frames import caller_frame, clear_traceback_frames
 from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_names
@@ -27,6 +27,26 @@ def _parse_device(device: Any) -> Optional[List[int]]:
         return None
     spec = resolve_device(device, what="GPUContext device")
     return [] if spec.index is None else [spec.index]
+
+
+@dataclass
+class ExitListener:
+    """What an interactive shell wants to hear from a GPUContext exit: that finalizers were
+    armed on what still holds memory (``deferred_armed``), and that the block raised
+    (``block_failed``), whose traceback the shell keeps. GPUContext knows no shell: the
+    IPython support (cleanup/ipython_refs.py) adds its listener when the package loads."""
+
+    deferred_armed: Callable[[], None]
+    block_failed: Callable[[BaseException], None]
+
+
+_listeners: List[ExitListener] = []
+
+
+def add_exit_listener(listener: ExitListener) -> None:
+    """Adds ``listener`` to every later GPUContext exit (once per listener)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 @dataclass
@@ -226,9 +246,11 @@ class GPUContext(contextlib.ContextDecorator):
             if note:
                 report.notes.append(note)
             if report.deferred:
-                ipython_refs.watch_shell()
+                for listener in _listeners:
+                    listener.deferred_armed()
         if exc is not None and not self.keep_traceback_locals:
-            ipython_refs.note_failed_block(exc)
+            for listener in _listeners:
+                listener.block_failed(exc)
         del caller
         self.report = report
         if error is not None and exc_type is None:

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
-from gpukeeper.cleanup import exit_guard
+from gpukeeper.cleanup import stuck
 from gpukeeper.cleanup.frames import frame_locals
 from gpukeeper.cleanup.measure import (
     HOST, devices_in_use, held_above, level_of, measure, release_caches, synchronize_devices)
@@ -470,7 +470,7 @@ def _check(arming: _Arming, timer: bool) -> None:
 
 
 def _release_caches(arming: _Arming) -> None:
-    if exit_guard._device_stuck():
+    if stuck.device_stuck():
         return  # a synchronization never came back: waiting again would hang
     try:
         devices = devices_in_use(arming.fixed)
