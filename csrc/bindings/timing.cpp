@@ -18,6 +18,7 @@
 #include "gpukeeper/timing/launch_floor.hpp"
 #include "gpukeeper/timing/stream_gate.hpp"
 #include "gpukeeper/timing/timer.hpp"
+#include "gpukeeper/timing/timer_calibration.hpp"
 
 namespace gpukeeper::py_bindings {
 

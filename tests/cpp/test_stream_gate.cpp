@@ -16,6 +16,7 @@
 #include "gpukeeper/timing/launch_floor.hpp"
 #include "gpukeeper/timing/stream_gate.hpp"
 #include "gpukeeper/timing/timer.hpp"
+#include "gpukeeper/timing/timer_calibration.hpp"
 
 #ifdef GPUKEEPER_WITH_CUDA
 #include <cuda_runtime_api.h>

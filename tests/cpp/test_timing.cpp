@@ -14,6 +14,7 @@
 #include "gpukeeper/timing/event_log.hpp"
 #include "gpukeeper/timing/event_pool.hpp"
 #include "gpukeeper/timing/timer.hpp"
+#include "gpukeeper/timing/timer_calibration.hpp"
 
 using gpukeeper::DeviceError;
 using gpukeeper::EventLog;

@@ -1,4 +1,6 @@
-// calibrate(): one spin kernel timed by a Timer, host code (see calibration.hpp).
+// calibrate(): one spin kernel timed by a Timer (see timer_calibration.hpp).
+#include "gpukeeper/timing/timer_calibration.hpp"
+
 #include <cstdint>
 #include <string>
 
@@ -17,9 +19,9 @@ Calibration calibrate(std::uint64_t duration_ns, int device, stream_t stream,
   if (!calibration_kernels_available()) launch_spin_kernel(0, stream);  // throws, says why
 #ifdef GPUKEEPER_WITH_CUDA
   if (device < 0 || !timing_uses_cuda(device)) {
-    throw DeviceError("calibrate", 0, "unavailable",
-                      "calibration needs a usable CUDA device (device " +
-                          std::to_string(device) + ")");
+    throw DeviceError(
+        "calibrate", 0, "unavailable",
+        "calibration needs a usable CUDA device (device " + std::to_string(device) + ")");
   }
   detail::DeviceGuard guard(device);
   std::uint64_t* out = nullptr;
