@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "gpukeeper/memory/managed_buffer.hpp"
 #include "gpukeeper/memory/precision.hpp"
@@ -22,7 +23,9 @@ void set_python_error();
 // pybind11's generic argument dispatch.
 void add_fast_method(py::handle cls, PyMethodDef* def);
 void init_pool_history(py::module_& m);
-void init_memory(py::module_& m);
+void init_precision(py::module_& m);
+void init_pool_stats(py::module_& m);
+void init_memory_pool(py::module_& m);
 void init_buffer(py::module_& m);
 void init_torch_allocator(py::module_& m);
 void init_torch_pool_api(py::module_& m);
@@ -80,6 +83,9 @@ inline PyBuffer* buffer_of(PyObject* obj) noexcept {
 
 // A new ManagedBuffer object whose PyBuffer is empty, for the caller to fill.
 py::object new_buffer_object();
+
+// The name of obj's Python type, for error messages.
+std::string type_name(const py::handle& obj);
 
 // Converts None, an int, or an object with `cuda_stream` (torch) or `ptr` (CuPy) to a
 // stream handle; InvalidInputError otherwise.

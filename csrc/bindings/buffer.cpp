@@ -403,6 +403,13 @@ void def_buffer_copies(py::handle type) {
 
 }  // namespace
 
+void PyBuffer::require_live(const char* what) const {
+  if (released || !buffer) {
+    throw InvalidInputError(std::string(what) + ": the buffer was released; its memory is "
+                            "back in the pool and may belong to someone else now");
+  }
+}
+
 py::object new_buffer_object() {
   PyObject* self;
   if (g_free_count > 0) {

@@ -64,7 +64,9 @@ PYBIND11_MODULE(_core, m) {
       "(available, total) bytes of host memory.");
 
   init_pool_history(m);
-  init_memory(m);
+  init_precision(m);
+  init_pool_stats(m);
+  init_memory_pool(m);
   init_buffer(m);
   init_torch_allocator(m);
   init_timing(m);
