@@ -38,8 +38,8 @@ from gpukeeper.cleanup.context import GPUContext, cleanup_cuda
 from gpukeeper.cleanup.exit_guard import exit_guard_installed, install_exit_guard, uninstall_exit_guard
 from gpukeeper.cleanup.ipython_refs import release_ipython_references
 from gpukeeper.cleanup.models import cleanup_models
-from gpukeeper.cleanup.report import CleanupReport, LeakedArray
-from gpukeeper.errors import EmptiedObjectError, LeakWarning, MemoryLeakError
+from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray
+from gpukeeper.base.errors import EmptiedObjectError, LeakWarning, MemoryLeakError
 
 __all__ = [
     "GPUContext",

@@ -39,12 +39,12 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
-from gpukeeper.cleanup import exit_guard
+from gpukeeper.cleanup import stuck
 from gpukeeper.cleanup.frames import frame_locals
 from gpukeeper.cleanup.measure import (
     HOST, devices_in_use, held_above, level_of, measure, release_caches, synchronize_devices)
-from gpukeeper.cleanup.report import Snapshot
-from gpukeeper.figures import fmt_bytes
+from gpukeeper.cleanup.cleanup_report import Snapshot
+from gpukeeper.base.byte_figures import fmt_bytes
 
 # Quiet time after a partial death before the caches are released, and the longest a
 # stream of deaths may postpone that release.
@@ -470,7 +470,7 @@ def _check(arming: _Arming, timer: bool) -> None:
 
 
 def _release_caches(arming: _Arming) -> None:
-    if exit_guard._device_stuck():
+    if stuck.device_stuck():
         return  # a synchronization never came back: waiting again would hang
     try:
         devices = devices_in_use(arming.fixed)

@@ -29,9 +29,9 @@ from typing import Any, List, Optional, Set
 
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
-from gpukeeper.cleanup import deferred, exit_guard
+from gpukeeper.cleanup import deferred, stuck
 from gpukeeper.cleanup.frames import clear_traceback_frames
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 
 _HISTORY_NAME = re.compile(r"_+|_\d+")
 _PLAIN_UNDERSCORES = ("_", "__", "___")
@@ -110,7 +110,7 @@ def _clear_last_traceback(only_seen: bool) -> bool:
 
 
 def _release_caches() -> None:
-    if exit_guard._device_stuck():
+    if stuck.device_stuck():
         return
     frameworks.synchronize_all(None)
     frameworks.release_all_caches(None)
