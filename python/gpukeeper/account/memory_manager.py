@@ -39,11 +39,11 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import gpukeeper._core as _core
 from gpukeeper import frameworks
-from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.base.nvml import device_free_total as _device_free_total
-from gpukeeper.base import device_names as devices
 from gpukeeper.account.account_reader import memory_report
 from gpukeeper.account.device_account import MemoryReport
+from gpukeeper.base import device_names as devices
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.nvml import device_free_total as _device_free_total
 
 __all__ = [
     "GPUMemoryManager",

@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 
-from gpukeeper.base import device_names
-from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.base.byte_figures import bytes_text, figure_table, sum_known
-from gpukeeper.frameworks import FrameworkMemory, memory_dict
-from gpukeeper.base.html_table import html_fields, html_table
 from gpukeeper.account.device_account import MemoryReport, framework_rows
+from gpukeeper.base import device_names
+from gpukeeper.base.byte_figures import bytes_text, figure_table, sum_known
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.html_table import html_fields, html_table
+from gpukeeper.frameworks import FrameworkMemory, memory_dict
 
 __all__ = ["DevicesReport"]
 

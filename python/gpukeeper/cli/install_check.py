@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import gpukeeper._core as _core
 from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.pool.memory_pool import MemoryPool, Precision
 from gpukeeper.base.runtime import build_info, cuda_available
+from gpukeeper.pool.memory_pool import MemoryPool, Precision
 from gpukeeper.timing.timer import CUDATimer
 
 __all__ = ["CheckResult", "run_checks"]

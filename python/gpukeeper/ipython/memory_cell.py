@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Set, Tuple
 
-from gpukeeper.cleanup import CleanupReport
-from gpukeeper.cleanup.measure import HOST
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.html_table import html_table
+from gpukeeper.cleanup import CleanupReport
+from gpukeeper.cleanup.measure import HOST
 from gpukeeper.pool.memory_pool import ManagedBuffer
 
 __all__ = ["BufferWatch", "CellMemory"]

@@ -119,8 +119,8 @@ one event record): well under a microsecond of host time
 """
 
 from gpukeeper.md.leak import LeakVerdict, leak_verdict
-from gpukeeper.md.trajectory_result import LatencyStats, TrajectoryResult, latency_stats
 from gpukeeper.md.trajectory import benchmark_md_trajectory
+from gpukeeper.md.trajectory_result import LatencyStats, TrajectoryResult, latency_stats
 
 __all__ = [
     "TrajectoryResult",

@@ -9,9 +9,9 @@ from typing import Any, Optional, Tuple
 
 import pytest
 
-from gpukeeper.cleanup.leak_check import LeakCheck
-from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
 from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
+from gpukeeper.cleanup.leak_check import LeakCheck
 
 __all__ = ["check_leaks_option", "leak_check_for", "leak_failure", "parse_tolerance_mb"]
 

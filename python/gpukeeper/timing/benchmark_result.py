@@ -10,8 +10,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.html_table import html_fields
 from gpukeeper.base.plotting import PathLike
-from gpukeeper.timing.benchmark_plot import plot_benchmark
 from gpukeeper.timing import stats as _stats
+from gpukeeper.timing.benchmark_plot import plot_benchmark
 from gpukeeper.timing.loop_time import describe_bound
 from gpukeeper.timing.units import duration_text
 

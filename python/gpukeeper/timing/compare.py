@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextI
 
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.html_table import html_table
-from gpukeeper.base.text_table import text_table
 from gpukeeper.base.plotting import PathLike
+from gpukeeper.base.text_table import text_table
 from gpukeeper.timing.benchmark import benchmark_function
 from gpukeeper.timing.benchmark_result import BenchmarkResult
 from gpukeeper.timing.comparison_plot import plot_comparison
