@@ -369,6 +369,7 @@ def test_plot_without_matplotlib_names_the_fix(which: str, request: pytest.Fixtu
 
 
 def test_importing_gpukeeper_does_not_import_matplotlib() -> None:
-    code = ("import sys, gpukeeper, gpukeeper.base.plotting, gpukeeper.base.html_table, gpukeeper.timing.benchmark_plot, "
-            "gpukeeper.md.trajectory_plot; assert 'matplotlib' not in sys.modules, 'imported'")
+    code = ("import sys, gpukeeper, gpukeeper.base.plotting, gpukeeper.base.html_table, "
+            "gpukeeper.timing.benchmark_plot, gpukeeper.timing.comparison_plot, gpukeeper.md.trajectory_plot; "
+            "assert 'matplotlib' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,1 +1,1 @@
-"""Who holds a device's memory: the memory reports, the per-device manager, device utilities and the FAISS helpers."""
+"""A device's memory: who holds it (the reports), the per-device manager, device utilities, FAISS."""

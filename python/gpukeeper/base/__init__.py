@@ -1,1 +1,1 @@
-"""The base layer: errors, argument checks, device names, NVML, host memory, build facts, and text, HTML and plot output."""
+"""The base layer: errors, argument checks, device names, NVML, host memory, build facts, output."""

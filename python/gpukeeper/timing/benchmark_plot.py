@@ -17,10 +17,10 @@ __all__ = ["plot_benchmark"]
 
 def plot_benchmark(result: Any, path: Optional[PathLike] = None, *,
                    bins: int = 50) -> Any:
-    """The histogram of ``result``'s per-call times (a ``BenchmarkResult``) with vertical lines (and a legend)
-    for the mean, median, p5, p95 and p99, as a matplotlib Figure saved to ``path`` when
-    given. For a GPU result led by the loop time, the histogram is of the per-call device
-    times, and the loop time per call is a line of its own.
+    """The histogram of ``result``'s per-call times (a ``BenchmarkResult``) with vertical
+    lines (and a legend) for the mean, median, p5, p95 and p99, as a matplotlib Figure
+    saved to ``path`` when given. For a GPU result led by the loop time, the histogram is
+    of the per-call device times, and the loop time per call is a line of its own.
 
     Raises ``InvalidInputError`` when ``bins`` is not an int >= 1, ``ImportError``
     naming the fix when matplotlib is not installed.

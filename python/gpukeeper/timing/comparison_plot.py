@@ -1,4 +1,4 @@
-"""The picture of implementations side by side: one bar each, with its speedup (``plot_comparison``).
+"""The picture of implementations side by side, one bar each with its speedup: ``plot_comparison``.
 
 matplotlib is imported only when a picture is drawn (:mod:`gpukeeper.base.plotting`).
 """

@@ -1,4 +1,4 @@
-"""A speedup against a baseline as the comparison table and its picture write it (``speedup_label``, ``within_noise``)."""
+"""A speedup against the baseline, as the comparison table and its picture write it."""
 
 from __future__ import annotations
 
