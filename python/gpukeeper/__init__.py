@@ -73,6 +73,7 @@ for _old, _module in {
     globals()[_old] = _module
 del _old, _module
 
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext gpukeeper``: registers ``%gpu_timeit``, ``%%gpu_memory`` and
     ``%gpu_report`` (see :mod:`gpukeeper.ipython`, imported only now)."""
