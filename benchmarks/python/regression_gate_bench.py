@@ -96,7 +96,7 @@ def _workload(name: str, device: str, slowdown: float) -> Any:
 def _run_processes(workload: str, device: str, aa: int, planted: Dict[float, int], calls: int,
                    warmup: int, folder: Path, progress: Any) -> Dict[float, List[Any]]:
     """``{slowdown: [BenchmarkResult, ...]}``, slowdown 0.0 for A/A, one result per process."""
-    from gpukeeper.timing.result import BenchmarkResult
+    from gpukeeper.timing.benchmark_result import BenchmarkResult
 
     queue: List[float] = [0.0] * aa
     for level, count in planted.items():

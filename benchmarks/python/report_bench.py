@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cost of one account of the device: gpukeeper.report.memory_report() and friends.
+"""Cost of one account of the device: gpukeeper.account.account_reader.memory_report() and friends.
 
 Rows (each timed call by call, after warm-up; median, p10, p90 and min in microseconds):
   memory_report()                  NVML on: frameworks + NVML memory + process list
@@ -67,8 +67,8 @@ def main(argv=None) -> int:
 
     import gpukeeper
     from gpukeeper import frameworks
-    from gpukeeper.manager import get_gpu_memory_manager
-    from gpukeeper.report import memory_report, nvml_status
+    from gpukeeper.account.memory_manager import get_gpu_memory_manager
+    from gpukeeper.account.account_reader import memory_report, nvml_status
 
     try:
         import torch

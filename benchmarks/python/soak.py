@@ -9,9 +9,9 @@ through gpukeeper's pool (``gpukeeper.integrations.use_torch_allocator``; ``--no
 leaves PyTorch's own allocator); on the CPU the model and tensors are CPU ones.
 
 Between chunks, every ``--sample-every`` seconds, it samples the process's RSS
-(``gpukeeper.host``) and on CUDA each framework's allocated and reserved bytes
+(``gpukeeper.base.host_memory``) and on CUDA each framework's allocated and reserved bytes
 (``gpukeeper.frameworks``) and this process's device memory as NVML sees it
-(``gpukeeper.nvml``). After a warm-up (``--warmup-fraction`` of the run, at least one
+(``gpukeeper.base.nvml``). After a warm-up (``--warmup-fraction`` of the run, at least one
 sample) each series gets a least-squares slope in MiB/min and the slope's standard error
 (the noise). A series is growing when its slope exceeds its bound by more than twice its
 standard error; the run fails (exit status 1) when any series grows. The bounds: RSS 1 MiB/min,
@@ -31,7 +31,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import gpukeeper
-from gpukeeper import frameworks, host, nvml
+from gpukeeper import frameworks
+from gpukeeper.base import host_memory as host
+from gpukeeper.base import nvml
 from gpukeeper.md import benchmark_md_trajectory
 
 MiB = 1 << 20

@@ -6,10 +6,37 @@ timing and benchmarking (down to MD trajectories) that are right on an asynchron
 Everything works (on host memory) without a GPU.
 """
 
-__version__ = "0.1.0"
-
+import sys
 from typing import Any
 
+from gpukeeper.account import device_utils, faiss_helpers, memory_manager
+from gpukeeper.account.account_reader import memory_report, memory_reports
+from gpukeeper.account.device_account import MemoryReport
+from gpukeeper.account.device_utils import (
+    check_memory_leak,
+    get_device,
+    get_gpu_info,
+    get_gpu_memory_info,
+    warmup_cuda,
+)
+from gpukeeper.account.memory_manager import (
+    FaissUnavailableError,
+    GPUMemoryManager,
+    calculate_faiss_temp_memory,
+    create_faiss_gpu_resources,
+    create_faiss_index,
+    get_gpu_memory_manager,
+)
+from gpukeeper.account.process_account import DevicesReport
+from gpukeeper.base.errors import (
+    AllocationError,
+    DeviceError,
+    EmptiedObjectError,
+    GpuError,
+    InvalidInputError,
+    MemoryLeakError,
+)
+from gpukeeper.base.runtime import CudaAvailability, __version__, build_info, cuda_available
 from gpukeeper.cleanup import (
     CleanupReport,
     GPUContext,
@@ -18,36 +45,11 @@ from gpukeeper.cleanup import (
     install_exit_guard,
     uninstall_exit_guard,
 )
-from gpukeeper.errors import (
-    AllocationError,
-    DeviceError,
-    EmptiedObjectError,
-    GpuError,
-    InvalidInputError,
-    MemoryLeakError,
-)
-from gpukeeper.device import (
-    check_memory_leak,
-    get_device,
-    get_gpu_info,
-    get_gpu_memory_info,
-    warmup_cuda,
-)
 from gpukeeper.integrations import restore_cupy_allocator, use_cupy_allocator, use_torch_allocator
-from gpukeeper.manager import (
-    FaissUnavailableError,
-    GPUMemoryManager,
-    calculate_faiss_temp_memory,
-    create_faiss_gpu_resources,
-    create_faiss_index,
-    get_gpu_memory_manager,
-)
 from gpukeeper.md import TrajectoryResult, benchmark_md_trajectory
-from gpukeeper.memory import BufferBatch, ManagedBuffer, MemoryPool, PoolStats, Precision
-from gpukeeper.oom import retry_on_oom
-from gpukeeper.report import MemoryReport, memory_report, memory_reports
-from gpukeeper.report_devices import DevicesReport
-from gpukeeper.runtime import CudaAvailability, build_info, cuda_available
+from gpukeeper.pool import memory_pool, oom_retry
+from gpukeeper.pool.memory_pool import BufferBatch, ManagedBuffer, MemoryPool, PoolStats, Precision
+from gpukeeper.pool.oom_retry import retry_on_oom
 from gpukeeper.timing import (
     BenchmarkResult,
     CUDATimer,
@@ -57,6 +59,19 @@ from gpukeeper.timing import (
     compare_implementations,
     print_comparison_table,
 )
+
+# The helper modules' code that gpukeeper grew from imports these five paths (the table in
+# docs/getting-started.md), so each stays importable as a name for the module that holds it.
+for _old, _module in {
+    "device": device_utils,
+    "faiss_helpers": faiss_helpers,
+    "manager": memory_manager,
+    "memory": memory_pool,
+    "oom": oom_retry,
+}.items():
+    sys.modules[f"{__name__}.{_old}"] = _module
+    globals()[_old] = _module
+del _old, _module
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -96,7 +111,7 @@ __all__ = [
     "cleanup_models",
     "install_exit_guard",
     "uninstall_exit_guard",
-    # one account of the device (seeds 002, 003)
+    # one account of the device
     "FaissUnavailableError",
     "GPUMemoryManager",
     "MemoryReport",
@@ -112,7 +127,7 @@ __all__ = [
     "restore_cupy_allocator",
     "use_cupy_allocator",
     "use_torch_allocator",
-    # device utilities and timing (seeds 002, 004)
+    # device utilities and timing
     "BenchmarkResult",
     "CUDATimer",
     "ImplementationComparison",

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import gpukeeper
 from gpukeeper import distributed as gkd
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 
 
 DEVICE = "cpu"

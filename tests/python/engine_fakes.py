@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import pytest
 
-from gpukeeper import devices, nvml
+from gpukeeper.base import device_names as devices
+from gpukeeper.base import nvml
 from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.frameworks import pools_adapter
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, List, Optional, Tuple
 
-from gpukeeper.devices import DeviceSpec
+from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.timing.timer import TimerBackend
 
 

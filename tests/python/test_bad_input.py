@@ -51,7 +51,7 @@ def test_error_hierarchy():
     for cls in (GpuError, InvalidInputError, AllocationError, DeviceError):
         assert cls.__module__ == "gpukeeper"
         assert cls.__doc__
-    from gpukeeper import errors
+    from gpukeeper.base import errors
 
     assert errors.GpuError is GpuError and errors.InvalidInputError is InvalidInputError
 

@@ -9,7 +9,7 @@ import gc
 import pytest
 
 from gpukeeper import GPUContext, MemoryPool, _core
-from gpukeeper.errors import LeakWarning
+from gpukeeper.base.errors import LeakWarning
 from gpukeeper.frameworks import live_buffers
 
 KEPT = []

@@ -1,4 +1,4 @@
-"""``gpukeeper check`` (gpukeeper.check): every check passes in CPU mode, the timing
+"""``gpukeeper check`` (gpukeeper.cli.install_check): every check passes in CPU mode, the timing
 check's reading is bounded, and its GPU path is right on a simulated device.
 
 The GPU path times calibration kernels with ``CUDATimer`` (launch latency hidden, the
@@ -18,9 +18,10 @@ from typing import Any, List
 import pytest
 
 import gpukeeper
-from gpukeeper import _core, devices
-from gpukeeper import check as check_module
-from gpukeeper.check import CheckResult, run_checks
+from gpukeeper import _core
+from gpukeeper.base import device_names as devices
+from gpukeeper.cli import install_check as check_module
+from gpukeeper.cli.install_check import CheckResult, run_checks
 from gpukeeper.timing import TimerBackend, register_backend
 from gpukeeper.timing import timer as timer_module
 

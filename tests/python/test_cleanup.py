@@ -21,7 +21,8 @@ from typing import Any, List
 import pytest
 
 import gpukeeper
-from gpukeeper import GpuError, InvalidInputError, MemoryPool, Precision, devices, frameworks
+from gpukeeper import GpuError, InvalidInputError, MemoryPool, Precision, frameworks
+from gpukeeper.base import device_names as devices
 from gpukeeper.cleanup import (
     CleanupReport,
     EmptiedObjectError,

@@ -22,7 +22,8 @@ from typing import Any, List
 
 import pytest
 
-from gpukeeper import InvalidInputError, MemoryPool, Precision, devices, frameworks
+from gpukeeper import InvalidInputError, MemoryPool, Precision, frameworks
+from gpukeeper.base import device_names as devices
 from gpukeeper.cleanup import (
     EmptiedObjectError,
     GPUContext,

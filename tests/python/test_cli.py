@@ -183,7 +183,7 @@ def test_timeit_prepare_runs_the_statement_in_the_setup_namespace() -> None:
     (["-s", "x = (", "x"], "the setup is not Python"),
     (["-s", "raise ValueError('nope')", "1"], "the setup raised ValueError: nope"),
     (["-d", "cpu", "1/0"], "the statement raised ZeroDivisionError: division by zero"),
-    (["-d", "cpu", "-s", "from gpukeeper.errors import InvalidInputError",
+    (["-d", "cpu", "-s", "from gpukeeper.base.errors import InvalidInputError",
       "raise InvalidInputError('line one\\nline two')"], "the statement raised InvalidInputError: line one ..."),
     (["-d", "cpu", "-s", "x = 0", "x += 1; x > 3 and undefined_name"], "the statement raised NameError"),
     (["-d", "cpu", "# only a comment"], "no statement to time"),

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import gpukeeper
-from gpukeeper import device as dev
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.account import device_utils as dev
+from gpukeeper.base.errors import InvalidInputError
 
 CUDA = gpukeeper.cuda_available()
 gpu = pytest.mark.skipif(not CUDA, reason=f"no usable CUDA device: {CUDA.reason}")
@@ -91,7 +91,7 @@ def test_warmup_is_noop_on_cpu() -> None:
 
 
 def test_mlff_utilities_example() -> None:
-    from gpukeeper.device import get_device, get_gpu_memory_info, warmup_cuda
+    from gpukeeper.account.device_utils import get_device, get_gpu_memory_info, warmup_cuda
 
     get_device()
     warmup_cuda()

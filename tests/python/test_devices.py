@@ -8,9 +8,9 @@ from typing import Any, Callable, Dict
 import pytest
 
 import gpukeeper
-from gpukeeper import devices
-from gpukeeper.devices import DeviceSpec, parse_device, resolve_device
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base import device_names as devices
+from gpukeeper.base.device_names import DeviceSpec, parse_device, resolve_device
+from gpukeeper.base.errors import InvalidInputError
 
 COUNT = devices.cuda_status()[0]
 #: A CUDA device that is not there: device 0 without CUDA, one past the last with it.

@@ -31,8 +31,8 @@ from gpukeeper import (
     memory_report,
 )
 from gpukeeper.cleanup import CleanupReport, LeakedArray
-from gpukeeper.figures import fmt_bytes
-from gpukeeper.htmltable import html_fields, html_table
+from gpukeeper.base.byte_figures import fmt_bytes
+from gpukeeper.base.html_table import html_fields, html_table
 from gpukeeper.timing import format_comparison_table
 from gpukeeper.timing.regression import Comparison, compare_runs, comparisons_html
 
@@ -369,6 +369,7 @@ def test_plot_without_matplotlib_names_the_fix(which: str, request: pytest.Fixtu
 
 
 def test_importing_gpukeeper_does_not_import_matplotlib() -> None:
-    code = ("import sys, gpukeeper, gpukeeper.plotting, gpukeeper.htmltable, gpukeeper.timing.plot, "
-            "gpukeeper.md.plot; assert 'matplotlib' not in sys.modules, 'imported'")
+    code = ("import sys, gpukeeper, gpukeeper.base.plotting, gpukeeper.base.html_table, "
+            "gpukeeper.timing.benchmark_plot, gpukeeper.timing.comparison_plot, gpukeeper.md.trajectory_plot; "
+            "assert 'matplotlib' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -19,7 +19,7 @@ if not dist.is_available():
 
 import gpukeeper  # noqa: E402
 from gpukeeper import distributed as gkd  # noqa: E402
-from gpukeeper.errors import InvalidInputError  # noqa: E402
+from gpukeeper.base.errors import InvalidInputError  # noqa: E402
 
 CHILD = Path(__file__).with_name("distributed_child.py")
 MiB = 1 << 20

@@ -29,15 +29,19 @@ from engine_fakes import (
     install_engine,
     install_nvml,
 )
-from gpukeeper import _core, devices, frameworks, nvml, report
+from gpukeeper import _core, frameworks
+from gpukeeper.base import device_names as devices
+from gpukeeper.base import nvml
+from gpukeeper.account import account_reader as report
 from gpukeeper.frameworks import contexts as fw_contexts
 from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.cleanup import GPUContext
-from gpukeeper.errors import InvalidInputError, LeakWarning
+from gpukeeper.base.errors import InvalidInputError, LeakWarning
 from gpukeeper.frameworks import FrameworkMemory
 from gpukeeper.md import benchmark_md_trajectory
 from gpukeeper.md.trajectory import throughput
-from gpukeeper.report import MemoryReport, memory_report
+from gpukeeper.account.account_reader import memory_report
+from gpukeeper.account.device_account import MemoryReport
 from gpukeeper.timing import benchmark_function
 
 pytestmark = [
@@ -132,7 +136,9 @@ def test_nothing_here_imports_a_framework():
 
     code = (
         "import sys, gpukeeper\n"
-        "from gpukeeper import frameworks, host, nvml, report, md\n"
+        "from gpukeeper import frameworks, md\n"
+        "from gpukeeper.account import account_reader\n"
+        "from gpukeeper.base import host_memory as host, nvml\n"
         "frameworks.context_devices(); frameworks.gpu_frameworks_loaded()\n"
         "frameworks.holds_jax_arrays(1.0); host.malloc_in_use_bytes()\n"
         "bad = [m for m in ('torch', 'cupy', 'jax') if m in sys.modules]\n"
@@ -418,7 +424,7 @@ def test_benchmark_function_bad_synchronize():
 
 
 def test_old_benchmark_results_read_back():
-    from gpukeeper.timing.result import BenchmarkResult
+    from gpukeeper.timing.benchmark_result import BenchmarkResult
 
     data = BenchmarkResult("f", [1.0, 2.0], timing="gpu").to_dict()
     for key in ("work", "timing_method", "synchronized"):

@@ -7,7 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from gpukeeper import host
+from gpukeeper.base import host_memory as host
 
 glibc = pytest.mark.skipif(host.malloc_in_use_reader() is None, reason="no glibc mallinfo2 here")
 

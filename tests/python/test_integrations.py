@@ -8,7 +8,7 @@ from child_process import run_json_child
 
 import gpukeeper
 from gpukeeper import _core, frameworks
-from gpukeeper.errors import GpuError
+from gpukeeper.base.errors import GpuError
 from gpukeeper.integrations import torch_allocator
 
 CHILD = Path(__file__).with_name("torch_allocator_child.py")
@@ -166,7 +166,7 @@ class _AsDevicePool:
 def test_cupy_hook_answers_zero_bytes_and_oom_as_cupys_own_pool(monkeypatch):
     import pickle
 
-    from gpukeeper.errors import AllocationError
+    from gpukeeper.base.errors import AllocationError
     from gpukeeper.integrations import cupy_allocator
 
     fake = _FakeCupy()

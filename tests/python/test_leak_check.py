@@ -10,7 +10,7 @@ import pytest
 import gpukeeper
 from gpukeeper.cleanup import run as cleanup_run
 from gpukeeper.cleanup.leak_check import LeakCheck
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 
 MiB = 1 << 20
 

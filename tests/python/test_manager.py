@@ -11,9 +11,10 @@ from fractions import Fraction
 import pytest
 
 import gpukeeper
-from gpukeeper import _core, frameworks, manager
-from gpukeeper.errors import GpuError, InvalidInputError
-from gpukeeper.manager import (
+from gpukeeper import _core, frameworks
+from gpukeeper.account import memory_manager as manager
+from gpukeeper.base.errors import GpuError, InvalidInputError
+from gpukeeper.account.memory_manager import (
     FaissUnavailableError,
     GPUMemoryManager,
     calculate_faiss_temp_memory,

@@ -13,8 +13,9 @@ from typing import Any, List, Optional
 
 import pytest
 
-from gpukeeper import devices, frameworks
-from gpukeeper.errors import InvalidInputError
+from gpukeeper import frameworks
+from gpukeeper.base import device_names as devices
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.md import benchmark_md_trajectory
 from gpukeeper.md import events as md_events
 from gpukeeper.timing.timer import TimerBackend

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import gpukeeper
-from gpukeeper.errors import InvalidInputError
-from gpukeeper import host
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base import host_memory as host
 from gpukeeper.md import benchmark_md_trajectory, latency_stats, leak_verdict
 
 CUDA = gpukeeper.cuda_available()

@@ -31,7 +31,7 @@ from engine_fakes import (
 from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.md import LatencyStats, benchmark_md_trajectory, latency_stats
 from gpukeeper.timing import SampleStats, benchmark_function, summarize
-from gpukeeper.timing.memory import memory_series, reads_nvml
+from gpukeeper.timing.memory_readers import memory_series, reads_nvml
 from gpukeeper.timing.plans import choose_plan, unsynchronized_warning
 from gpukeeper.timing.sampling import MemorySampler
 from gpukeeper.timing.timer import timing_device

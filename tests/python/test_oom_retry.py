@@ -14,8 +14,8 @@ import pytest
 
 import gpukeeper
 from gpukeeper import frameworks
-from gpukeeper.errors import AllocationError, InvalidInputError
-from gpukeeper.oom import is_oom_error, release_for_retry, retry_on_oom
+from gpukeeper.base.errors import AllocationError, InvalidInputError
+from gpukeeper.pool.oom_retry import is_oom_error, release_for_retry, retry_on_oom
 
 CUDA = gpukeeper.cuda_available()
 MiB = 1 << 20

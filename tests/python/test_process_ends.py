@@ -6,7 +6,7 @@ a GPU machine, also no device memory.
 Each case runs a PyTorch child (sys.executable), records its descendants from /proc while
 it runs (with their start times, so that a reused pid is not mistaken for a survivor), ends
 it, and checks that none of them is still alive. Where CUDA is available the child also
-holds a model and 256 MiB on device 0, and NVML (gpukeeper.nvml) must show that its pid
+holds a model and 256 MiB on device 0, and NVML (gpukeeper.base.nvml) must show that its pid
 holds nothing afterwards and that the device's used memory is back at the baseline.
 """
 
@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpukeeper import nvml  # noqa: E402  (after the skip: a torch-less run skips the module)
+from gpukeeper.base import nvml  # noqa: E402  (after the skip: a torch-less run skips the module)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 

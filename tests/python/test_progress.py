@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpukeeper.progress import ProgressBar, progress_wanted
+from gpukeeper.base.progress import ProgressBar, progress_wanted
 from gpukeeper.timing import benchmark
 
 

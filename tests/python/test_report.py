@@ -17,10 +17,14 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 import gpukeeper
-from gpukeeper import _core, devices, frameworks, nvml, report
-from gpukeeper.errors import InvalidInputError
+from gpukeeper import _core, frameworks
+from gpukeeper.base import device_names as devices
+from gpukeeper.base import nvml
+from gpukeeper.account import account_reader as report
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import FrameworkMemory
-from gpukeeper.report import MemoryReport, memory_report, memory_reports
+from gpukeeper.account.account_reader import memory_report, memory_reports
+from gpukeeper.account.device_account import MemoryReport
 
 CUDA = gpukeeper.cuda_available()
 MiB = 1 << 20

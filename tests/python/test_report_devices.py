@@ -16,12 +16,16 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 import gpukeeper
-from gpukeeper import _core, devices, frameworks, nvml, report
-from gpukeeper.errors import InvalidInputError
+from gpukeeper import _core, frameworks
+from gpukeeper.base import device_names as devices
+from gpukeeper.base import nvml
+from gpukeeper.account import account_reader as report
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import FrameworkMemory, host_pool_peak
-from gpukeeper.nvml import ProcessMemory
-from gpukeeper.report import MemoryReport, memory_report, memory_reports
-from gpukeeper.report_devices import DevicesReport
+from gpukeeper.base.nvml import ProcessMemory
+from gpukeeper.account.account_reader import memory_report, memory_reports
+from gpukeeper.account.device_account import MemoryReport
+from gpukeeper.account.process_account import DevicesReport
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -1,4 +1,4 @@
-"""``gpukeeper.statements``: a statement runs as module code in its namespace (it rebinds
+"""``gpukeeper.base.statements``: a statement runs as module code in its namespace (it rebinds
 the names there and returns its final expression's value), the same in its cheap
 function form as in its exec form, and an exception is told apart by where it came from."""
 
@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from gpukeeper.statements import Statement, compile_statement, describe_exception
+from gpukeeper.base.statements import Statement, compile_statement, describe_exception
 
 SETUP = "import math\nx = 0\nitems = []\n"
 

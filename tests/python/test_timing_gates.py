@@ -30,7 +30,7 @@ import pytest
 
 import gpukeeper
 from gpukeeper import GpuError, InvalidInputError, _core
-from gpukeeper.errors import DeviceError, TimingWarning
+from gpukeeper.base.errors import DeviceError, TimingWarning
 from gpukeeper.timing import (
     BenchmarkResult,
     CUDATimer,

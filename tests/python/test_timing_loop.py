@@ -9,7 +9,7 @@ from typing import Any, Iterator, List
 import pytest
 
 from gpukeeper import benchmark_function, compare_implementations
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.timing import BenchmarkResult, register_backend
 from gpukeeper.timing import loop_time as loop_time_module
 from gpukeeper.timing import throttle as throttle_module

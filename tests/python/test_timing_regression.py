@@ -10,9 +10,9 @@ from typing import List
 
 import pytest
 
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.timing.regression import FailThreshold, compare_runs, parse_fail_threshold, regression
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 from gpukeeper.timing.store import RunStore
 
 MEDIAN_5 = FailThreshold("median", 0.05)

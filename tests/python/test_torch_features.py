@@ -73,7 +73,7 @@ def test_status_says_why_the_component_cannot_serve():
 
 
 def test_route_is_checked_before_anything_changes():
-    from gpukeeper.errors import InvalidInputError
+    from gpukeeper.base.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match="route"):
         torch_allocator.use_torch_allocator(route="fast")
@@ -81,7 +81,7 @@ def test_route_is_checked_before_anything_changes():
 
 
 def test_component_route_refused_with_the_reason_where_it_cannot_serve(monkeypatch):
-    from gpukeeper.errors import GpuError
+    from gpukeeper.base.errors import GpuError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch_component, "status", lambda _torch: "no component here")

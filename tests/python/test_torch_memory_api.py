@@ -17,7 +17,7 @@ from child_process import run_json_child
 
 import gpukeeper
 from gpukeeper import _core
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.integrations import torch_memory_api
 
 torch = pytest.importorskip("torch")

@@ -250,7 +250,7 @@ def oom_observer() -> Dict[str, Any]:
 def late_install() -> Dict[str, Any]:
     """use_torch_allocator() after PyTorch allocated: a typed error that says what to do."""
     import gpukeeper
-    from gpukeeper.errors import GpuError
+    from gpukeeper.base.errors import GpuError
 
     torch.ones(1, device="cuda")
     try:

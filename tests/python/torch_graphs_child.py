@@ -13,7 +13,7 @@ import traceback
 
 import torch
 
-from gpukeeper.errors import GpuError
+from gpukeeper.base.errors import GpuError
 from gpukeeper.integrations import torch_allocator
 
 MiB = 1 << 20

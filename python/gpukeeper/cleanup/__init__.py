@@ -38,8 +38,8 @@ from gpukeeper.cleanup.context import ExitListener, GPUContext, add_exit_listene
 from gpukeeper.cleanup.exit_guard import exit_guard_installed, install_exit_guard, uninstall_exit_guard
 from gpukeeper.cleanup.ipython_refs import note_failed_block, release_ipython_references, watch_shell
 from gpukeeper.cleanup.models import cleanup_models
-from gpukeeper.cleanup.report import CleanupReport, LeakedArray
-from gpukeeper.errors import EmptiedObjectError, LeakWarning, MemoryLeakError
+from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray
+from gpukeeper.base.errors import EmptiedObjectError, LeakWarning, MemoryLeakError
 
 # The IPython support plugs into GPUContext here: the context itself knows no shell.
 add_exit_listener(ExitListener(deferred_armed=watch_shell, block_failed=note_failed_block))

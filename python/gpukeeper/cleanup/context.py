@@ -13,12 +13,12 @@ from gpukeeper.cleanup import deferred
 from gpukeeper.cleanup.frames import caller_frame, clear_traceback_frames
 from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_names
-from gpukeeper.cleanup.report import CleanupReport, Snapshot, leak_message
-from gpukeeper.figures import fmt_bytes
+from gpukeeper.cleanup.cleanup_report import CleanupReport, Snapshot, leak_message
+from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.cleanup.run import run_cleanup
 from gpukeeper.cleanup.tracking import AllocationTracker
-from gpukeeper.devices import resolve_device
-from gpukeeper.errors import InvalidInputError, LeakWarning, MemoryLeakError
+from gpukeeper.base.device_names import resolve_device
+from gpukeeper.base.errors import InvalidInputError, LeakWarning, MemoryLeakError
 
 
 def _parse_device(device: Any) -> Optional[List[int]]:

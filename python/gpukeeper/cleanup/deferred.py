@@ -39,12 +39,19 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
+from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.cleanup import stuck
+from gpukeeper.cleanup.cleanup_report import Snapshot
 from gpukeeper.cleanup.frames import frame_locals
 from gpukeeper.cleanup.measure import (
-    HOST, devices_in_use, held_above, level_of, measure, release_caches, synchronize_devices)
-from gpukeeper.cleanup.report import Snapshot
-from gpukeeper.figures import fmt_bytes
+    HOST,
+    devices_in_use,
+    held_above,
+    level_of,
+    measure,
+    release_caches,
+    synchronize_devices,
+)
 
 # Quiet time after a partial death before the caches are released, and the longest a
 # stream of deaths may postpone that release.

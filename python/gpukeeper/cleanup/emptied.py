@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-from gpukeeper.errors import EmptiedObjectError
+from gpukeeper.base.errors import EmptiedObjectError
 
 # The attribute (in the tensor's __dict__) holding what the tensor was: shape, dtype, device.
 _WAS = "_gpukeeper_emptied"

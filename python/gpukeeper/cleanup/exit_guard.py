@@ -18,8 +18,8 @@ from gpukeeper import frameworks
 from gpukeeper.cleanup import run, stuck
 from gpukeeper.cleanup.guard_threads import SignalWatcher, SyncWorker, Watchdog
 from gpukeeper.cleanup.measure import devices_in_use, measure
-from gpukeeper.cleanup.report import CleanupReport, leak_message
-from gpukeeper.errors import InvalidInputError, LeakWarning
+from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
+from gpukeeper.base.errors import InvalidInputError, LeakWarning
 from gpukeeper.frameworks import ranks
 
 

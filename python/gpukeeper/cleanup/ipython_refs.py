@@ -29,9 +29,9 @@ from typing import Any, List, Optional, Set
 
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.cleanup import deferred, stuck
 from gpukeeper.cleanup.frames import clear_traceback_frames
-from gpukeeper.errors import InvalidInputError
 
 _HISTORY_NAME = re.compile(r"_+|_\d+")
 _PLAIN_UNDERSCORES = ("_", "__", "___")

@@ -20,11 +20,11 @@ from __future__ import annotations
 import time
 from typing import List, Optional
 
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.cleanup.cleanup_report import CleanupReport, Snapshot
 from gpukeeper.cleanup.measure import devices_in_use, held_above, measure
-from gpukeeper.cleanup.report import CleanupReport, Snapshot
 from gpukeeper.cleanup.run import run_cleanup
 from gpukeeper.cleanup.tracking import AllocationTracker
-from gpukeeper.errors import InvalidInputError
 
 __all__ = ["LeakCheck"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, List, Optional
 
 from gpukeeper import frameworks
-from gpukeeper.cleanup.report import Snapshot
+from gpukeeper.cleanup.cleanup_report import Snapshot
 from gpukeeper.frameworks import FrameworkMemory
 
 HOST = "host"

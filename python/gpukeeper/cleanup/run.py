@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 # whether the device is stuck, so each imports the other as a module (in either order).
 from gpukeeper.cleanup import stuck
 from gpukeeper.cleanup.measure import devices_in_use, held_above, measure, release_caches, synchronize_devices
-from gpukeeper.cleanup.report import CleanupReport, LeakedArray, Snapshot
+from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray, Snapshot
 from gpukeeper.cleanup.tracking import AllocationTracker, name_leaks
 from gpukeeper.frameworks.ranks import current_rank
 

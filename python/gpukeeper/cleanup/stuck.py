@@ -2,8 +2,8 @@
 
 A hung kernel makes every synchronising call block for good. The exit guard watches for
 that (its sync worker gives up after a timeout) and registers its probe here; the
-cleanup run and ``cleanup_models`` ask before they synchronise. This module sits below
-both, so neither has to import the other.
+cleanup run, ``cleanup_models``, the deferred release and the IPython cleanup ask before
+they synchronise. This module sits below them all, so none has to import the exit guard.
 """
 
 from __future__ import annotations

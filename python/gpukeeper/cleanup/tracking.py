@@ -7,9 +7,10 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from gpukeeper import _core, frameworks
+import gpukeeper._core as _core
+from gpukeeper import frameworks
 from gpukeeper.cleanup.measure import level_of
-from gpukeeper.cleanup.report import LeakedArray, Snapshot
+from gpukeeper.cleanup.cleanup_report import LeakedArray, Snapshot
 from gpukeeper.frameworks import LiveArray
 
 

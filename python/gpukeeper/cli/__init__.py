@@ -64,7 +64,7 @@ def _quiet_stdout() -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``gpukeeper`` console script; returns the exit code."""
-    from gpukeeper.errors import InvalidInputError
+    from gpukeeper.base.errors import InvalidInputError
 
     args = parser().parse_args(argv)
     try:

@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
-    from gpukeeper.check import run_checks
+    from gpukeeper.cli.install_check import run_checks
 
     check_json_target(args.json)
     # With JSON on stdout, the human lines go to stderr so that stdout stays parseable.
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         mark = "[green]ok  [/]" if result.ok else "[bold red]FAIL[/]"
         text = escape(f"{result.name:<14} {result.detail}")
         out.print(f"\\[{mark}] {text}  ({result.seconds * 1e3:.1f} ms)", markup=True)
-    from gpukeeper.runtime import cuda_available
+    from gpukeeper.base.runtime import cuda_available
 
     failed = [r for r in results if not r.ok]
     verdict = "FAIL" if failed else "PASS"

@@ -50,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def load_results(path: str) -> Dict[str, List["object"]]:
     """``{name: [round, ...]}`` (``BenchmarkResult`` objects) from a saved run or a single
     result (one round); ``UserError`` naming the file for anything else."""
-    from gpukeeper.timing.result import BenchmarkResult
+    from gpukeeper.timing.benchmark_result import BenchmarkResult
     from gpukeeper.timing.store import rounds_from_doc
 
     try:
@@ -72,7 +72,7 @@ def load_results(path: str) -> Dict[str, List["object"]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpukeeper.errors import InvalidInputError
+    from gpukeeper.base.errors import InvalidInputError
     from gpukeeper.timing.regression import compare_runs, parse_fail_threshold, regression
 
     check_json_target(args.json)

@@ -50,10 +50,10 @@ def _versions() -> Dict[str, str]:
 
 def environment() -> Dict[str, Any]:
     """The environment export: build, CUDA status, devices, host, frameworks, NVML."""
-    from gpukeeper import _core
-    from gpukeeper.device import get_gpu_info
-    from gpukeeper.nvml import nvml_status
-    from gpukeeper.runtime import build_info, cuda_available
+    import gpukeeper._core as _core
+    from gpukeeper.account.device_utils import get_gpu_info
+    from gpukeeper.base.nvml import nvml_status
+    from gpukeeper.base.runtime import build_info, cuda_available
 
     status = cuda_available()
     devices: List[Dict[str, Any]] = [get_gpu_info(d) for d in range(status.device_count)]
@@ -74,7 +74,7 @@ def environment() -> Dict[str, Any]:
 def _table(info: Dict[str, Any]) -> Any:
     from rich.table import Table
 
-    from gpukeeper.figures import fmt_bytes
+    from gpukeeper.base.byte_figures import fmt_bytes
 
     table = Table(title="gpukeeper info", show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")

@@ -10,8 +10,8 @@ from gpukeeper.cli.output import (
 )
 
 if TYPE_CHECKING:  # the CLI imports the report only when the command runs
-    from gpukeeper.report import MemoryReport
-    from gpukeeper.report_devices import DevicesReport
+    from gpukeeper.account.device_account import MemoryReport
+    from gpukeeper.account.process_account import DevicesReport
 
 __all__ = ["add_parser", "report_for", "reports_for"]
 
@@ -40,7 +40,7 @@ def report_for(device: str, use_nvml: bool = True) -> Union["DevicesReport", "Me
     """What ``--device`` asks for: with ``all``, ``memory_report()`` (every device and
     their total, a ``DevicesReport``); else that device's ``MemoryReport``.
     ``UserError`` for a device that does not exist."""
-    from gpukeeper.report import memory_report
+    from gpukeeper.account.account_reader import memory_report
 
     if device == "all":
         return memory_report(use_nvml=use_nvml)
@@ -50,7 +50,7 @@ def report_for(device: str, use_nvml: bool = True) -> Union["DevicesReport", "Me
 def reports_for(device: str, use_nvml: bool = True) -> List["MemoryReport"]:
     """The per-device reports ``--device`` asks for (one per device with ``all``), as
     ``gpukeeper watch`` shows them; ``UserError`` for a device that does not exist."""
-    from gpukeeper.report import memory_reports
+    from gpukeeper.account.account_reader import memory_reports
 
     if device == "all":
         return memory_reports(use_nvml=use_nvml)
@@ -58,8 +58,8 @@ def reports_for(device: str, use_nvml: bool = True) -> List["MemoryReport"]:
 
 
 def _one_device(device: str, use_nvml: bool) -> "MemoryReport":
-    from gpukeeper.errors import InvalidInputError
-    from gpukeeper.report import memory_report
+    from gpukeeper.base.errors import InvalidInputError
+    from gpukeeper.account.account_reader import memory_report
 
     try:
         return memory_report(int(device) if device.isdigit() else device, use_nvml=use_nvml)

@@ -11,7 +11,7 @@ from gpukeeper.cli.output import (
     OK, UserError, add_command, add_json_option, check_json_target, console, count_arg, device_arg,
     plain, write_json,
 )
-from gpukeeper.statements import Statement, compile_statement, describe_exception
+from gpukeeper.base.statements import Statement, compile_statement, describe_exception
 
 __all__ = ["add_parser", "prepare"]
 
@@ -70,7 +70,7 @@ def _compiled(what: str, source: str, filename: str) -> Statement:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpukeeper.errors import InvalidInputError
+    from gpukeeper.base.errors import InvalidInputError
     from gpukeeper.timing import benchmark_function, timing_device
 
     check_json_target(args.json)

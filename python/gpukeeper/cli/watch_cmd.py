@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _bytes(n: Optional[int]) -> str:
-    from gpukeeper.figures import fmt_bytes
+    from gpukeeper.base.byte_figures import fmt_bytes
 
     return "?" if n is None else fmt_bytes(n)
 
@@ -58,8 +58,8 @@ def _device_table(report: Any) -> Any:
                       f"{_bytes(mem.allocated)} / {_bytes(mem.reserved)}")
     if report.device is None:
         # CPU mode: device memory cannot be watched; what this process holds on the host can.
-        from gpukeeper.host import current_rss_bytes
-        from gpukeeper.runtime import cuda_available
+        from gpukeeper.base.host_memory import current_rss_bytes
+        from gpukeeper.base.runtime import cuda_available
 
         table.add_row("this process", "resident memory (RSS)", _bytes(current_rss_bytes()))
         table.caption = escape(f"no CUDA device to watch: {cuda_available().reason.rstrip('.')}")

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from gpukeeper import frameworks
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.account.account_reader import memory_report
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import ranks
-from gpukeeper.oom import is_oom_error
-from gpukeeper.report import memory_report
+from gpukeeper.pool.oom_retry import is_oom_error
 
 __all__ = ["disable_oom_snapshots", "enable_oom_snapshots", "oom_snapshots_enabled", "write_oom_snapshot"]
 

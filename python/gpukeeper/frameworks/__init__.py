@@ -28,7 +28,7 @@ from gpukeeper.frameworks.contexts import (
     engine_memory,
     gpu_frameworks_loaded,
 )
-from gpukeeper import devices as _devices
+from gpukeeper.base import device_names as _devices
 from gpukeeper.frameworks.cupy_adapter import (
     CupyAdapter,
     cupy_current_device,

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from gpukeeper.devices import DeviceSpec
+from gpukeeper.base.device_names import DeviceSpec
 
 __all__ = ["CpuBackend", "FrameworkAdapter", "FrameworkMemory", "Scratch", "TimerBackend", "memory_dict"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from gpukeeper import nvml
+from gpukeeper.base import nvml
 from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.frameworks import pools_adapter
 from gpukeeper.frameworks.adapter import FrameworkMemory

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpukeeper import _core, devices
-from gpukeeper.devices import DeviceSpec
-from gpukeeper.errors import InvalidInputError
+import gpukeeper._core as _core
+from gpukeeper.base import device_names as devices
+from gpukeeper.base.device_names import DeviceSpec
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks.adapter import TimerBackend
 from gpukeeper.frameworks.cupy_adapter import cupy_cuda
 from gpukeeper.frameworks.torch_adapter import torch_cuda

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any, List, Optional
 
-from gpukeeper.devices import DeviceSpec
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.device_names import DeviceSpec
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, TimerBackend
 
 __all__ = ["CupyAdapter", "CupyBackend", "cupy_current_device", "cupy_cuda", "cupy_memory_hook",

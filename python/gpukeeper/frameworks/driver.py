@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from gpukeeper import _core, devices
+import gpukeeper._core as _core
+from gpukeeper.base import device_names as devices
 
 __all__ = [
     "backend",

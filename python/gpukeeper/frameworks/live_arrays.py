@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from gpukeeper.devices import current_cuda_index, parse_device
+from gpukeeper.base.device_names import current_cuda_index, parse_device
 
 __all__ = ["LiveArray", "device_array_predicate", "live_array_holders", "live_arrays", "live_buffers"]
 
@@ -173,7 +173,7 @@ def live_buffers(location: str) -> List[LiveArray]:
     """gpukeeper's ``ManagedBuffer``s not yet released at ``location`` (``"host"`` for the
     host and pinned pools, ``"cuda:N"`` for device pools), largest first. Buffers are
     not gc-tracked objects: the core keeps the list of live ones."""
-    from gpukeeper import _core
+    import gpukeeper._core as _core
 
     found = []
     for obj in _core._live_buffers():

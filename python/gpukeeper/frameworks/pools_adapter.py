@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
-from gpukeeper import _core
+import gpukeeper._core as _core
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
 
 __all__ = ["PoolsAdapter", "host_pool_memory", "host_pool_peak", "live_pools", "register_pool",

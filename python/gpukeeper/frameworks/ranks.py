@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
     "RankInfo",

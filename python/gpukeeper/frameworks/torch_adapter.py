@@ -7,8 +7,8 @@ import os
 import sys
 from typing import Any, Callable, List, Optional, Tuple
 
-from gpukeeper.devices import DeviceSpec
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.device_names import DeviceSpec
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, TimerBackend
 
 __all__ = [

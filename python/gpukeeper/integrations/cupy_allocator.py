@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Set
 
 from gpukeeper import frameworks
-from gpukeeper.errors import AllocationError, GpuError, InvalidInputError
-from gpukeeper.memory import MemoryPool, Precision
+from gpukeeper.base.errors import AllocationError, GpuError, InvalidInputError
+from gpukeeper.pool.memory_pool import MemoryPool, Precision
 
 # Larger requests are refused by the pool as input errors; CuPy's own pool calls them an
 # out-of-memory (cudaMalloc fails), and so does this hook.

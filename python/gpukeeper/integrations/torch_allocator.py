@@ -39,10 +39,11 @@ import sys
 import warnings
 from typing import Any, List, Optional, Tuple, Union
 
-from gpukeeper import _core, frameworks
+import gpukeeper._core as _core
+from gpukeeper import frameworks
 from gpukeeper._core import PoolStats
-from gpukeeper.checks import check_choice
-from gpukeeper.errors import GpuError, InvalidInputError
+from gpukeeper.base.arg_checks import check_choice
+from gpukeeper.base.errors import GpuError, InvalidInputError
 from gpukeeper.integrations import torch_component, torch_memory_api
 
 __all__ = [

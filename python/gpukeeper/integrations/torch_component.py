@@ -19,8 +19,8 @@ import glob
 import os
 from typing import Any, Optional
 
-from gpukeeper import _core
-from gpukeeper.errors import GpuError
+import gpukeeper._core as _core
+from gpukeeper.base.errors import GpuError
 
 __all__ = ["library_path", "built_for", "status", "install"]
 

@@ -41,8 +41,8 @@ import collections
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from gpukeeper import _core
-from gpukeeper.errors import InvalidInputError
+import gpukeeper._core as _core
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["install", "restore", "is_installed", "memory_stats_dict", "memory_stats_flat",
            "snapshot_dict"]

@@ -24,7 +24,7 @@ from IPython.display import display
 from gpukeeper.cleanup import CleanupReport, GPUContext
 from gpukeeper.cleanup.ipython_refs import note_failed_block
 from gpukeeper.cleanup.measure import devices_in_use, peaks, reset_peaks
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.ipython.cells import compile_cell
 from gpukeeper.ipython.memory_cell import BufferWatch, CellMemory
 from gpukeeper.ipython.options import (
@@ -35,8 +35,8 @@ from gpukeeper.ipython.options import (
     parse_line,
     positive_int,
 )
-from gpukeeper.report import memory_report
-from gpukeeper.statements import Statement, compile_statement, describe_exception
+from gpukeeper.account.account_reader import memory_report
+from gpukeeper.base.statements import Statement, compile_statement, describe_exception
 from gpukeeper.timing import BenchmarkResult, benchmark_function, timing_device
 
 __all__ = ["GPUKeeperMagics"]

@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Set, Tuple
 
+from gpukeeper.base.byte_figures import fmt_bytes
+from gpukeeper.base.html_table import html_table
 from gpukeeper.cleanup import CleanupReport
 from gpukeeper.cleanup.measure import HOST
-from gpukeeper.figures import fmt_bytes
-from gpukeeper.htmltable import html_table
-from gpukeeper.memory import ManagedBuffer
+from gpukeeper.pool.memory_pool import ManagedBuffer
 
 __all__ = ["BufferWatch", "CellMemory"]
 

@@ -19,8 +19,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from IPython.core.error import UsageError
 
-from gpukeeper.devices import parse_device
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.device_names import parse_device
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["OptionSpec", "device_option", "parse_line", "positive_int", "non_negative_float"]
 

@@ -21,11 +21,11 @@ The package, one concern a module:
 - :mod:`~gpukeeper.md.events`: GPU event marks every k-th step, the choice of k, and the
   timing method they make;
 - :mod:`~gpukeeper.md.leak`: leak verdicts;
-- :mod:`~gpukeeper.md.result`: ``TrajectoryResult``; :mod:`~gpukeeper.md.plot`: its figure.
+- :mod:`~gpukeeper.md.trajectory_result`: ``TrajectoryResult``; :mod:`~gpukeeper.md.trajectory_plot`: its figure.
 
 What it shares with ``benchmark_function`` is timing's, so that both decide and read
 alike: where the work runs (:mod:`gpukeeper.timing.plans`), the memory series and the
-rule that picks them (:mod:`gpukeeper.timing.memory`), their sampler
+rule that picks them (:mod:`gpukeeper.timing.memory_readers`), their sampler
 (:mod:`gpukeeper.timing.sampling`), and the statistics (``LatencyStats``,
 :mod:`gpukeeper.timing.latency`, over :mod:`gpukeeper.timing.stats`).
 
@@ -119,8 +119,8 @@ one event record): well under a microsecond of host time
 """
 
 from gpukeeper.md.leak import LeakVerdict, leak_verdict
-from gpukeeper.md.result import LatencyStats, TrajectoryResult, latency_stats
 from gpukeeper.md.trajectory import benchmark_md_trajectory
+from gpukeeper.md.trajectory_result import LatencyStats, TrajectoryResult, latency_stats
 
 __all__ = [
     "TrajectoryResult",

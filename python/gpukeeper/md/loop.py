@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Tuple
 
+from gpukeeper.base.progress import ProgressBar
 from gpukeeper.md.events import RING_KEEP, EventMarks
-from gpukeeper.progress import ProgressBar
 from gpukeeper.timing.sampling import StepSampler
 
 __all__ = ["LoopOptions", "run_loop", "step_hook"]

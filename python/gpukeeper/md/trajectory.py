@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from gpukeeper import frameworks
-from gpukeeper.checks import check_int, check_positive
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.arg_checks import check_int, check_positive
+from gpukeeper.base.errors import InvalidInputError
 import gpukeeper.md.events as events
 from gpukeeper.md.leak import memory_outcome
 from gpukeeper.md.loop import LoopOptions, run_loop
-from gpukeeper.progress import ProgressBar, progress_wanted
-from gpukeeper.md.result import LatencyStats, TrajectoryResult, latency_stats
-from gpukeeper.timing import memory
+from gpukeeper.base.progress import ProgressBar, progress_wanted
+from gpukeeper.md.trajectory_result import LatencyStats, TrajectoryResult, latency_stats
+from gpukeeper.timing import memory_readers as memory
 from gpukeeper.timing.plans import Plan, choose_plan, confirm_plan, cpu_plan
 from gpukeeper.timing.sampling import StepSampler, sample_period
 from gpukeeper.timing.timer import timing_device
@@ -147,7 +147,7 @@ def _memory_probes(plan: Plan, memory_sample_every: Union[int, str], n: int, war
                    event_every: Optional[int], warnings: List[str],
                    ) -> Tuple[Optional[StepSampler], Optional[memory.MemorySeries]]:
     """The memory sampler of the run and the NVML cross-check series (either may be None):
-    the series :func:`gpukeeper.timing.memory.memory_series` picks for the plan."""
+    the series :func:`gpukeeper.timing.memory_readers.memory_series` picks for the plan."""
     series, cross = memory.memory_series(plan.kind, plan.index, plan.synchronize, warnings)
     every = sample_period(series, memory_sample_every, n, warm_ns, align=event_every or 1)
     return StepSampler(series, every, n), cross
@@ -407,7 +407,7 @@ def benchmark_md_trajectory(
             a CPU model on a GPU machine.
         name: label (default: the function's name).
         memory_sample_every: read memory after every N-th step, or "auto" (module doc).
-        progress: a progress bar on stderr (:mod:`gpukeeper.progress`); None: on for runs
+        progress: a progress bar on stderr (:mod:`gpukeeper.base.progress`); None: on for runs
             of at least 5000 steps when stderr is a terminal and neither CI nor pytest runs
             the code (``GPUKEEPER_PROGRESS=0/1`` decides otherwise).
         sync_every: synchronize the device inside every k-th step's measured window.

@@ -37,12 +37,12 @@ from typing import Any, Callable, Dict, Generator, List, Optional
 import pytest
 
 from gpukeeper.cleanup.context import GPUContext
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.pytest_plugin import rounds, workers
 from gpukeeper.pytest_plugin.benchmarks import BenchmarkSession, add_benchmark_options, make_gpu_benchmark
 from gpukeeper.pytest_plugin.leaks import check_leaks_option, leak_check_for, leak_failure, parse_tolerance_mb
 from gpukeeper.pytest_plugin.memory_table import MemoryRow, RegionProbe, format_rows
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 
 __all__ = ["LEAK_SECTION", "gpu_benchmark", "gpu_context", "parse_tolerance_mb"]
 
@@ -233,7 +233,7 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
 
 def _no_cuda_note() -> str:
     """Once per run where leaks were checked without CUDA: what those checks could see."""
-    from gpukeeper.runtime import cuda_available
+    from gpukeeper.base.runtime import cuda_available
 
     cuda = cuda_available()
     if cuda:

@@ -23,12 +23,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
-from gpukeeper.checks import check_int
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.arg_checks import check_int
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.pytest_plugin import rounds as _rounds
 from gpukeeper.timing.benchmark import benchmark_function
 from gpukeeper.timing.regression import Comparison, compare_runs, parse_fail_threshold, regression
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 from gpukeeper.timing.store import DEFAULT_ROOT, RunStore, machine_info
 
 __all__ = ["BenchmarkSession", "add_benchmark_options", "make_gpu_benchmark"]

@@ -9,9 +9,9 @@ from typing import Any, Optional, Tuple
 
 import pytest
 
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
 from gpukeeper.cleanup.leak_check import LeakCheck
-from gpukeeper.cleanup.report import CleanupReport, leak_message
-from gpukeeper.errors import InvalidInputError
 
 __all__ = ["check_leaks_option", "leak_check_for", "leak_failure", "parse_tolerance_mb"]
 

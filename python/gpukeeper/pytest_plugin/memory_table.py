@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from gpukeeper.cleanup.measure import devices_in_use, level_of, measure, peaks, reset_peaks
-from gpukeeper.cleanup.report import Snapshot
-from gpukeeper.figures import fmt_bytes
+from gpukeeper.cleanup.cleanup_report import Snapshot
+from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.timing.timer import CUDATimer, timing_device
 
 __all__ = ["MemoryRow", "RegionProbe", "format_rows"]

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import pytest
 
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 
 __all__ = ["OUT_ENV", "is_round_child", "keep_benchmark_items", "run_rounds", "write_round"]
 

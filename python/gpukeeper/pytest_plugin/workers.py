@@ -15,8 +15,8 @@ import os
 import re
 from typing import List, Optional
 
-from gpukeeper.devices import cuda_status
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.device_names import cuda_status
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["RESOLVED_ENV", "WORKER_KEY", "assign_worker_device", "parse_device_list",
            "resolve_for_workers", "worker_index"]

@@ -9,10 +9,10 @@
   behind a launch-latency gate (the device time), the loop time of back-to-back calls
   and the verdict on what bounds a call (``loop_time``), optional L2 flush (``l2``), nvbench-style noise-based
   stopping (``stopping``), throttle detection (``throttle``); returns a
-  ``BenchmarkResult`` (``result``).
+  ``BenchmarkResult`` (``benchmark_result``).
 - The measurement core that ``benchmark_function`` and ``benchmark_md_trajectory``
   share: ``plans`` (``Plan``: where the work runs and how it is waited for, with the one
-  auto-device rule and the engine warning), ``memory`` (the memory series and the one
+  auto-device rule and the engine warning), ``memory_readers`` (the memory series and the one
   rule that picks the memory of the work measured: NVML's figure for an engine's work),
   ``sampling`` (memory before/after/peak of a run, and between an MD run's steps),
   ``latency`` (``LatencyStats``: ``SampleStats`` of a per-step series with jitter, drift
@@ -20,8 +20,9 @@
 - ``compare_implementations`` / ``print_comparison_table`` (``compare``): side by side,
   with the differences that are within the noise marked; the comparison is an
   ``ImplementationComparison`` (a dict) with ``table()``, rich display and ``plot()``.
-- ``plot``: the figures of ``BenchmarkResult.plot()`` and ``ImplementationComparison.plot()``
-  (matplotlib imported only then).
+- ``benchmark_plot`` and ``comparison_plot``: the figures of ``BenchmarkResult.plot()`` and
+  ``ImplementationComparison.plot()`` (matplotlib imported only then); ``speedup``: a
+  speedup against the baseline as both write it.
 - ``compare_runs`` (``regression``): one benchmark against a saved run of it, with a
   noise-aware verdict (faster, slower, same, undecided); ``store``: saved runs per machine.
 - ``ProfilerContext``: the PyTorch profiler with a chrome trace and a summary table.
@@ -39,9 +40,9 @@ from gpukeeper.timing.compare import (
 from gpukeeper.timing.l2 import L2Flusher, l2_cache_size
 from gpukeeper.timing.profiler import ProfilerContext
 from gpukeeper.timing.regression import Comparison, compare_runs
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion, SampleStats, summarize
-from gpukeeper.devices import DeviceSpec
+from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.timing.timer import (
     CoreBackend,
     CpuBackend,

@@ -50,16 +50,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
-from gpukeeper.checks import check_choice, check_int, check_positive
-from gpukeeper.devices import DeviceSpec
-from gpukeeper.errors import GpuError, InvalidInputError
+from gpukeeper.base.arg_checks import check_choice, check_int, check_positive
+from gpukeeper.base.device_names import DeviceSpec
+from gpukeeper.base.errors import GpuError, InvalidInputError
 from gpukeeper.frameworks.ranks import RankStep, check_group
-from gpukeeper.progress import ProgressBar, progress_wanted
+from gpukeeper.base.progress import ProgressBar, progress_wanted
 from gpukeeper.timing.l2 import L2Flusher
 from gpukeeper.timing.plans import HostSync, host_sync_plan, jax_plan, timer_plan, unsynchronized_warning
 from gpukeeper.timing.sampling import MemorySampler
 from gpukeeper.timing import stats
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 from gpukeeper.timing.loop_time import LoopBatches, bound_verdict, run_batches
 from gpukeeper.timing.stopping import StopRule
 from gpukeeper.timing.throttle import ClockWatch

@@ -13,12 +13,14 @@ import math
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 
-from gpukeeper.errors import InvalidInputError
-from gpukeeper.htmltable import html_table
-from gpukeeper.texttable import text_table
-from gpukeeper.plotting import PathLike
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.html_table import html_table
+from gpukeeper.base.plotting import PathLike
+from gpukeeper.base.text_table import text_table
 from gpukeeper.timing.benchmark import benchmark_function
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
+from gpukeeper.timing.comparison_plot import plot_comparison
+from gpukeeper.timing.speedup import speedup_label, within_noise
 
 __all__ = [
     "ImplementationComparison",
@@ -53,8 +55,6 @@ class ImplementationComparison(Dict[str, BenchmarkResult]):
 
         Raises ``ImportError`` naming the fix when matplotlib is not installed.
         """
-        from gpukeeper.timing.plot import plot_comparison
-
         return plot_comparison(self, path)
 
 
@@ -89,25 +89,6 @@ def compare_implementations(
     for result in results.values():
         result.speedup = baseline / result.median_ms if result.median_ms > 0 else math.inf
     return results
-
-
-def within_noise(a: BenchmarkResult, b: BenchmarkResult) -> bool:
-    """True when the interquartile ranges [p25, p75] of ``a`` and ``b`` overlap."""
-    return a.p25_ms <= b.p75_ms and b.p25_ms <= a.p75_ms
-
-
-def speedup_label(result: BenchmarkResult, baseline: Optional[BenchmarkResult] = None) -> str:
-    """``result``'s speedup against ``baseline`` as the comparison table writes it:
-    ``"1.00x (baseline)"`` when ``baseline`` is None (``result`` is the baseline), else
-    ``"2.31x"`` (``result.speedup`` when set, else baseline median / its median), with
-    ``~`` in front when ``within_noise``."""
-    if baseline is None:
-        return "1.00x (baseline)"
-    speedup = result.speedup if result.speedup is not None else (
-        baseline.median_ms / result.median_ms if result.median_ms > 0 else math.inf
-    )
-    mark = "~" if within_noise(baseline, result) else ""
-    return f"{mark}{speedup:.2f}x"
 
 
 def _result_pairs(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from gpukeeper import frameworks
-from gpukeeper.devices import DeviceSpec
+from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.frameworks import Scratch
 from gpukeeper.timing.timer import TimerBackend, timing_device
 

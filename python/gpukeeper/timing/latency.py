@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Sequence, Tuple
 
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.timing import stats
 from gpukeeper.timing.stats import SampleStats
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from gpukeeper import frameworks
-from gpukeeper.devices import DeviceSpec
+from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.timing.timer import TimerBackend
 
 __all__ = [

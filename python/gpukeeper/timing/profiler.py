@@ -11,7 +11,7 @@ import os
 from typing import Any, Iterable, List, Optional, Union
 
 from gpukeeper import frameworks
-from gpukeeper.errors import GpuError, InvalidInputError
+from gpukeeper.base.errors import GpuError, InvalidInputError
 
 __all__ = ["ProfilerContext"]
 

@@ -44,11 +44,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from gpukeeper.checks import check_fraction
-from gpukeeper.errors import InvalidInputError
-from gpukeeper.htmltable import html_table
+from gpukeeper.base.arg_checks import check_fraction
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.html_table import html_table
 from gpukeeper.timing import stats as _stats
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 
 __all__ = [
     "COMPARISON_HEADER",

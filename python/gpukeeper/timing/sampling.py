@@ -1,6 +1,6 @@
 """Memory sampled over a measured run: between steps (``StepSampler``) and around it (``MemorySampler``).
 
-Both read the series that :func:`gpukeeper.timing.memory.memory_series` picks, so a
+Both read the series that :func:`gpukeeper.timing.memory_readers.memory_series` picks, so a
 benchmark's ``memory_source`` and an MD run's leak verdict come from the same memory.
 """
 
@@ -11,7 +11,7 @@ import time
 from array import array
 from typing import Any, Callable, List, Optional, Sequence, Union
 
-from gpukeeper.timing.memory import MemorySeries, memory_series
+from gpukeeper.timing.memory_readers import MemorySeries, memory_series
 
 __all__ = [
     "MemorySampler",
@@ -104,7 +104,7 @@ class StepSampler:
 
 class MemorySampler:
     """Memory before and after a run, and its peak where the source keeps one, from the
-    first series :func:`~gpukeeper.timing.memory.memory_series` picks for plan ``kind``
+    first series :func:`~gpukeeper.timing.memory_readers.memory_series` picks for plan ``kind``
     on device ``index``. ``source`` names it (``BENCHMARK_NAMES`` spelling; None: not
     read); ``why`` says what could not be read."""
 

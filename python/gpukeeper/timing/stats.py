@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, Iterable, List, Sequence
 
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
     "mean",

@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from gpukeeper.device import get_gpu_info
-from gpukeeper.errors import InvalidInputError
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.account.device_utils import get_gpu_info
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 
 __all__ = ["DEFAULT_ROOT", "RunStore", "machine_info", "machine_key", "rounds_from_doc", "rounds_to_doc"]
 

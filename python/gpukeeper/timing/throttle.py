@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from gpukeeper import nvml as _nvml
+from gpukeeper.base import nvml as _nvml
 
 __all__ = ["CLOCK_DROP", "THROTTLE_BITS", "ClockWatch", "nvml_sample", "throttle_verdict"]
 

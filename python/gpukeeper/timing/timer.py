@@ -36,12 +36,12 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 import warnings
 
-from gpukeeper.devices import DeviceSpec, resolve_device
+from gpukeeper.base.device_names import DeviceSpec, resolve_device
 from gpukeeper.frameworks.adapter import CpuBackend, TimerBackend
 from gpukeeper.frameworks.cuda_context_adapter import CoreBackend, core_cuda
 from gpukeeper.frameworks.cupy_adapter import CupyBackend, cupy_cuda
 from gpukeeper.frameworks.torch_adapter import TorchBackend, torch_cuda
-from gpukeeper.errors import GpuError, InvalidInputError, TimingWarning
+from gpukeeper.base.errors import GpuError, InvalidInputError, TimingWarning
 
 __all__ = [
     "CUDATimer",
@@ -65,7 +65,7 @@ __all__ = [
 
 
 def timing_device(device: Any = None) -> DeviceSpec:
-    """The device to time on: :func:`gpukeeper.devices.resolve_device`, except that None
+    """The device to time on: :func:`gpukeeper.base.device_names.resolve_device`, except that None
     means CUDA only when a loaded framework (PyTorch, CuPy) uses it; GPU events around
     host-only work would read zero."""
     return resolve_device(device, auto_cuda=torch_cuda() is not None or cupy_cuda() is not None)
@@ -134,7 +134,7 @@ def gates() -> Any:
     ``benchmark_function`` and ``gpukeeper check``) calls it when a timer is made, so a
     test can put a stand-in gate module here.
     """
-    from gpukeeper import _core
+    import gpukeeper._core as _core
 
     return _core if _core.stream_gates_available() else None
 

@@ -1,6 +1,6 @@
-"""Device utilities of seeds 002 and 004: pick a device, describe it, read its memory.
+"""Device utilities: pick a device, describe it, read its memory, warm it up.
 
->>> from gpukeeper.device import get_device, warmup_cuda, get_gpu_memory_info
+>>> from gpukeeper.account.device_utils import get_device, warmup_cuda, get_gpu_memory_info
 >>> device = get_device()
 >>> warmup_cuda()
 >>> mem_info = get_gpu_memory_info()
@@ -28,11 +28,14 @@ import platform
 import time
 from typing import Any, Dict, Optional, Tuple
 
-from gpukeeper import _core, frameworks, host, nvml
+import gpukeeper._core as _core
+from gpukeeper import frameworks
+from gpukeeper.base import host_memory as host
+from gpukeeper.base import nvml
 from gpukeeper.frameworks import driver as cuda_driver
-from gpukeeper.devices import DeviceSpec, resolve_device
-from gpukeeper.errors import DeviceError, InvalidInputError
-from gpukeeper.host import process_rss_bytes
+from gpukeeper.base.device_names import DeviceSpec, resolve_device
+from gpukeeper.base.errors import DeviceError, InvalidInputError
+from gpukeeper.base.host_memory import process_rss_bytes
 
 __all__ = [
     "get_device",
@@ -408,7 +411,7 @@ def warmup_cuda(device: Any = None, *, matmul_size: int = 1024, iterations: int 
             del x, y
     else:
         # No framework: the context is what costs; a pool allocation creates it.
-        from gpukeeper.memory import MemoryPool
+        from gpukeeper.pool.memory_pool import MemoryPool
 
         pool = MemoryPool()
         with pool.get_managed_buffer(index, 1 << 18, "float32"):

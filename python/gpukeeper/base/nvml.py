@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from gpukeeper import _core
+import gpukeeper._core as _core
 
 __all__ = [
     "Nvml",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import html
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["html_fields", "html_table"]
 

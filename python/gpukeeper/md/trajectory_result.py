@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from gpukeeper.figures import fmt_bytes
-from gpukeeper.htmltable import html_fields
-from gpukeeper.plotting import PathLike
+from gpukeeper.base.byte_figures import fmt_bytes
+from gpukeeper.base.html_table import html_fields
+from gpukeeper.base.plotting import PathLike
 from gpukeeper.timing.latency import LatencyStats, latency_stats
 from gpukeeper.timing.stats import json_safe
 
@@ -278,6 +278,6 @@ class TrajectoryResult:
         Raises ``InvalidInputError`` when ``bins`` is not an int >= 1, ``ImportError``
         naming the fix when matplotlib is not installed.
         """
-        from gpukeeper.md.plot import plot_trajectory
+        from gpukeeper.md.trajectory_plot import plot_trajectory
 
         return plot_trajectory(self, path, bins=bins)

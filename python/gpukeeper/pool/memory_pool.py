@@ -15,10 +15,11 @@ from __future__ import annotations
 import warnings
 from typing import Any, Iterator, List, Set, Tuple, Union
 
-from gpukeeper import _core, frameworks
+import gpukeeper._core as _core
+from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer, PoolStats, Precision
-from gpukeeper.devices import check_index
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.device_names import check_index
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["MemoryPool", "ManagedBuffer", "BufferBatch", "Precision", "PoolStats"]
 

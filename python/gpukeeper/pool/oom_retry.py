@@ -42,7 +42,7 @@ import traceback
 from typing import Any, Callable, Optional, TypeVar
 
 from gpukeeper import frameworks
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["retry_on_oom", "is_oom_error", "release_for_retry"]
 

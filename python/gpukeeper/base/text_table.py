@@ -1,6 +1,6 @@
 """Plain-text tables (aligned columns, a rule under the header) for results printed to a
 terminal or a log, where rich's boxes would not survive being gathered from many ranks
-or pasted into an issue. HTML tables are in :mod:`gpukeeper.htmltable`."""
+or pasted into an issue. HTML tables are in :mod:`gpukeeper.base.html_table`."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["check_fraction", "check_int", "check_positive"]
 

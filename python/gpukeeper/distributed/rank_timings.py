@@ -15,11 +15,11 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.text_table import text_table
 from gpukeeper.frameworks import ranks
-from gpukeeper.md.result import TrajectoryResult
-from gpukeeper.texttable import text_table
-from gpukeeper.timing.result import BenchmarkResult
+from gpukeeper.md.trajectory_result import TrajectoryResult
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 
 __all__ = ["RankAggregate", "RankTiming", "aggregate"]
 

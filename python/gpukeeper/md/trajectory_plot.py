@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from gpukeeper.checks import check_int
-from gpukeeper.plotting import PathLike, finish, pyplot
+from gpukeeper.base.arg_checks import check_int
+from gpukeeper.base.plotting import PathLike, finish, pyplot
 
 __all__ = ["plot_trajectory"]
 

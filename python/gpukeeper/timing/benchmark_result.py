@@ -7,10 +7,11 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple
 
-from gpukeeper.errors import InvalidInputError
-from gpukeeper.htmltable import html_fields
-from gpukeeper.plotting import PathLike
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.html_table import html_fields
+from gpukeeper.base.plotting import PathLike
 from gpukeeper.timing import stats as _stats
+from gpukeeper.timing.benchmark_plot import plot_benchmark
 from gpukeeper.timing.loop_time import describe_bound
 from gpukeeper.timing.units import duration_text
 
@@ -412,8 +413,6 @@ class BenchmarkResult:
         Raises ``InvalidInputError`` when ``bins`` is not an int >= 1, ``ImportError``
         naming the fix when matplotlib is not installed.
         """
-        from gpukeeper.timing.plot import plot_benchmark
-
         return plot_benchmark(self, path, bins=bins)
 
     # ----------------------------------------------------------------- serialisation

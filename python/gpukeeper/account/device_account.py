@@ -1,12 +1,4 @@
-"""One account of a device: who holds its memory (``memory_report``).
-
->>> report = memory_report(0)         # CUDA device 0; memory_report("cpu"): host memory
->>> print(report)                     # a readable table
->>> report.frameworks["torch"].reserved
->>> report.context_and_libraries_bytes
->>> report.to_json()                  # or to_dict(); MemoryReport.from_dict() reads it back
->>> everything = memory_report()      # every visible device and their totals
->>> everything.frameworks_reserved_bytes, everything[1].free_bytes  # (DevicesReport)
+"""``MemoryReport``: one device's account, who holds its memory, as figures, a table and JSON.
 
 The report splits this process's device memory into
 
@@ -44,43 +36,26 @@ memory), ``frameworks`` holds gpukeeper's host pools, ``process_bytes`` is this
 process's resident set size, and ``notes`` says why CUDA is unavailable.
 
 NVML access (loading, device matching, per-process figures) lives in
-:mod:`gpukeeper.nvml`; this module only assembles the report.
+:mod:`gpukeeper.base.nvml`; the report is read by
+:mod:`gpukeeper.account.account_reader`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union, overload
+from typing import Any, Dict, List, Optional, Tuple
 
-from gpukeeper import _core, devices, frameworks, host
-from gpukeeper.errors import InvalidInputError
-from gpukeeper.figures import bytes_text, figure_table, sum_known
+from gpukeeper import frameworks
+from gpukeeper.base.byte_figures import bytes_text, figure_table, sum_known
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.html_table import html_table
+from gpukeeper.base.nvml import ProcessMemory
 from gpukeeper.frameworks import FrameworkMemory
-from gpukeeper.frameworks.ranks import current_rank
-from gpukeeper.htmltable import html_table
-from gpukeeper.nvml import (
-    NVML,
-    ProcessMemory,
-    ProcessReading,
-    device_handle,
-    device_processes,
-    error_text,
-    nvml_status,
-    process_name,
-    text,
-)
 
-if TYPE_CHECKING:
-    from gpukeeper.report_devices import DevicesReport
-
-__all__ = ["MemoryReport", "ProcessMemory", "framework_rows", "memory_report", "memory_reports", "nvml_status"]
-
-
-# --------------------------------------------------------------------- the report
+__all__ = ["MemoryReport", "framework_rows"]
 
 
 @dataclass
@@ -356,258 +331,3 @@ def framework_rows(memory: Dict[str, FrameworkMemory], mode: str) -> List[Tuple[
     if not memory:
         rows.append(("  (no framework holds memory)", "", ""))
     return rows
-
-
-# --------------------------------------------------------------------- gathering
-
-
-def _host_section() -> Dict[str, Optional[int]]:
-    available, total = _core.host_memory_info()
-    pools = frameworks.host_pool_memory()
-    allocated = pools.allocated if pools else 0
-    reserved = pools.reserved if pools else 0
-    return {
-        "total_bytes": int(total),
-        "available_bytes": int(available),
-        "process_rss_bytes": host.current_rss_bytes(),
-        "gpukeeper_pools_allocated_bytes": allocated,
-        "gpukeeper_pools_reserved_bytes": reserved,
-    }
-
-
-def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
-    host = _host_section()
-    pools = [p for p in frameworks.live_pools() if getattr(p, "kind", "") in ("host", "pinned")]
-    framework_memory: Dict[str, FrameworkMemory] = {}
-    peaks: Dict[str, int] = {}
-    if pools:
-        framework_memory["gpukeeper"] = FrameworkMemory(
-            "gpukeeper",
-            host["gpukeeper_pools_allocated_bytes"],
-            host["gpukeeper_pools_reserved_bytes"],
-        )
-        # The host pools stand for the device in CPU mode, so their peak is the report's
-        # (peak_by_framework asks of device pools only, and a CPU-only build has none).
-        peak = frameworks.host_pool_peak()
-        if peak is not None:
-            peaks["gpukeeper"] = int(peak)
-    return MemoryReport(
-        mode="cpu",
-        device=None,
-        name="host",
-        total_bytes=int(host["total_bytes"] or 0),
-        free_bytes=int(host["available_bytes"] or 0),
-        memory_source="host",
-        frameworks=framework_memory,
-        process_bytes=host["process_rss_bytes"],
-        process_source="resident set size (/proc/self/statm)",
-        this_process="CPU mode",
-        other_processes=[],
-        nvml=nvml_status() if use_nvml else "disabled (use_nvml=False)",
-        host=host,
-        notes=[f"CPU mode ({reason}): figures are host memory"],
-        peaks=peaks,
-    )
-
-
-def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
-    notes: List[str] = []
-    framework_memory, reserved_known = _framework_section(device, notes)
-    nvml, nvml_reason, handle = _nvml_handle(device, use_nvml, notes)
-    name, total, free, source, processes = _device_memory(device, nvml, handle, notes)
-
-    pid = os.getpid()
-    process_bytes, this_process, others = _this_process_reading(
-        device, pid, processes, reserved_known, nvml, nvml_reason
-    )
-    listed = None if this_process.startswith("unknown") else this_process.startswith("found")
-    census = frameworks.context_census(
-        device, reading=ProcessReading(listed, process_bytes), primary_in_use=(reserved_known or 0) > 0
-    )
-    primary, other = census.primary, census.other
-    if other is not None and other > 0 and primary:
-        notes.append(
-            "another CUDA context than the primary one is in use (" + census.how + "): NVML "
-            "gives one figure per process, so its memory is not told apart from the "
-            "primary context's")
-    return MemoryReport(
-        mode="cuda",
-        device=device,
-        name=name,
-        total_bytes=int(total),
-        free_bytes=int(free),  # type: ignore[arg-type]
-        memory_source=source,
-        frameworks=framework_memory,
-        process_bytes=process_bytes,
-        process_source="nvml" if processes is not None else "unavailable",
-        this_process=this_process,
-        other_processes=others,
-        nvml=NVML.status() if use_nvml else nvml_reason,
-        host=_host_section(),
-        pid=pid,
-        notes=notes,
-        primary_context=primary,
-        other_contexts=other,
-        contexts_how=census.how,
-        # One more counter read per framework that keeps a peak: PyTorch's raw stats
-        # call (13-19 us on an H100 host), the pools' stats (well under that).
-        peaks=frameworks.peak_by_framework(device),
-    )
-
-
-def _framework_section(device: int, notes: List[str]):
-    framework_memory = frameworks.memory_by_framework(device)
-    reserved_known = sum_known(m.reserved for m in framework_memory.values())
-    if reserved_known is None:
-        unknown = [n for n, m in framework_memory.items() if m.reserved is None]
-        notes.append(f"reserved bytes unknown for {', '.join(unknown)}: no context figure")
-    integration = sys.modules.get("gpukeeper.integrations.torch_allocator")
-    try:
-        if integration is not None and integration.is_active():
-            notes.append("PyTorch allocates from a gpukeeper pool (use_torch_allocator)")
-    except Exception:
-        pass
-    return framework_memory, reserved_known
-
-
-def _nvml_handle(device: int, use_nvml: bool, notes: List[str]):
-    nvml, nvml_reason = NVML.get() if use_nvml else (None, "disabled (use_nvml=False)")
-    handle = None
-    if nvml is not None:
-        try:
-            handle, how = device_handle(nvml, device)
-            if how != "same index":
-                notes.append(f"NVML device matched by {how}")
-        except Exception as exc:
-            notes.append(f"no NVML device matched CUDA device {device}: {error_text(exc)}")
-    return nvml, nvml_reason, handle
-
-
-def _device_memory(device: int, nvml, handle, notes: List[str]):
-    name = f"CUDA device {device}"
-    total = free = None
-    source = "cudaMemGetInfo"
-    processes: Optional[List[ProcessMemory]] = None
-    if handle is not None:
-        try:
-            name = text(nvml.nvmlDeviceGetName(handle))
-        except Exception:
-            pass
-        try:
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            total, free, source = int(info.total), int(info.free), "nvml"
-        except Exception as exc:
-            notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
-        processes = device_processes(nvml, handle, notes)
-    if total is None:
-        # cudaMemGetInfo needs a context: this creates one on `device` if the process has
-        # none yet (NVML avoids that, which is why it comes first).
-        free, total = _core.device_memory_info(device)
-        free, total = int(free), int(total)
-        if name == f"CUDA device {device}":
-            name = frameworks.torch_device_name(device) or name
-    return name, total, free, source, processes
-
-
-def _this_process_reading(device: int, pid: int, processes, reserved_known, nvml, nvml_reason):
-    if processes is None:
-        process_bytes, this_process, others = None, (
-            "unknown: " + (nvml_reason if nvml is None else "NVML gave no process list")
-        ), []
-        return process_bytes, this_process, others
-    mine = [p for p in processes if p.pid == pid]
-    others = [p for p in processes if p.pid != pid]
-    if mine and mine[0].used_bytes is not None and mine[0].used_bytes < (reserved_known or 0):
-        # NVML counts every byte this process holds, so a smaller figure belongs to
-        # someone else: a host PID that equals ours inside a container.
-        process_bytes, others = None, processes
-        this_process = (
-            f"unknown: NVML lists pid {pid} with {bytes_text(mine[0].used_bytes)}, less than the "
-            f"{bytes_text(reserved_known)} its frameworks reserved (another PID namespace's pid?)"
-        )
-    elif mine:
-        process_bytes = mine[0].used_bytes
-        this_process = f"found (pid {pid})"
-        if process_bytes is None:
-            this_process = f"found (pid {pid}), but NVML does not report its memory"
-    elif (
-        (reserved_known or 0) > 0
-        or _holds_context(device)
-        or any(process_name(p.pid) is None for p in others)
-    ):
-        # We have a context (we hold device memory, or the driver says so) yet are not
-        # listed, or listed PIDs do not exist here: NVML's PIDs are another PID
-        # namespace's (a container's).
-        process_bytes = None
-        this_process = (
-            f"unknown: pid {pid} is not in NVML's list (a container's PID namespace "
-            "may hide it); one of the listed processes may be this one"
-        )
-    else:
-        process_bytes = 0
-        this_process = "not listed: no CUDA context on this device"
-    return process_bytes, this_process, others
-
-
-def _holds_context(device: int) -> bool:
-    """Whether this process has a CUDA context on ``device``, as far as can be told
-    without creating one (frameworks.active_devices asks the driver, where it has it)."""
-    active = getattr(frameworks, "active_devices", None)
-    if active is None:
-        return False
-    try:
-        return device in active()
-    except Exception:
-        return False
-
-
-@overload
-def memory_report(device: None = None, *, use_nvml: bool = True) -> "DevicesReport": ...
-
-
-@overload
-def memory_report(device: Any, *, use_nvml: bool = True) -> MemoryReport: ...
-
-
-def memory_report(device: Any = None, *, use_nvml: bool = True) -> "Union[MemoryReport, DevicesReport]":
-    """Who holds the memory of every visible device, or of one.
-
-    ``device=None``: a :class:`~gpukeeper.report_devices.DevicesReport` of the whole
-    process: one :class:`MemoryReport` per visible CUDA device, with totals (the single
-    CPU-mode report without CUDA), tagged with the process's rank under torch.distributed
-    or a launcher such as torchrun. Any other spelling gives the :class:`MemoryReport` of
-    that one device: an index, ``"cuda:N"`` or a ``torch.device``; ``"cuda"`` or
-    ``"auto"`` for the current device (PyTorch's current device once it has initialised
-    CUDA, else CuPy's, else 0; the host without CUDA); ``"cpu"`` for a host-memory report
-    (spellings: :mod:`gpukeeper.devices`).
-
-    ``use_nvml=False`` skips NVML (faster; no process split, no other processes).
-
-    Raises ``InvalidInputError`` for a malformed or nonexistent device, or a CUDA device
-    where CUDA is unusable; a missing or failing NVML never raises (the ``nvml`` field
-    says why).
-    """
-    if device is None:
-        # Imported here: report_devices builds on MemoryReport, so it imports this module.
-        from gpukeeper.report_devices import DevicesReport
-
-        info = current_rank()
-        return DevicesReport(devices=_every_device(use_nvml), rank=None if info is None else info.rank,
-                             world_size=None if info is None else info.world_size)
-    spec = devices.resolve_device(device)
-    if spec.index is None:
-        return _cpu_report(spec.reason, use_nvml)
-    return _cuda_report(spec.index, use_nvml)
-
-
-def memory_reports(*, use_nvml: bool = True) -> List[MemoryReport]:
-    """The per-device list: ``list(memory_report())``, one :class:`MemoryReport` per
-    visible CUDA device (one CPU-mode report without CUDA), without the totals."""
-    return _every_device(use_nvml)
-
-
-def _every_device(use_nvml: bool) -> List[MemoryReport]:
-    count, reason = devices.cuda_status()
-    if count == 0:
-        return [_cpu_report(f"CUDA unavailable: {reason}", use_nvml)]
-    return [_cuda_report(d, use_nvml) for d in range(count)]

@@ -11,12 +11,12 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from gpukeeper.figures import fmt_bytes
-from gpukeeper.errors import InvalidInputError
+from gpukeeper.base.byte_figures import fmt_bytes
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import ranks
-from gpukeeper.report import memory_report
-from gpukeeper.report_devices import DevicesReport
-from gpukeeper.texttable import text_table
+from gpukeeper.account.account_reader import memory_report
+from gpukeeper.account.process_account import DevicesReport
+from gpukeeper.base.text_table import text_table
 
 __all__ = ["RankMemory", "format_rank_table", "gather_memory_reports"]
 

@@ -3,8 +3,8 @@
 A report's figure is ``None`` when it could not be measured (NVML missing, a framework
 without a reserved counter). A sum over such figures must stay unknown rather than turn
 a gap into a smaller number, and a table must say "unknown" rather than print 0. The
-single-device report (:mod:`gpukeeper.report`) and the whole-process one
-(:mod:`gpukeeper.report_devices`) both total and print figures this way, so the rule
+single-device report (:mod:`gpukeeper.account.account_reader`) and the whole-process one
+(:mod:`gpukeeper.account.process_account`) both total and print figures this way, so the rule
 lives here, below both.
 
 >>> sum_known([1, 2, 3])

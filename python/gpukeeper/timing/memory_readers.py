@@ -27,7 +27,9 @@ from __future__ import annotations
 import tracemalloc
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from gpukeeper import frameworks, host, nvml
+from gpukeeper import frameworks
+from gpukeeper.base import host_memory as host
+from gpukeeper.base import nvml
 
 __all__ = [
     "MemorySeries",

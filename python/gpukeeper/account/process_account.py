@@ -7,7 +7,7 @@
 >>> everything.for_device("cuda:1")            # the same, by its device spelling
 >>> DevicesReport.from_dict(everything.to_dict())   # to_json() for text
 
-A :class:`DevicesReport` holds one :class:`~gpukeeper.report.MemoryReport` per visible
+A :class:`DevicesReport` holds one :class:`~gpukeeper.account.device_account.MemoryReport` per visible
 CUDA device (the single CPU-mode report without CUDA) and the process's identity: host
 name, pid, and, once :mod:`gpukeeper.distributed` fills them in, its rank and world size.
 Its totals carry the names of ``MemoryReport``'s figures and are plain sums; a total is
@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 
-from gpukeeper import devices as device_names
-from gpukeeper.errors import InvalidInputError
-from gpukeeper.figures import bytes_text, figure_table, sum_known
+from gpukeeper.account.device_account import MemoryReport, framework_rows
+from gpukeeper.base import device_names
+from gpukeeper.base.byte_figures import bytes_text, figure_table, sum_known
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.html_table import html_fields, html_table
 from gpukeeper.frameworks import FrameworkMemory, memory_dict
-from gpukeeper.htmltable import html_fields, html_table
-from gpukeeper.report import MemoryReport, framework_rows
 
 __all__ = ["DevicesReport"]
 
@@ -41,7 +41,7 @@ _REQUIRED = ("devices", "hostname", "pid", "timestamp")
 class DevicesReport:
     """Who holds the memory of every visible device in this process, with totals.
 
-    ``devices``: one :class:`~gpukeeper.report.MemoryReport` per visible CUDA device, in
+    ``devices``: one :class:`~gpukeeper.account.device_account.MemoryReport` per visible CUDA device, in
     device order (in CPU mode, the one host-memory report). ``rank`` and ``world_size``:
     this process's place in a distributed job, None outside one. All sizes are in bytes;
     ``None`` means unknown.
@@ -157,7 +157,7 @@ class DevicesReport:
 
     @property
     def peak_allocated_bytes(self) -> Optional[int]:
-        """The sum of each device's :attr:`~gpukeeper.report.MemoryReport.peak_allocated_bytes`;
+        """The sum of each device's :attr:`~gpukeeper.account.device_account.MemoryReport.peak_allocated_bytes`;
         None when one device has no framework that keeps a peak."""
         return sum_known(r.peak_allocated_bytes for r in self.devices)
 

@@ -8,7 +8,7 @@ Every public entry point that takes a device accepts the same spellings:
 - ``"cpu"``, a ``torch.device("cpu")``: the host.
 - an ``int``, ``"cuda"``, ``"cuda:N"``, a ``torch.device("cuda", N)``, a CuPy ``Device``:
   that CUDA device. Where CUDA is unusable, or device N does not exist, this is an
-  :class:`~gpukeeper.errors.InvalidInputError`: measuring or cleaning the host instead
+  :class:`~gpukeeper.base.errors.InvalidInputError`: measuring or cleaning the host instead
   would give answers that look right and are not.
 
 Anything else (a bool, a negative index, ``"gpu"``, ``"cuda:x"``, a ``torch.device``
@@ -26,8 +26,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-from gpukeeper import _core
-from gpukeeper.errors import InvalidInputError
+import gpukeeper._core as _core
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
     "AUTO",

@@ -10,21 +10,21 @@
 >>> print(gpu_mem)
 GPU 0 (NVIDIA H200): 3.21 GB used / 136.54 GB free / 139.75 GB total (2.3% used)
 
-Sizes are in GB of 1024**3 bytes (what the seed's code computed), as floats.
+Sizes are in GB of 1024**3 bytes (what the helper code it replaces computed), as floats.
 
 *Used* is device-wide: ``total - free``, every process included (what nvidia-smi
 shows), so ``used + available == total``. For the split by framework, context and
-other processes, see :func:`gpukeeper.report.memory_report` (``manager.report()``).
+other processes, see :func:`gpukeeper.account.account_reader.memory_report` (``manager.report()``).
 
 **CPU mode.** Without a usable GPU, ``allocate()`` answers False whatever the size, so
-that the seed's ``if gpu_mem.allocate(...): gpu_process(...) else: cpu_process(...)``
+that the former helper's ``if gpu_mem.allocate(...): gpu_process(...) else: cpu_process(...)``
 takes the CPU path; ``manager.reason`` says why ("" when a GPU is usable) and so does
 ``str()``. The figures then describe the host (available is its ``MemAvailable``, total
 its physical memory), ``free_cache()`` releases gpukeeper's host pools and
 ``manager.cpu_mode`` is True. Whether the host can take ``size_gb`` is its own question:
 ``host_allocate(size_gb)``, in either mode.
 
-The FAISS helpers are in :mod:`gpukeeper.faiss_helpers` (re-exported here).
+The FAISS helpers are in :mod:`gpukeeper.account.faiss_helpers` (re-exported here).
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ import numbers
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-from gpukeeper import _core, frameworks
-from gpukeeper.errors import InvalidInputError
-from gpukeeper.nvml import device_free_total as _device_free_total
-from gpukeeper import devices
-from gpukeeper.report import MemoryReport, memory_report
+import gpukeeper._core as _core
+from gpukeeper import frameworks
+from gpukeeper.account.account_reader import memory_report
+from gpukeeper.account.device_account import MemoryReport
+from gpukeeper.base import device_names as devices
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.nvml import device_free_total as _device_free_total
 
 __all__ = [
     "GPUMemoryManager",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 # The FAISS helpers are imported next to the manager, as the manager's users expect.
-from gpukeeper.faiss_helpers import (  # noqa: E402
+from gpukeeper.account.faiss_helpers import (  # noqa: E402
     FaissUnavailableError,
     calculate_faiss_temp_memory,
     create_faiss_gpu_resources,
@@ -113,7 +115,7 @@ class GPUMemoryManager:
         return self._free_total()[1] / GiB
 
     def report(self, **kwargs: Any) -> MemoryReport:
-        """:func:`gpukeeper.report.memory_report` for this manager's device."""
+        """:func:`gpukeeper.account.account_reader.memory_report` for this manager's device."""
         return memory_report("cpu" if self.device is None else self.device, **kwargs)
 
     # ----------------------------------------------------------------- actions
@@ -132,7 +134,7 @@ class GPUMemoryManager:
             # All devices in CPU mode: host pools are all that there is to release.
             per_framework = frameworks.release_all_caches(self.device)
             released = sum(int(v) for v in per_framework.values())
-        except Exception as exc:  # the seed's contract: safe, handles errors internally
+        except Exception as exc:  # the former helper's contract: safe, handles errors internally
             _log.warning(
                 "gpukeeper: free_cache on %s failed: %s: %s", self._label(), type(exc).__name__, exc
             )
@@ -200,7 +202,7 @@ class GPUMemoryManager:
         if self.device is None:
             return ""
         try:
-            from gpukeeper import nvml as _nvml
+            from gpukeeper.base import nvml as _nvml
 
             nvml, _ = _nvml.NVML.get()
             if nvml is not None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from gpukeeper import _core
+import gpukeeper._core as _core
 
-__all__ = ["build_info", "cuda_available", "CudaAvailability"]
+__all__ = ["__version__", "build_info", "cuda_available", "CudaAvailability"]
+
+# The version lives with the build facts so that build_info() need not import the package
+# face above it; pyproject.toml's version must match.
+__version__ = "0.1.0"
 
 
 class CudaAvailability:
@@ -42,8 +46,6 @@ def build_info() -> Dict[str, Any]:
     ``compiler``, ``cxx_standard``, ``build_type``, ``pybind11_version`` and
     ``version`` (the package's).
     """
-    from gpukeeper import __version__
-
     info = _core.build_info()
     info["version"] = __version__
     return info

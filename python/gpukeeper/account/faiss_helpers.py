@@ -14,8 +14,8 @@ import numbers
 import warnings
 from typing import Any, Optional, Tuple
 
-from gpukeeper.errors import GpuError, InvalidInputError
-from gpukeeper.nvml import device_free_total
+from gpukeeper.base.errors import GpuError, InvalidInputError
+from gpukeeper.base.nvml import device_free_total
 
 GiB = 1 << 30
 

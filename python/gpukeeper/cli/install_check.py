@@ -14,10 +14,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterator, List
 
-from gpukeeper import _core
-from gpukeeper.errors import InvalidInputError
-from gpukeeper.memory import MemoryPool, Precision
-from gpukeeper.runtime import build_info, cuda_available
+import gpukeeper._core as _core
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.runtime import build_info, cuda_available
+from gpukeeper.pool.memory_pool import MemoryPool, Precision
 from gpukeeper.timing.timer import CUDATimer
 
 __all__ = ["CheckResult", "run_checks"]
@@ -152,7 +152,7 @@ def _check_cleanup() -> "tuple[str, Dict[str, Any]]":
 
 
 def _check_report() -> "tuple[str, Dict[str, Any]]":
-    from gpukeeper.report import memory_report
+    from gpukeeper.account.account_reader import memory_report
 
     report = memory_report()  # every visible device (the host in CPU mode)
     data = report.to_dict()

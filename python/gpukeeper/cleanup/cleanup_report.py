@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper.frameworks import FrameworkMemory
-from gpukeeper.figures import fmt_bytes
-from gpukeeper.htmltable import html_table
+from gpukeeper.base.byte_figures import fmt_bytes
+from gpukeeper.base.html_table import html_table
 
 # location ("cuda:0", "host") -> framework name -> its memory
 Snapshot = Dict[str, Dict[str, FrameworkMemory]]

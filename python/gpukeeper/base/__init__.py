@@ -1,0 +1,1 @@
+"""The base layer: errors, argument checks, device names, NVML, host memory, build facts, output."""

@@ -1,0 +1,1 @@
+"""The caching memory pool's Python face (``MemoryPool``) and the out-of-memory retry."""
