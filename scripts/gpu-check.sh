@@ -226,8 +226,12 @@ for part in pytest pytest-a pytest-b; do
     pytest-b) files=$(pytest_half b) ;;
   esac
   # GPUKEEPER_PYTEST_ARGS narrows the run (e.g. a few files) when iterating.
+  # GPUKEEPER_PYTEST_TIMEOUT (s) stops pytest with SIGINT, which still prints the names
+  # of the tests that failed so far (a SIGTERM from outside would lose them).
+  limit=()
+  if [ -n "${GPUKEEPER_PYTEST_TIMEOUT:-}" ]; then limit=(timeout -s INT "$GPUKEEPER_PYTEST_TIMEOUT"); fi
   # shellcheck disable=SC2086
-  "$PY" -m pytest ${GPUKEEPER_PYTEST_ARGS:-$files} -q -p no:cacheprovider -rfEs 2>&1 | tee "$LOG/$part.txt"
+  "${limit[@]}" "$PY" -m pytest ${GPUKEEPER_PYTEST_ARGS:-$files} -q -p no:cacheprovider -rfEs 2>&1 | tee "$LOG/$part.txt"
   rc=${PIPESTATUS[0]}; summary "$part: $(tail -1 "$LOG/$part.txt") (rc=$rc)"; [ "$rc" = 0 ] || status=1
   grep -E "^(FAILED|ERROR) " "$LOG/$part.txt" >> "$OUT/summary.txt"
 done
