@@ -105,14 +105,17 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
     )
     listed = None if this_process.startswith("unknown") else this_process.startswith("found")
     census = frameworks.context_census(
-        device, reading=ProcessReading(listed, process_bytes), primary_in_use=(reserved_known or 0) > 0
+        device,
+        reading=ProcessReading(listed, process_bytes),
+        primary_in_use=(reserved_known or 0) > 0,
     )
     primary, other = census.primary, census.other
     if other is not None and other > 0 and primary:
         notes.append(
             "another CUDA context than the primary one is in use (" + census.how + "): NVML "
             "gives one figure per process, so its memory is not told apart from the "
-            "primary context's")
+            "primary context's"
+        )
     return MemoryReport(
         mode="cuda",
         device=device,
@@ -194,9 +197,11 @@ def _device_memory(device: int, nvml, handle, notes: List[str]):
 
 def _this_process_reading(device: int, pid: int, processes, reserved_known, nvml, nvml_reason):
     if processes is None:
-        process_bytes, this_process, others = None, (
-            "unknown: " + (nvml_reason if nvml is None else "NVML gave no process list")
-        ), []
+        process_bytes, this_process, others = (
+            None,
+            ("unknown: " + (nvml_reason if nvml is None else "NVML gave no process list")),
+            [],
+        )
         return process_bytes, this_process, others
     mine = [p for p in processes if p.pid == pid]
     others = [p for p in processes if p.pid != pid]
@@ -252,7 +257,9 @@ def memory_report(device: None = None, *, use_nvml: bool = True) -> "DevicesRepo
 def memory_report(device: Any, *, use_nvml: bool = True) -> MemoryReport: ...
 
 
-def memory_report(device: Any = None, *, use_nvml: bool = True) -> "Union[MemoryReport, DevicesReport]":
+def memory_report(
+    device: Any = None, *, use_nvml: bool = True
+) -> "Union[MemoryReport, DevicesReport]":
     """Who holds the memory of every visible device, or of one.
 
     ``device=None``: a :class:`~gpukeeper.account.process_account.DevicesReport` of the whole
@@ -272,8 +279,11 @@ def memory_report(device: Any = None, *, use_nvml: bool = True) -> "Union[Memory
     """
     if device is None:
         info = current_rank()
-        return DevicesReport(devices=_every_device(use_nvml), rank=None if info is None else info.rank,
-                             world_size=None if info is None else info.world_size)
+        return DevicesReport(
+            devices=_every_device(use_nvml),
+            rank=None if info is None else info.rank,
+            world_size=None if info is None else info.world_size,
+        )
     spec = devices.resolve_device(device)
     if spec.index is None:
         return _cpu_report(spec.reason, use_nvml)

@@ -223,11 +223,15 @@ class MemoryReport:
         not a dict.
         """
         if not isinstance(data, dict):
-            raise InvalidInputError(f"MemoryReport.from_dict takes a dict, got {type(data).__name__}")
+            raise InvalidInputError(
+                f"MemoryReport.from_dict takes a dict, got {type(data).__name__}"
+            )
         try:
             return cls._from_dict(data)
         except KeyError as exc:
-            raise InvalidInputError(f"MemoryReport.from_dict: the report lacks the key {exc}") from None
+            raise InvalidInputError(
+                f"MemoryReport.from_dict: the report lacks the key {exc}"
+            ) from None
         except (TypeError, AttributeError, ValueError) as exc:
             raise InvalidInputError(f"MemoryReport.from_dict: malformed report ({exc})") from None
 
@@ -248,8 +252,7 @@ class MemoryReport:
             process_source=data["process_source"],
             this_process=data["this_process"],
             other_processes=[
-                ProcessMemory(p["pid"], p["name"], p["used_bytes"])
-                for p in data["other_processes"]
+                ProcessMemory(p["pid"], p["name"], p["used_bytes"]) for p in data["other_processes"]
             ],
             nvml=data["nvml"],
             host=dict(data["host"]),
@@ -273,32 +276,52 @@ class MemoryReport:
         allocated, reserved = self.frameworks_allocated_bytes, self.frameworks_reserved_bytes
         rows.append(("frameworks", bytes_text(allocated), bytes_text(reserved)))
         if self.peaks:
-            rows.append((f"peak allocated ({', '.join(self.peaks)})", bytes_text(self.peak_allocated_bytes), ""))
+            rows.append(
+                (
+                    f"peak allocated ({', '.join(self.peaks)})",
+                    bytes_text(self.peak_allocated_bytes),
+                    "",
+                )
+            )
         if self.mode == "cuda":
             if self.other_contexts and self.primary_context is not False:
                 # Both exist: NVML's one figure per process cannot be split between them.
-                rows.append(("CUDA contexts + libraries + engines", "", bytes_text(self.unaccounted_bytes)))
+                rows.append(
+                    ("CUDA contexts + libraries + engines", "", bytes_text(self.unaccounted_bytes))
+                )
             else:
-                rows.append(("CUDA context + libraries", "", bytes_text(self.context_and_libraries_bytes)))
+                rows.append(
+                    ("CUDA context + libraries", "", bytes_text(self.context_and_libraries_bytes))
+                )
             if self.other_contexts:
-                rows.append(("other contexts in this process", "", bytes_text(self.other_contexts_bytes)))
-            rows.append((f"this process (pid {self.pid}, NVML)", "", bytes_text(self.process_bytes)))
+                rows.append(
+                    ("other contexts in this process", "", bytes_text(self.other_contexts_bytes))
+                )
+            rows.append(
+                (f"this process (pid {self.pid}, NVML)", "", bytes_text(self.process_bytes))
+            )
             others = f"other processes ({len(self.other_processes)})"
             rows.append((others, "", bytes_text(self.other_processes_bytes)))
             for p in self.other_processes:
                 rows.append((f"  pid {p.pid} {p.name or '?'}", "", bytes_text(p.used_bytes)))
         else:
-            rows.append((f"this process (pid {self.pid}, resident)", "", bytes_text(self.process_bytes)))
+            rows.append(
+                (f"this process (pid {self.pid}, resident)", "", bytes_text(self.process_bytes))
+            )
         whole = "used (whole device)" if self.mode == "cuda" else "used (whole host)"
         rows.append((whole, "", bytes_text(self.used_bytes)))
-        rows.append(("free" if self.mode == "cuda" else "available", "", bytes_text(self.free_bytes)))
+        rows.append(
+            ("free" if self.mode == "cuda" else "available", "", bytes_text(self.free_bytes))
+        )
         rows.append(("total", "", bytes_text(self.total_bytes)))
         lines = [f"NVML: {self.nvml}; free/total from {self.memory_source}"]
         if self.mode == "cuda":
             lines.append(f"this process in NVML's list: {self.this_process}")
             if self.cuda_contexts is not None:
-                lines.append(f"CUDA contexts of this process on the device: {self.cuda_contexts}"
-                             f"{' or more' if not self.other_contexts else ''} ({self.contexts_how})")
+                lines.append(
+                    f"CUDA contexts of this process on the device: {self.cuda_contexts}"
+                    f"{' or more' if not self.other_contexts else ''} ({self.contexts_how})"
+                )
         lines += [f"note: {n}" for n in self.notes]
         return title, rows, lines
 

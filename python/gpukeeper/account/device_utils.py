@@ -32,10 +32,10 @@ import gpukeeper._core as _core
 from gpukeeper import frameworks
 from gpukeeper.base import host_memory as host
 from gpukeeper.base import nvml
-from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.base.device_names import DeviceSpec, resolve_device
 from gpukeeper.base.errors import DeviceError, InvalidInputError
 from gpukeeper.base.host_memory import process_rss_bytes
+from gpukeeper.frameworks import driver as cuda_driver
 
 __all__ = [
     "get_device",
@@ -105,6 +105,7 @@ def get_device(device: Any = None) -> Any:
 
 
 # --------------------------------------------------------------------- get_gpu_info
+
 
 def _nvml_info(index: int, info: Dict[str, Any]) -> None:
     """Fills clocks, driver version, UUID and PCI id from NVML (pynvml), when present."""
@@ -328,9 +329,18 @@ def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
         except Exception:
             free = total = 0
         pools = frameworks.host_pool_memory()
-        out: Dict[str, Any] = {"mode": "cpu", "device": "cpu",
-                               "source": "process_rss" if in_use is None else "malloc_in_use"}
-        values = {"allocated": allocated, "reserved": rss, "peak": peak, "free": free, "total": total}
+        out: Dict[str, Any] = {
+            "mode": "cpu",
+            "device": "cpu",
+            "source": "process_rss" if in_use is None else "malloc_in_use",
+        }
+        values = {
+            "allocated": allocated,
+            "reserved": rss,
+            "peak": peak,
+            "free": free,
+            "total": total,
+        }
         out["host_pools_allocated_bytes"] = pools.allocated if pools else 0
         out["host_pools_reserved_bytes"] = pools.reserved if pools else 0
     else:
@@ -340,9 +350,20 @@ def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
             free, total, how = nvml.device_free_total(index)
         except (DeviceError, InvalidInputError):
             free, total, how = 0, 0, "unavailable"
-        out = {"mode": "cuda", "device": index, "source": "frameworks", "free_total_source": how,
-               "frameworks": breakdown}
-        values = {"allocated": allocated, "reserved": reserved, "peak": peak, "free": free, "total": total}
+        out = {
+            "mode": "cuda",
+            "device": index,
+            "source": "frameworks",
+            "free_total_source": how,
+            "frameworks": breakdown,
+        }
+        values = {
+            "allocated": allocated,
+            "reserved": reserved,
+            "peak": peak,
+            "free": free,
+            "total": total,
+        }
     for key, value in values.items():
         out[key] = value / GB
         out[f"{key}_bytes"] = int(value)

@@ -26,6 +26,7 @@ __all__ = [
     "create_faiss_index",
 ]
 
+
 class FaissUnavailableError(GpuError, ImportError):
     """FAISS is not installed, or was built without GPU support (``faiss-cpu``), or sees
     no GPU. Also an ``ImportError``, so ``except ImportError`` keeps working."""
@@ -103,8 +104,10 @@ def calculate_faiss_temp_memory(
         raise InvalidInputError(f"k must be at most {_FAISS_MAX_K} on a FAISS GPU, got {k}")
     dims = _count(dims, "dims")
     n_queries = n_points if n_queries is None else _count(n_queries, "n_queries")
-    if isinstance(max_fraction, bool) or not isinstance(max_fraction, numbers.Real) or not (
-        0 < float(max_fraction) <= 1
+    if (
+        isinstance(max_fraction, bool)
+        or not isinstance(max_fraction, numbers.Real)
+        or not (0 < float(max_fraction) <= 1)
     ):
         raise InvalidInputError(f"max_fraction must be in (0, 1], got {max_fraction!r}")
 

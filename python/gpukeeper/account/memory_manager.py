@@ -154,7 +154,9 @@ class GPUMemoryManager:
         size = _size_gb(size_gb)
         if self.device is None:
             return False  # the GPU path of the caller's code cannot run here
-        return self._can_have(size, f"allocate({size_gb!r})", self._label(), self._free_total, self.free_cache)
+        return self._can_have(
+            size, f"allocate({size_gb!r})", self._label(), self._free_total, self.free_cache
+        )
 
     def host_allocate(self, size_gb: Any) -> bool:
         """True when ``size_gb`` GB of host memory is available now (the host's
@@ -162,7 +164,9 @@ class GPUMemoryManager:
         short; in either mode. A check, not a reservation. ``InvalidInputError`` for a
         negative, NaN or non-numeric size."""
         size = _size_gb(size_gb)
-        return self._can_have(size, f"host_allocate({size_gb!r})", "host", _host_free_total, _release_host_pools)
+        return self._can_have(
+            size, f"host_allocate({size_gb!r})", "host", _host_free_total, _release_host_pools
+        )
 
     @staticmethod
     def _can_have(
@@ -277,7 +281,9 @@ def get_gpu_memory_manager(device: Any = None) -> GPUMemoryManager:
     index, reason = spec.index, spec.reason
     count, why = devices.cuda_status()
     if index is None and count == 0:
-        reason = f"CUDA unavailable: {why}"  # one CPU manager: the machine's reason, however asked for
+        reason = (
+            f"CUDA unavailable: {why}"  # one CPU manager: the machine's reason, however asked for
+        )
     key: Union[int, str] = "cpu" if index is None else index
     manager = _managers.get(key)
     if manager is not None:

@@ -57,16 +57,24 @@ class DevicesReport:
     timestamp: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.devices, list) or not all(isinstance(d, MemoryReport) for d in self.devices):
+        if not isinstance(self.devices, list) or not all(
+            isinstance(d, MemoryReport) for d in self.devices
+        ):
             raise InvalidInputError("DevicesReport devices must be a list of MemoryReport")
         for name in ("rank", "world_size"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise InvalidInputError(f"DevicesReport {name} must be None or an int >= 0, got {value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise InvalidInputError(
+                    f"DevicesReport {name} must be None or an int >= 0, got {value!r}"
+                )
         if self.world_size == 0:
             raise InvalidInputError("DevicesReport world_size must be at least 1")
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
-            raise InvalidInputError(f"DevicesReport rank {self.rank} is not below world_size {self.world_size}")
+            raise InvalidInputError(
+                f"DevicesReport rank {self.rank} is not below world_size {self.world_size}"
+            )
 
     # ----------------------------------------------------------------- the devices
 
@@ -94,11 +102,17 @@ class DevicesReport:
         kind, index = device_names.parse_device(device, "device")
         for report in self.devices:
             if (kind == "cpu" and report.mode == "cpu") or (
-                    kind == "cuda" and index is not None and report.mode == "cuda" and report.device == index):
+                kind == "cuda"
+                and index is not None
+                and report.mode == "cuda"
+                and report.device == index
+            ):
                 return report
         if kind != "cpu" and index is None:
-            raise InvalidInputError(f"for_device needs a particular device (an index, 'cuda:N' or 'cpu'), "
-                                    f"got {device!r}")
+            raise InvalidInputError(
+                f"for_device needs a particular device (an index, 'cuda:N' or 'cpu'), "
+                f"got {device!r}"
+            )
         held = ", ".join(_where(r) for r in self.devices) or "none"
         raise InvalidInputError(f"this report has no device {device!r} (it has: {held})")
 
@@ -139,8 +153,12 @@ class DevicesReport:
         return {
             name: FrameworkMemory(
                 name,
-                sum_known(r.frameworks[name].allocated for r in self.devices if name in r.frameworks),
-                sum_known(r.frameworks[name].reserved for r in self.devices if name in r.frameworks),
+                sum_known(
+                    r.frameworks[name].allocated for r in self.devices if name in r.frameworks
+                ),
+                sum_known(
+                    r.frameworks[name].reserved for r in self.devices if name in r.frameworks
+                ),
             )
             for name in names
         }
@@ -219,12 +237,18 @@ class DevicesReport:
         derived and ignored. Raises ``InvalidInputError`` naming what is missing or
         malformed (a key of the report, or of one device's report)."""
         if not isinstance(data, dict):
-            raise InvalidInputError(f"DevicesReport.from_dict takes a dict, got {type(data).__name__}")
+            raise InvalidInputError(
+                f"DevicesReport.from_dict takes a dict, got {type(data).__name__}"
+            )
         missing = [key for key in _REQUIRED if key not in data]
         if missing:
-            raise InvalidInputError(f"DevicesReport.from_dict: the report lacks {', '.join(map(repr, missing))}")
+            raise InvalidInputError(
+                f"DevicesReport.from_dict: the report lacks {', '.join(map(repr, missing))}"
+            )
         if not isinstance(data["devices"], list):
-            raise InvalidInputError("DevicesReport.from_dict: 'devices' must be a list of device reports")
+            raise InvalidInputError(
+                "DevicesReport.from_dict: 'devices' must be a list of device reports"
+            )
         reports = []
         for i, device in enumerate(data["devices"]):
             try:
@@ -245,7 +269,10 @@ class DevicesReport:
     def _title(self) -> str:
         parts = []
         if self.rank is not None:
-            parts.append(f"rank {self.rank}" + (f" of {self.world_size}" if self.world_size is not None else ""))
+            parts.append(
+                f"rank {self.rank}"
+                + (f" of {self.world_size}" if self.world_size is not None else "")
+            )
         elif self.world_size is not None:
             parts.append(f"world size {self.world_size}")
         parts += [f"host {self.hostname}", f"pid {self.pid}"]
@@ -262,12 +289,19 @@ class DevicesReport:
         where = ", ".join(_where(r) for r in self.devices)
         title = f"total over {where}" if cuda else "total (CPU mode, host memory)"
         rows = framework_rows(self.frameworks, self.mode)
-        rows.append(("frameworks", bytes_text(self.frameworks_allocated_bytes),
-                     bytes_text(self.frameworks_reserved_bytes)))
+        rows.append(
+            (
+                "frameworks",
+                bytes_text(self.frameworks_allocated_bytes),
+                bytes_text(self.frameworks_reserved_bytes),
+            )
+        )
         if self.peak_allocated_bytes is not None:
             rows.append(("peak allocated", bytes_text(self.peak_allocated_bytes), ""))
         if cuda:
-            rows.append(("CUDA contexts + libraries", "", bytes_text(self.context_and_libraries_bytes)))
+            rows.append(
+                ("CUDA contexts + libraries", "", bytes_text(self.context_and_libraries_bytes))
+            )
             rows.append(("this process (NVML)", "", bytes_text(self.process_bytes)))
             rows.append(("other processes", "", bytes_text(self.other_processes_bytes)))
         else:
@@ -287,7 +321,9 @@ class DevicesReport:
 
     def _repr_html_(self) -> str:
         """The same sections as ``table()``, as compact HTML for Jupyter."""
-        header = html_fields(self._title(), [("devices", ", ".join(_where(r) for r in self.devices))])
+        header = html_fields(
+            self._title(), [("devices", ", ".join(_where(r) for r in self.devices))]
+        )
         title, rows = self._total_parts()
         # HTML collapses the leading spaces that indent a framework under "frameworks".
         cells = [("\u00a0\u00a0" + a[2:] if a.startswith("  ") else a, b, c) for a, b, c in rows]

@@ -41,5 +41,7 @@ def check_choice(value: Any, what: str, choices: Sequence[str]) -> str:
     """``value`` when it is one of the strings ``choices``; ``InvalidInputError`` naming
     ``what`` and every choice otherwise."""
     if not isinstance(value, str) or value not in choices:
-        raise InvalidInputError(f"{what} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+        raise InvalidInputError(
+            f"{what} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+        )
     return value

@@ -90,11 +90,17 @@ def parse_device(device: Any, what: str = "device") -> Tuple[str, Optional[int]]
         if kind not in (CPU, CUDA):
             raise InvalidInputError(f"{what} must be a CUDA device or the CPU, got {device!r}")
         index = getattr(device, "index", None)
-        return (CPU, None) if kind == CPU else (CUDA, None if index is None else check_index(index, what))
+        return (
+            (CPU, None)
+            if kind == CPU
+            else (CUDA, None if index is None else check_index(index, what))
+        )
     ident = getattr(device, "id", None)
     if isinstance(ident, numbers.Integral) and not isinstance(ident, bool):  # cupy.cuda.Device
         return CUDA, check_index(ident, what)
-    raise InvalidInputError(f"{what} must be a device, a name or an index, got {type(device).__name__}")
+    raise InvalidInputError(
+        f"{what} must be a device, a name or an index, got {type(device).__name__}"
+    )
 
 
 def _parse_name(text: str, what: str) -> Tuple[str, Optional[int]]:
@@ -105,7 +111,9 @@ def _parse_name(text: str, what: str) -> Tuple[str, Optional[int]]:
         return CUDA, None
     if name == CUDA and rest.isdigit():
         return CUDA, int(rest)
-    raise InvalidInputError(f"unknown {what} {text!r}: use None, 'auto', 'cpu', 'cuda', 'cuda:N' or an index")
+    raise InvalidInputError(
+        f"unknown {what} {text!r}: use None, 'auto', 'cpu', 'cuda', 'cuda:N' or an index"
+    )
 
 
 def cuda_status() -> Tuple[int, str]:
@@ -140,7 +148,9 @@ def current_cuda_index() -> int:
     return 0 if index is None else int(index)
 
 
-def resolve_device(device: Any = None, what: str = "device", *, auto_cuda: bool = True) -> DeviceSpec:
+def resolve_device(
+    device: Any = None, what: str = "device", *, auto_cuda: bool = True
+) -> DeviceSpec:
     """Resolves any spelling (see the module's text) to a :class:`DeviceSpec`.
 
     ``InvalidInputError`` for a malformed device, for a CUDA device where CUDA is
@@ -154,8 +164,10 @@ def resolve_device(device: Any = None, what: str = "device", *, auto_cuda: bool 
     count, why = cuda_status()
     if kind == AUTO and not auto_cuda:
         # The first cause a reader can act on: no CUDA at all, before no framework using it.
-        return DeviceSpec(CPU, reason=f"CUDA unavailable: {why}" if count == 0
-                          else "no loaded framework uses CUDA")
+        return DeviceSpec(
+            CPU,
+            reason=f"CUDA unavailable: {why}" if count == 0 else "no loaded framework uses CUDA",
+        )
     if kind == AUTO:
         if count == 0:
             return DeviceSpec(CPU, reason=f"CUDA unavailable: {why}")

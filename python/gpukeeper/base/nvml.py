@@ -172,7 +172,7 @@ def device_handle(nvml: Any, device: int) -> Tuple[Any, str]:
             found = None
     if found is None:
         uuid = _driver_uuid(device)
-        for candidate in ([f"GPU-{uuid}", f"MIG-{uuid}", uuid] if uuid else []):
+        for candidate in [f"GPU-{uuid}", f"MIG-{uuid}", uuid] if uuid else []:
             try:
                 found = (nvml.nvmlDeviceGetHandleByUUID(candidate), f"UUID {candidate}")
                 break
@@ -294,7 +294,9 @@ def this_process_memory(device: int, pid: Optional[int] = None) -> ProcessReadin
     try:
         handle, _how = device_handle(nvml, device)
     except Exception as exc:
-        return ProcessReading(None, None, f"no NVML device matched CUDA device {device}: {error_text(exc)}")
+        return ProcessReading(
+            None, None, f"no NVML device matched CUDA device {device}: {error_text(exc)}"
+        )
     notes: List[str] = []
     processes = device_processes(nvml, handle, notes)
     if processes is None:
@@ -303,15 +305,23 @@ def this_process_memory(device: int, pid: Optional[int] = None) -> ProcessReadin
     mine = [p for p in processes if p.pid == me]
     if mine:
         used = mine[0].used_bytes
-        return ProcessReading(True, used, "" if used is not None else "NVML does not report its memory")
+        return ProcessReading(
+            True, used, "" if used is not None else "NVML does not report its memory"
+        )
     if any(process_name(p.pid) is None for p in processes):
         # Listed PIDs that do not exist here: NVML's PIDs are another namespace's.
-        return ProcessReading(None, None, f"pid {me} is not in NVML's list and listed PIDs are "
-                              "not visible here (a container's PID namespace)")
+        return ProcessReading(
+            None,
+            None,
+            f"pid {me} is not in NVML's list and listed PIDs are "
+            "not visible here (a container's PID namespace)",
+        )
     return ProcessReading(False, 0)
 
 
-def process_memory_reader(device: int, pid: Optional[int] = None) -> Tuple[Optional[Callable[[], int]], str]:
+def process_memory_reader(
+    device: int, pid: Optional[int] = None
+) -> Tuple[Optional[Callable[[], int]], str]:
     """``(read, "")``: a function returning this process's device memory on ``device``
     (bytes, 0 while it is not listed) from NVML's compute-process list; or ``(None, why)``
     when NVML cannot tell. One NVML call a read (tens to hundreds of microseconds)."""

@@ -39,18 +39,33 @@ class ProgressBar:
     ``close()`` draws 100% and ends the line. ``every``: the steps between redraws the
     caller should keep to."""
 
-    def __init__(self, total: int, description: str, unit: str = "steps", stream: Any = None) -> None:
+    def __init__(
+        self, total: int, description: str, unit: str = "steps", stream: Any = None
+    ) -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
-                                   TextColumn, TimeRemainingColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self.total = total
         self.every = max(1, total // 100)
         console = Console(file=stream if stream is not None else sys.stderr, highlight=False)
         self._progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-            MofNCompleteColumn(), TextColumn(unit), TimeRemainingColumn(),
-            console=console, auto_refresh=False, transient=False)
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            MofNCompleteColumn(),
+            TextColumn(unit),
+            TimeRemainingColumn(),
+            console=console,
+            auto_refresh=False,
+            transient=False,
+        )
         self._task = self._progress.add_task(description, total=total)
         self._progress.start()
 

@@ -66,13 +66,16 @@ class Statement:
         if body is None:
             return lambda: eval(last, namespace)
         if last is None:
+
             def run_body() -> None:
                 exec(body, namespace)
+
             return run_body
 
         def run_both() -> Any:
             exec(body, namespace)
             return eval(last, namespace)
+
         return run_both
 
     def raised(self, exc: BaseException) -> bool:
@@ -87,8 +90,9 @@ class Statement:
         return False
 
 
-def compile_statement(code: Union[str, ast.Module], filename: str = "<stmt>",
-                      compiler: Compiler = compile) -> Statement:
+def compile_statement(
+    code: Union[str, ast.Module], filename: str = "<stmt>", compiler: Compiler = compile
+) -> Statement:
     """Compiles ``code`` (source text, or a module already parsed) into a ``Statement``.
 
     ``filename`` names it in tracebacks; ``compiler`` compiles the parts (IPython's
@@ -109,7 +113,9 @@ def _as_function(tree: ast.Module, filename: str, compiler: Compiler) -> Optiona
     """The statement as a function body that declares the names it binds ``global``, or
     None where a function cannot run it as module code: a name of ``_FRAME_LOCALS``, a
     star import, an annotated name (which cannot be declared global)."""
-    if not tree.body or any(isinstance(n, ast.Name) and n.id in _FRAME_LOCALS for n in ast.walk(tree)):
+    if not tree.body or any(
+        isinstance(n, ast.Name) and n.id in _FRAME_LOCALS for n in ast.walk(tree)
+    ):
         return None
     nodes = list(tree.body)
     if isinstance(nodes[-1], ast.Expr):

@@ -19,7 +19,10 @@ def text_table(header: Sequence[str], body: Sequence[Sequence[str]], left: int =
             widths[c] = max(widths[c], len(cell))
 
     def line(cells: Sequence[str]) -> str:
-        parts = [cell.ljust(widths[c]) if c < left else cell.rjust(widths[c]) for c, cell in enumerate(cells)]
+        parts = [
+            cell.ljust(widths[c]) if c < left else cell.rjust(widths[c])
+            for c, cell in enumerate(cells)
+        ]
         return "  ".join(parts).rstrip()
 
     lines = [line(header), "  ".join("-" * w for w in widths)]

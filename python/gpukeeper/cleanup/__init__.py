@@ -34,12 +34,20 @@ Without a GPU everything runs: there is no device memory to watch, only gpukeepe
 pools, and the garbage collector runs only when those still hold memory.
 """
 
-from gpukeeper.cleanup.context import ExitListener, GPUContext, add_exit_listener, cleanup_cuda
-from gpukeeper.cleanup.exit_guard import exit_guard_installed, install_exit_guard, uninstall_exit_guard
-from gpukeeper.cleanup.ipython_refs import note_failed_block, release_ipython_references, watch_shell
-from gpukeeper.cleanup.models import cleanup_models
-from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray
 from gpukeeper.base.errors import EmptiedObjectError, LeakWarning, MemoryLeakError
+from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray
+from gpukeeper.cleanup.context import ExitListener, GPUContext, add_exit_listener, cleanup_cuda
+from gpukeeper.cleanup.exit_guard import (
+    exit_guard_installed,
+    install_exit_guard,
+    uninstall_exit_guard,
+)
+from gpukeeper.cleanup.ipython_refs import (
+    note_failed_block,
+    release_ipython_references,
+    watch_shell,
+)
+from gpukeeper.cleanup.models import cleanup_models
 
 # The IPython support plugs into GPUContext here: the context itself knows no shell.
 add_exit_listener(ExitListener(deferred_armed=watch_shell, block_failed=note_failed_block))

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
-from gpukeeper.frameworks import FrameworkMemory
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.html_table import html_table
+from gpukeeper.frameworks import FrameworkMemory
 
 # location ("cuda:0", "host") -> framework name -> its memory
 Snapshot = Dict[str, Dict[str, FrameworkMemory]]
@@ -37,7 +37,12 @@ class LeakedArray:
     created_at: Tuple[str, ...] = ()
 
     def _shape(self) -> str:
-        return "(" + ", ".join(str(s) for s in self.shape) + ("," if len(self.shape) == 1 else "") + ")"
+        return (
+            "("
+            + ", ".join(str(s) for s in self.shape)
+            + ("," if len(self.shape) == 1 else "")
+            + ")"
+        )
 
     def describe(self) -> str:
         """One line: ``torch Tensor (64, 128) float32, 32.0 KiB on cuda:0, created at ...``."""
@@ -58,7 +63,14 @@ class LeakedArray:
             where = self.created_at[0]
         else:
             where = "before the context?" if self.inside is False else ""
-        return (f"{self.framework} {self.kind}", self._shape(), self.dtype, fmt_bytes(self.nbytes), self.device, where)
+        return (
+            f"{self.framework} {self.kind}",
+            self._shape(),
+            self.dtype,
+            fmt_bytes(self.nbytes),
+            self.device,
+            where,
+        )
 
 
 @dataclass
@@ -145,7 +157,9 @@ class CleanupReport:
         """JSON-ready: plain dicts, lists, numbers and strings."""
 
         def snap(s: Snapshot) -> Dict[str, Any]:
-            return {loc: {n: dataclasses.asdict(m) for n, m in fws.items()} for loc, fws in s.items()}
+            return {
+                loc: {n: dataclasses.asdict(m) for n, m in fws.items()} for loc, fws in s.items()
+            }
 
         return {
             "source": self.source,
@@ -179,7 +193,11 @@ class CleanupReport:
         kept = self._unreturnable_text()
         if kept:
             kept = f"; {kept} ({'; '.join(self.release_hints().values())})"
-        source = self.source if self.rank is None else f"rank {self.rank} of {self.world_size}: {self.source}"
+        source = (
+            self.source
+            if self.rank is None
+            else f"rank {self.rank} of {self.world_size}: {self.source}"
+        )
         if not self.leaked:
             return f"{source}: nothing held above the baseline{kept}"
         parts = [
@@ -187,8 +205,10 @@ class CleanupReport:
             for loc, per in self.held.items()
             for name, b in per.items()
         ]
-        return (f"{source}: {fmt_bytes(self.held_bytes)} still held after cleanup "
-                f"({', '.join(parts)}){kept}")
+        return (
+            f"{source}: {fmt_bytes(self.held_bytes)} still held after cleanup "
+            f"({', '.join(parts)}){kept}"
+        )
 
     def _memory_rows(self) -> List[Tuple[str, str, str, str, str, str]]:
         """(location, framework, allocated before, after, reserved before, after) as text,
@@ -199,8 +219,16 @@ class CleanupReport:
             for name in names:
                 b = self.before.get(loc, {}).get(name)
                 a = self.after.get(loc, {}).get(name)
-                rows.append((loc, name, fmt_bytes(b.allocated) if b else "-", fmt_bytes(a.allocated) if a else "-",
-                             fmt_bytes(b.reserved) if b else "-", fmt_bytes(a.reserved) if a else "-"))
+                rows.append(
+                    (
+                        loc,
+                        name,
+                        fmt_bytes(b.allocated) if b else "-",
+                        fmt_bytes(a.allocated) if a else "-",
+                        fmt_bytes(b.reserved) if b else "-",
+                        fmt_bytes(a.reserved) if a else "-",
+                    )
+                )
         return rows
 
     def _head(self) -> str:
@@ -212,7 +240,9 @@ class CleanupReport:
     def _released_text(self) -> str:
         released = {k: v for k, v in self.released.items() if v}
         return "released: " + (
-            ", ".join(f"{k} {fmt_bytes(v)}" for k, v in released.items()) if released else "nothing cached"
+            ", ".join(f"{k} {fmt_bytes(v)}" for k, v in released.items())
+            if released
+            else "nothing cached"
         )
 
     def _trailing_lines(self) -> List[str]:
@@ -222,8 +252,10 @@ class CleanupReport:
         if self.leaks_found > len(self.leaks):
             lines.append(f"... and {self.leaks_found - len(self.leaks)} more")
         if self.leaked and self.leaks_found == 0:
-            lines.append("(no live tensor or array visible to Python holds it: autograd graphs, "
-                         "C++ caches or objects of another library)")
+            lines.append(
+                "(no live tensor or array visible to Python holds it: autograd graphs, "
+                "C++ caches or objects of another library)"
+            )
         return lines
 
     def table(self) -> str:
@@ -239,7 +271,9 @@ class CleanupReport:
                 lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
         lines.append("  " + self._released_text())
         if self.gc_runs:
-            lines.append(f"  garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects")
+            lines.append(
+                f"  garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects"
+            )
         lines.append("  " + self.summary())
         for leak in self.leaks:
             lines.append("    " + leak.describe())
@@ -255,11 +289,20 @@ class CleanupReport:
         for cells in self._memory_rows():
             held = self.held.get(cells[0], {}).get(cells[1])
             rows.append(cells + (fmt_bytes(held) if held else "-",))
-        header = ["where", "framework", "allocated before", "allocated after", "reserved before",
-                  "reserved after", "held"]
+        header = [
+            "where",
+            "framework",
+            "allocated before",
+            "allocated after",
+            "reserved before",
+            "reserved after",
+            "held",
+        ]
         notes = [self._released_text()]
         if self.gc_runs:
-            notes.append(f"garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects")
+            notes.append(
+                f"garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects"
+            )
         if not rows:
             notes.insert(0, "no device memory to watch (no framework holds a CUDA context)")
         summary = self.summary()
@@ -268,10 +311,16 @@ class CleanupReport:
         if not self.leaks:
             notes += self._trailing_lines()
         notes += [f"note: {n}" for n in self.notes]
-        out = html_table(self._head(), header, rows, warnings=[summary] if self.leaked else [], notes=notes)
+        out = html_table(
+            self._head(), header, rows, warnings=[summary] if self.leaked else [], notes=notes
+        )
         if self.leaks:
-            out += html_table(None, ["leaked", "shape", "dtype", "bytes", "on", "created at"],
-                              [leak.cells() for leak in self.leaks], notes=self._trailing_lines())
+            out += html_table(
+                None,
+                ["leaked", "shape", "dtype", "bytes", "on", "created at"],
+                [leak.cells() for leak in self.leaks],
+                notes=self._trailing_lines(),
+            )
         return out
 
     __str__ = table

@@ -9,16 +9,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
+from gpukeeper.base.byte_figures import fmt_bytes
+from gpukeeper.base.device_names import resolve_device
+from gpukeeper.base.errors import InvalidInputError, LeakWarning, MemoryLeakError
 from gpukeeper.cleanup import deferred
+from gpukeeper.cleanup.cleanup_report import CleanupReport, Snapshot, leak_message
 from gpukeeper.cleanup.frames import caller_frame, clear_traceback_frames
 from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_names
-from gpukeeper.cleanup.cleanup_report import CleanupReport, Snapshot, leak_message
-from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.cleanup.run import run_cleanup
 from gpukeeper.cleanup.tracking import AllocationTracker
-from gpukeeper.base.device_names import resolve_device
-from gpukeeper.base.errors import InvalidInputError, LeakWarning, MemoryLeakError
 
 
 def _parse_device(device: Any) -> Optional[List[int]]:
@@ -154,16 +154,29 @@ class GPUContext(contextlib.ContextDecorator):
         release_names: bool = False,
     ) -> None:
         self._fixed = _parse_device(device)
-        flags = (("warn_on_leak", warn_on_leak), ("raise_on_leak", raise_on_leak),
-                 ("track_allocations", track_allocations), ("keep_traceback_locals", keep_traceback_locals),
-                 ("deferred_release", deferred_release), ("release_names", release_names))
+        flags = (
+            ("warn_on_leak", warn_on_leak),
+            ("raise_on_leak", raise_on_leak),
+            ("track_allocations", track_allocations),
+            ("keep_traceback_locals", keep_traceback_locals),
+            ("deferred_release", deferred_release),
+            ("release_names", release_names),
+        )
         for name, flag in flags:
             if not isinstance(flag, bool):
                 raise InvalidInputError(f"GPUContext: {name} must be True or False, got {flag!r}")
-        if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
-            raise InvalidInputError(f"GPUContext: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
+        if (
+            isinstance(tolerance_bytes, bool)
+            or not isinstance(tolerance_bytes, int)
+            or tolerance_bytes < 0
+        ):
+            raise InvalidInputError(
+                f"GPUContext: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}"
+            )
         if collect not in (None, True, False):
-            raise InvalidInputError(f"GPUContext: collect must be None, True or False, got {collect!r}")
+            raise InvalidInputError(
+                f"GPUContext: collect must be None, True or False, got {collect!r}"
+            )
         for name, value in (("max_listed", max_listed), ("stack_depth", stack_depth)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidInputError(f"GPUContext: {name} must be an int >= 0, got {value!r}")
@@ -203,7 +216,8 @@ class GPUContext(contextlib.ContextDecorator):
         if not frames:
             raise InvalidInputError(
                 "GPUContext.__exit__ without a matching __enter__ (on this thread): "
-                "use it as `with GPUContext():`")
+                "use it as `with GPUContext():`"
+            )
         frame: _Frame = frames.pop()
         if tb is not None and not self.keep_traceback_locals:
             clear_traceback_frames(tb)  # frees what the failed calls' locals hold
@@ -232,7 +246,9 @@ class GPUContext(contextlib.ContextDecorator):
             exc_type=exc_type.__name__ if exc_type is not None else None,
         )
         if emptied:
-            report.notes.append(f"release_names: emptied {', '.join(emptied)} ({fmt_bytes(freed)} freed)")
+            report.notes.append(
+                f"release_names: emptied {', '.join(emptied)} ({fmt_bytes(freed)} freed)"
+            )
         if name_error is not None:
             report.notes.append(f"release_names failed: {type(name_error).__name__}: {name_error}")
             error = error or name_error
@@ -270,11 +286,12 @@ class GPUContext(contextlib.ContextDecorator):
         return False
 
     def __repr__(self) -> str:
-        where = "all devices in use" if self._fixed is None else (
-            "cpu" if not self._fixed else ", ".join(f"cuda:{d}" for d in self._fixed)
+        where = (
+            "all devices in use"
+            if self._fixed is None
+            else ("cpu" if not self._fixed else ", ".join(f"cuda:{d}" for d in self._fixed))
         )
         return f"GPUContext({where}, tolerance_bytes={self.tolerance_bytes})"
-
 
 
 def cleanup_cuda(device: Any = None) -> CleanupReport:

@@ -143,7 +143,9 @@ def _live_buffers(frame: Optional[FrameType]) -> List[ManagedBuffer]:
     return list(found.values())
 
 
-def _holders(pairs: Set[Tuple[str, str]], frame: Optional[FrameType]) -> List[Tuple[str, int, List[Any]]]:
+def _holders(
+    pairs: Set[Tuple[str, str]], frame: Optional[FrameType]
+) -> List[Tuple[str, int, List[Any]]]:
     """``(location, bytes, objects)`` per allocation that may hold memory where ``pairs``
     (location, framework) are held."""
     out: List[Tuple[str, int, List[Any]]] = []
@@ -310,7 +312,9 @@ def _load_profile_api() -> Any:
         set_profile = ctypes.pythonapi.PyEval_SetProfile
         set_profile.argtypes = [ctypes.c_void_p, ctypes.py_object]
         set_profile.restype = None
-        kind = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.c_int, ctypes.c_void_p)
+        kind = ctypes.CFUNCTYPE(
+            ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.c_int, ctypes.c_void_p
+        )
     except Exception:
         return None
 
@@ -494,7 +498,9 @@ def _ensure_worker() -> None:
     """Under _lock: the timer thread runs while armings exist."""
     global _worker
     if _worker is None:
-        _worker = threading.Thread(target=_run_worker, name="gpukeeper-deferred-release", daemon=True)
+        _worker = threading.Thread(
+            target=_run_worker, name="gpukeeper-deferred-release", daemon=True
+        )
         _worker.start()
 
 

@@ -27,11 +27,25 @@ from gpukeeper.base.errors import EmptiedObjectError
 _WAS = "_gpukeeper_emptied"
 
 # Calls that only look at the (now empty) metadata: they answer, not raise.
-_METADATA = frozenset({
-    "__get__", "__set__", "__hash__", "numel", "nelement", "size", "dim", "ndimension",
-    "element_size", "stride", "is_contiguous", "is_floating_point", "is_complex",
-    "get_device", "requires_grad_",
-})
+_METADATA = frozenset(
+    {
+        "__get__",
+        "__set__",
+        "__hash__",
+        "numel",
+        "nelement",
+        "size",
+        "dim",
+        "ndimension",
+        "element_size",
+        "stride",
+        "is_contiguous",
+        "is_floating_point",
+        "is_complex",
+        "get_device",
+        "requires_grad_",
+    }
+)
 
 # Made on first use: gpukeeper never imports torch itself.
 _classes: Dict[type, type] = {}
@@ -88,7 +102,9 @@ def _emptied_class(torch: Any, base: type) -> Optional[type]:
     if cls is None:
         tensor_tf = torch.Tensor.__torch_function__.__func__
 
-        def torch_function(cls: type, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def torch_function(
+            cls: type, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             return _torch_function(tensor_tf, cls, func, types, args, kwargs)
 
         cls = type(

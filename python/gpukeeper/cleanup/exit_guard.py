@@ -13,19 +13,24 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from gpukeeper import frameworks
+from gpukeeper.base.errors import InvalidInputError, LeakWarning
+
 # A module, not its names: run asks this module whether the device is stuck, so each
 # imports the other as a module (in either order).
 from gpukeeper.cleanup import run, stuck
+from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
 from gpukeeper.cleanup.guard_threads import SignalWatcher, SyncWorker, Watchdog
 from gpukeeper.cleanup.measure import devices_in_use, measure
-from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
-from gpukeeper.base.errors import InvalidInputError, LeakWarning
 from gpukeeper.frameworks import ranks
 
 
 class _ExitGuard:
     def __init__(
-        self, sync_timeout: float, exit_timeout: Optional[float], warn: bool, tolerance_bytes: int,
+        self,
+        sync_timeout: float,
+        exit_timeout: Optional[float],
+        warn: bool,
+        tolerance_bytes: int,
         signals: Sequence[int],
     ) -> None:
         self.sync_timeout = sync_timeout
@@ -281,8 +286,11 @@ def install_exit_guard(
             _guard.tolerance_bytes = tolerance_bytes
             return False
         guard = _ExitGuard(
-            float(sync_timeout), None if exit_timeout is None else float(exit_timeout),
-            bool(warn), tolerance_bytes, wanted,
+            float(sync_timeout),
+            None if exit_timeout is None else float(exit_timeout),
+            bool(warn),
+            tolerance_bytes,
+            wanted,
         )
         stale = _guard  # a guard inherited through fork: its handlers are still installed
         if threading.current_thread() is threading.main_thread():
@@ -306,28 +314,50 @@ def _check_settings(
     signals: Sequence[int],
 ) -> List[signal.Signals]:
     """Raises ``InvalidInputError`` for a bad setting; returns the signals to handle."""
-    if not isinstance(sync_timeout, (int, float)) or isinstance(sync_timeout, bool) or sync_timeout <= 0:
-        raise InvalidInputError(f"install_exit_guard: sync_timeout must be > 0 seconds, got {sync_timeout!r}")
-    if exit_timeout is not None and (
-        not isinstance(exit_timeout, (int, float)) or isinstance(exit_timeout, bool) or exit_timeout <= 0
+    if (
+        not isinstance(sync_timeout, (int, float))
+        or isinstance(sync_timeout, bool)
+        or sync_timeout <= 0
     ):
-        raise InvalidInputError(f"install_exit_guard: exit_timeout must be > 0 seconds or None, got {exit_timeout!r}")
-    if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
-        raise InvalidInputError(f"install_exit_guard: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
+        raise InvalidInputError(
+            f"install_exit_guard: sync_timeout must be > 0 seconds, got {sync_timeout!r}"
+        )
+    if exit_timeout is not None and (
+        not isinstance(exit_timeout, (int, float))
+        or isinstance(exit_timeout, bool)
+        or exit_timeout <= 0
+    ):
+        raise InvalidInputError(
+            f"install_exit_guard: exit_timeout must be > 0 seconds or None, got {exit_timeout!r}"
+        )
+    if (
+        isinstance(tolerance_bytes, bool)
+        or not isinstance(tolerance_bytes, int)
+        or tolerance_bytes < 0
+    ):
+        raise InvalidInputError(
+            f"install_exit_guard: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}"
+        )
     wanted = []
     for s in signals:
         if s not in (signal.SIGINT, signal.SIGTERM) or isinstance(s, bool):
-            raise InvalidInputError(f"install_exit_guard: only SIGINT and SIGTERM are handled, got {s!r}")
+            raise InvalidInputError(
+                f"install_exit_guard: only SIGINT and SIGTERM are handled, got {s!r}"
+            )
         wanted.append(signal.Signals(s))
     return wanted
 
 
-def _install_handlers(guard: _ExitGuard, stale: Optional[_ExitGuard], wanted: List[signal.Signals]) -> None:
+def _install_handlers(
+    guard: _ExitGuard, stale: Optional[_ExitGuard], wanted: List[signal.Signals]
+) -> None:
     """Installs ``_on_signal`` for ``wanted`` (main thread only) and the forced-exit watcher."""
     for s in wanted:
         previous = signal.getsignal(s)
         if previous is _on_signal:
-            previous = stale.previous.get(s, signal.SIG_DFL) if stale is not None else signal.SIG_DFL
+            previous = (
+                stale.previous.get(s, signal.SIG_DFL) if stale is not None else signal.SIG_DFL
+            )
         if previous is signal.SIG_IGN:
             continue  # ignored on purpose: keep it so
         guard.previous[s] = previous
@@ -335,8 +365,11 @@ def _install_handlers(guard: _ExitGuard, stale: Optional[_ExitGuard], wanted: Li
     forced = {
         int(s): guard.exit_timeout
         for s in guard.previous
-        if s != signal.SIGINT and guard.exit_timeout is not None
-        and not (callable(guard.previous[s]) and guard.previous[s] is not signal.default_int_handler)
+        if s != signal.SIGINT
+        and guard.exit_timeout is not None
+        and not (
+            callable(guard.previous[s]) and guard.previous[s] is not signal.default_int_handler
+        )
     }
     if forced:
         try:

@@ -35,7 +35,11 @@ def frame_locals(frame: Optional[FrameType]) -> Dict[str, Any]:
         values = dict(snapshot)
     except Exception:
         return {}
-    if _SNAPSHOT_DICT and frame.f_code.co_flags & inspect.CO_OPTIMIZED and isinstance(snapshot, dict):
+    if (
+        _SNAPSHOT_DICT
+        and frame.f_code.co_flags & inspect.CO_OPTIMIZED
+        and isinstance(snapshot, dict)
+    ):
         snapshot.clear()
     return values
 

@@ -82,7 +82,9 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="gpukeeper-watchdog", daemon=True)
         self._thread.start()
 
-    def arm(self, status: int, timeout: float, signum: Optional[int] = None, token: int = 0) -> None:
+    def arm(
+        self, status: int, timeout: float, signum: Optional[int] = None, token: int = 0
+    ) -> None:
         """Exit with ``status`` after ``timeout`` s; with ``signum``, only if that signal's
         handler has not declared its ``token``-th arrival handled by then."""
         with self._cond:
@@ -108,7 +110,9 @@ class Watchdog:
                     self._entries.remove(entry)
                     if signum is not None and self.handled.get(signum, 0) >= token:
                         continue  # a user handler took it and chose to carry on
-                    _force_exit(status, f"the process was still running {timeout:g} s after the signal")
+                    _force_exit(
+                        status, f"the process was still running {timeout:g} s after the signal"
+                    )
                 wait = min((e[0] for e in self._entries), default=None)
                 self._cond.wait(None if wait is None else max(0.0, wait - now))
 

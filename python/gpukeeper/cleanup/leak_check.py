@@ -39,12 +39,21 @@ class LeakCheck:
     memory was garbage or a cache). Nothing is synchronized or released on the light path.
     """
 
-    def __init__(self, tolerance_bytes: int = 0, *, track_allocations: bool = False,
-                 max_listed: int = 20) -> None:
-        if isinstance(tolerance_bytes, bool) or not isinstance(tolerance_bytes, int) or tolerance_bytes < 0:
-            raise InvalidInputError(f"LeakCheck: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}")
+    def __init__(
+        self, tolerance_bytes: int = 0, *, track_allocations: bool = False, max_listed: int = 20
+    ) -> None:
+        if (
+            isinstance(tolerance_bytes, bool)
+            or not isinstance(tolerance_bytes, int)
+            or tolerance_bytes < 0
+        ):
+            raise InvalidInputError(
+                f"LeakCheck: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}"
+            )
         if not isinstance(track_allocations, bool):
-            raise InvalidInputError(f"LeakCheck: track_allocations must be True or False, got {track_allocations!r}")
+            raise InvalidInputError(
+                f"LeakCheck: track_allocations must be True or False, got {track_allocations!r}"
+            )
         self.tolerance_bytes = tolerance_bytes
         self.track_allocations = track_allocations
         self.max_listed = max_listed
@@ -77,9 +86,17 @@ class LeakCheck:
         if sum(n for per in held.values() for n in per.values()) <= self.tolerance_bytes:
             return None
         report, error = run_cleanup(
-            "LeakCheck", fixed=None, devices=devices, before=baseline, baseline=baseline,
-            started=time.perf_counter(), collect=None, find_leaks=True,
-            max_listed=self.max_listed, tracker=self._tracker)
+            "LeakCheck",
+            fixed=None,
+            devices=devices,
+            before=baseline,
+            baseline=baseline,
+            started=time.perf_counter(),
+            collect=None,
+            find_leaks=True,
+            max_listed=self.max_listed,
+            tracker=self._tracker,
+        )
         if error is not None:
             report.notes.append(f"cleanup failed: {type(error).__name__}: {error}")
         return report

@@ -84,7 +84,9 @@ def held_above(baseline: Optional[Snapshot], after: Snapshot) -> Dict[str, Dict[
     return held
 
 
-def release_caches(fixed: Optional[List[int]], devices: List[int], released: Dict[str, int]) -> None:
+def release_caches(
+    fixed: Optional[List[int]], devices: List[int], released: Dict[str, int]
+) -> None:
     if fixed is None:
         got = frameworks.release_all_caches(None)
     else:

@@ -10,8 +10,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 # A module, not its names: the exit guard runs this cleanup and this cleanup asks the guard
 # whether the device is stuck, so each imports the other as a module (in either order).
 from gpukeeper.cleanup import stuck
-from gpukeeper.cleanup.measure import devices_in_use, held_above, measure, release_caches, synchronize_devices
 from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray, Snapshot
+from gpukeeper.cleanup.measure import (
+    devices_in_use,
+    held_above,
+    measure,
+    release_caches,
+    synchronize_devices,
+)
 from gpukeeper.cleanup.tracking import AllocationTracker, name_leaks
 from gpukeeper.frameworks.ranks import current_rank
 
@@ -143,7 +149,7 @@ def _collect_while_held(
         # Young generations first: a cycle made inside a short block is usually still
         # there, and collecting them costs microseconds instead of a full collection's
         # tens of milliseconds.
-        for generation in ((1, 2) if collect is None else (2,)):
+        for generation in (1, 2) if collect is None else (2,):
             gc_objects += gc.collect(generation)
             gc_runs += 1
             after = release_and_measure()

@@ -9,10 +9,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import gpukeeper._core as _core
 from gpukeeper import frameworks
-from gpukeeper.cleanup.measure import level_of
 from gpukeeper.cleanup.cleanup_report import LeakedArray, Snapshot
+from gpukeeper.cleanup.measure import level_of
 from gpukeeper.frameworks import LiveArray
-
 
 _INTERNAL_DIRS: Optional[Tuple[str, ...]] = None
 
@@ -159,8 +158,12 @@ def name_leaks(
     max_listed: int,
 ) -> Tuple[List[LeakedArray], int]:
     """The live tensors/arrays on the devices where memory is still held (slow: gc walk)."""
-    wanted = {(loc, name) for loc, per in held.items() for name in per
-              if name in ("torch", "cupy", "gpukeeper")}
+    wanted = {
+        (loc, name)
+        for loc, per in held.items()
+        for name in per
+        if name in ("torch", "cupy", "gpukeeper")
+    }
     if not wanted:
         return [], 0
     locations = sorted({loc for loc, _ in wanted})

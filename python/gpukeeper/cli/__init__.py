@@ -43,8 +43,12 @@ def parser() -> argparse.ArgumentParser:
     """The whole command line."""
     from gpukeeper import __version__
 
-    p = _Parser(prog="gpukeeper", description=DESCRIPTION, epilog=EXAMPLES + "\n" + EXIT_CODES,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="gpukeeper",
+        description=DESCRIPTION,
+        epilog=EXAMPLES + "\n" + EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"gpukeeper {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True

@@ -6,7 +6,13 @@ import argparse
 import sys
 
 from gpukeeper.cli.output import (
-    FAILED, OK, add_command, add_json_option, check_json_target, console, write_json,
+    FAILED,
+    OK,
+    add_command,
+    add_json_option,
+    check_json_target,
+    console,
+    write_json,
 )
 
 __all__ = ["add_parser"]
@@ -20,15 +26,21 @@ EXAMPLES = """examples:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "check", help="is this installation sound on this machine? (the main job)",
+        sub,
+        "check",
+        help="is this installation sound on this machine? (the main job)",
         description="Runs real work through the installation: allocations, copies, a round "
-                    "trip of data, the pool's books, typed errors on bad input, and on a GPU the "
-                    "timer's accuracy against calibration kernels. Without CUDA the host pool is "
-                    "checked and the verdict says the machine is in CPU mode.",
-        epilog=EXAMPLES)
+        "trip of data, the pool's books, typed errors on bad input, and on a GPU the "
+        "timer's accuracy against calibration kernels. Without CUDA the host pool is "
+        "checked and the verdict says the machine is in CPU mode.",
+        epilog=EXAMPLES,
+    )
     add_json_option(p, "also write the results")
-    p.add_argument("--require-gpu", action="store_true",
-                   help="fail when CUDA is unusable instead of checking CPU mode")
+    p.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="fail when CUDA is unusable instead of checking CPU mode",
+    )
     p.set_defaults(func=run)
 
 
@@ -55,10 +67,19 @@ def run(args: argparse.Namespace) -> int:
     # The mode is part of the verdict: a PASS without CUDA checked the host pool only.
     mode = "gpu" if cuda else "cpu"
     where = "" if cuda else escape(f" in CPU mode: {cuda.reason.rstrip('.')}")
-    out.print(f"gpukeeper check: [{style}]{verdict}[/]{where} ({len(results) - len(failed)}/"
-              f"{len(results)} checks passed)", markup=True)
+    out.print(
+        f"gpukeeper check: [{style}]{verdict}[/]{where} ({len(results) - len(failed)}/"
+        f"{len(results)} checks passed)",
+        markup=True,
+    )
     if args.json is not None:
-        write_json(args.json, {"verdict": verdict, "mode": mode,
-                               "cuda": "" if cuda else cuda.reason,
-                               "checks": [r.to_dict() for r in results]})
+        write_json(
+            args.json,
+            {
+                "verdict": verdict,
+                "mode": mode,
+                "cuda": "" if cuda else cuda.reason,
+                "checks": [r.to_dict() for r in results],
+            },
+        )
     return FAILED if failed else OK

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Dict, List
 
 from gpukeeper.cli.output import (
-    FAILED, OK, UserError, add_command, add_json_option, check_json_target, console, plain,
+    FAILED,
+    OK,
+    UserError,
+    add_command,
+    add_json_option,
+    check_json_target,
+    console,
+    plain,
     write_json,
 )
 
@@ -33,16 +40,23 @@ EXAMPLES = """examples:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "compare", help="noise-aware verdicts on two saved benchmark runs",
+        sub,
+        "compare",
+        help="noise-aware verdicts on two saved benchmark runs",
         description=plain(__doc__.split("\n\n", 1)[1]),
-        epilog=EXAMPLES)
+        epilog=EXAMPLES,
+    )
     p.add_argument("old", metavar="OLD.json")
     p.add_argument("new", metavar="NEW.json")
-    p.add_argument("--fail", metavar="STAT:PERCENT",
-                   help="exit 1 when a result is slower beyond the spread between processes and "
-                        "by more than this (median:5%%)")
-    p.add_argument("--stat", default=None,
-                   help="the statistic compared (median by default, or --fail's)")
+    p.add_argument(
+        "--fail",
+        metavar="STAT:PERCENT",
+        help="exit 1 when a result is slower beyond the spread between processes and "
+        "by more than this (median:5%%)",
+    )
+    p.add_argument(
+        "--stat", default=None, help="the statistic compared (median by default, or --fail's)"
+    )
     add_json_option(p, "write the comparisons")
     p.set_defaults(func=run)
 
@@ -67,8 +81,9 @@ def load_results(path: str) -> Dict[str, List["object"]]:
             return {result.name or Path(path).stem: [result]}
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not a saved benchmark result ({type(e).__name__}: {e})") from None
-    raise UserError(f"{path}: not a saved benchmark run (--gpu-benchmark-save) nor a "
-                    "BenchmarkResult.to_json()")
+    raise UserError(
+        f"{path}: not a saved benchmark run (--gpu-benchmark-save) nor a BenchmarkResult.to_json()"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,17 +101,30 @@ def run(args: argparse.Namespace) -> int:
     if not common:
         raise UserError(f"{args.old} and {args.new} share no benchmark name")
     try:
-        comparisons = [compare_runs(old[k], new[k], stat, threshold=threshold)  # type: ignore[arg-type]
-                       for k in common]
+        comparisons = [
+            compare_runs(old[k], new[k], stat, threshold=threshold)  # type: ignore[arg-type]
+            for k in common
+        ]
     except InvalidInputError as e:
         raise UserError(str(e)) from None
     regressions = [c for c in comparisons if regression(c, threshold)]
     if args.json != "-":
-        _print(comparisons, regressions, [k for k in old if k not in new], [k for k in new if k not in old])
+        _print(
+            comparisons,
+            regressions,
+            [k for k in old if k not in new],
+            [k for k in new if k not in old],
+        )
     if args.json is not None:
-        write_json(args.json, {"stat": stat, "fail": args.fail,
-                               "comparisons": [dataclasses.asdict(c) for c in comparisons],
-                               "regressions": [c.name for c in regressions]})
+        write_json(
+            args.json,
+            {
+                "stat": stat,
+                "fail": args.fail,
+                "comparisons": [dataclasses.asdict(c) for c in comparisons],
+                "regressions": [c.name for c in regressions],
+            },
+        )
     return FAILED if regressions else OK
 
 
@@ -107,20 +135,40 @@ def _print(comparisons: List, regressions: List, only_old: List[str], only_new: 
     out = console()
     table = Table(show_edge=False)
     left = ("benchmark", "verdict", "spread between processes")
-    for column in ("benchmark", "verdict", "old ms", "new ms", "change", "99% interval", "spread between processes"):
+    for column in (
+        "benchmark",
+        "verdict",
+        "old ms",
+        "new ms",
+        "change",
+        "99% interval",
+        "spread between processes",
+    ):
         table.add_column(column, justify="left" if column in left else "right")
     colours = {"slower": "red", "faster": "green"}
     for c in sorted(comparisons, key=lambda c: -c.ratio):
         verdict = f"[{colours[c.verdict]}]{c.verdict}[/]" if c.verdict in colours else c.verdict
-        table.add_row(escape(c.name), verdict, f"{c.baseline_ms:.4g}", f"{c.current_ms:.4g}", f"{c.change:+.1%}",
-                      f"{c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%}", c.spread_text())
+        table.add_row(
+            escape(c.name),
+            verdict,
+            f"{c.baseline_ms:.4g}",
+            f"{c.current_ms:.4g}",
+            f"{c.change:+.1%}",
+            f"{c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%}",
+            c.spread_text(),
+        )
     out.print(table)
     if any(c.spread is None for c in comparisons):
-        out.print("spread unmeasured: one round on each side, so only a change beyond 2x is called; "
-                  "save several rounds (pytest --gpu-benchmark-rounds=K) to measure it", markup=False)
+        out.print(
+            "spread unmeasured: one round on each side, so only a change beyond 2x is called; "
+            "save several rounds (pytest --gpu-benchmark-rounds=K) to measure it",
+            markup=False,
+        )
     for label, names in (("only in OLD", only_old), ("only in NEW", only_new)):
         if names:
             out.print(f"{label}: {', '.join(names)}", markup=False)
     if regressions:
-        out.print(f"[bold red]{len(regressions)} regression(s)[/] past the threshold: "
-                  + escape(", ".join(c.name for c in regressions)))
+        out.print(
+            f"[bold red]{len(regressions)} regression(s)[/] past the threshold: "
+            + escape(", ".join(c.name for c in regressions))
+        )

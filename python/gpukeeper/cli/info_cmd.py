@@ -10,7 +10,12 @@ from importlib import metadata
 from typing import Any, Dict, List
 
 from gpukeeper.cli.output import (
-    OK, add_command, add_json_option, check_json_target, console, write_json,
+    OK,
+    add_command,
+    add_json_option,
+    check_json_target,
+    console,
+    write_json,
 )
 
 __all__ = ["add_parser", "environment"]
@@ -22,17 +27,31 @@ EXAMPLES = """examples:
 
 #: Distributions whose versions the export lists: read from their metadata, never imported
 #: (importing torch takes seconds, and CuPy's import may touch the driver).
-FRAMEWORKS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib", "nvidia-ml-py",
-              "numpy", "triton", "openmm", "rmm-cu13")
+FRAMEWORKS = (
+    "torch",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "cupy",
+    "jax",
+    "jaxlib",
+    "nvidia-ml-py",
+    "numpy",
+    "triton",
+    "openmm",
+    "rmm-cu13",
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "info", help="build, devices, driver, frameworks and NVML",
+        sub,
+        "info",
+        help="build, devices, driver, frameworks and NVML",
         description="What gpukeeper sees on this machine, without creating a CUDA context: how "
-                    "the core was built, whether CUDA is usable (and why not), each device's "
-                    "specifications, the installed frameworks and whether NVML answers.",
-        epilog=EXAMPLES)
+        "the core was built, whether CUDA is usable (and why not), each device's "
+        "specifications, the installed frameworks and whether NVML answers.",
+        epilog=EXAMPLES,
+    )
     add_json_option(p, "write the environment export")
     p.add_argument("--export-json", metavar="FILE", help=argparse.SUPPRESS)  # the older spelling
     p.set_defaults(func=run)
@@ -60,12 +79,20 @@ def environment() -> Dict[str, Any]:
     host_free, host_total = _core.host_memory_info()
     return {
         "build": build_info(),
-        "cuda": {"available": bool(status.available), "device_count": status.device_count,
-                 "driver_version": status.driver_version, "runtime_version": status.runtime_version,
-                 "reason": status.reason or None},
+        "cuda": {
+            "available": bool(status.available),
+            "device_count": status.device_count,
+            "driver_version": status.driver_version,
+            "runtime_version": status.runtime_version,
+            "reason": status.reason or None,
+        },
         "devices": devices,
-        "host": {"platform": platform.platform(), "python": platform.python_version(),
-                 "available_bytes": host_free, "total_bytes": host_total},
+        "host": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "available_bytes": host_free,
+            "total_bytes": host_total,
+        },
         "frameworks": _versions(),
         "nvml": nvml_status(),
     }
@@ -80,18 +107,30 @@ def _table(info: Dict[str, Any]) -> Any:
     table.add_column(style="bold")
     table.add_column()
     build = info["build"]
-    table.add_row("gpukeeper", f"{build.get('version')} ({build.get('build_type')}, "
-                  f"{'CUDA ' + str(build.get('cuda_version')) if build.get('cuda') else 'CPU-only build'})")
+    table.add_row(
+        "gpukeeper",
+        f"{build.get('version')} ({build.get('build_type')}, "
+        f"{'CUDA ' + str(build.get('cuda_version')) if build.get('cuda') else 'CPU-only build'})",
+    )
     cuda = info["cuda"]
-    table.add_row("CUDA", f"{cuda['device_count']} device(s)" if cuda["available"]
-                  else f"unusable: {cuda['reason']}")
+    table.add_row(
+        "CUDA",
+        f"{cuda['device_count']} device(s)" if cuda["available"] else f"unusable: {cuda['reason']}",
+    )
     for d in info["devices"]:
-        table.add_row(f"cuda:{d.get('device')}", f"{d.get('name')}, {fmt_bytes(d.get('total_memory_bytes'))}, "
-                      f"compute {d.get('compute_capability')}, driver {d.get('driver_version')}")
+        table.add_row(
+            f"cuda:{d.get('device')}",
+            f"{d.get('name')}, {fmt_bytes(d.get('total_memory_bytes'))}, "
+            f"compute {d.get('compute_capability')}, driver {d.get('driver_version')}",
+        )
     host = info["host"]
-    table.add_row("host", f"{host['platform']}, Python {host['python']}, "
-                  f"{fmt_bytes(host['total_bytes'])} memory")
-    table.add_row("frameworks", ", ".join(f"{k} {v}" for k, v in info["frameworks"].items()) or "none")
+    table.add_row(
+        "host",
+        f"{host['platform']}, Python {host['python']}, {fmt_bytes(host['total_bytes'])} memory",
+    )
+    table.add_row(
+        "frameworks", ", ".join(f"{k} {v}" for k, v in info["frameworks"].items()) or "none"
+    )
     table.add_row("NVML", info["nvml"])
     return table
 

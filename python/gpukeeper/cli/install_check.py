@@ -100,8 +100,10 @@ def _check_pool(kind: str, expandable: Any = "auto") -> "tuple[str, Dict[str, An
         _expect(buf.to_bytes() == pattern, f"{kind}: data written was not read back")
     stats = pool.stats(0)
     expected = sum(-(-b.nbytes // 256) * 256 for b, _ in buffers)
-    _expect(stats.allocated_bytes == expected,
-            f"{kind}: allocated {stats.allocated_bytes} != sum of live blocks {expected}")
+    _expect(
+        stats.allocated_bytes == expected,
+        f"{kind}: allocated {stats.allocated_bytes} != sum of live blocks {expected}",
+    )
     # The layout in force: with the default, device memory puts the large buffers in an
     # expandable range and the small ones in fixed segments.
     segments = sorted({"expandable" if seg.expandable else "fixed" for seg in pool.snapshot(0)})
@@ -110,9 +112,10 @@ def _check_pool(kind: str, expandable: Any = "auto") -> "tuple[str, Dict[str, An
     before = pool.stats(0)
     again = [pool.get_managed_buffer(0, count, Precision.Fp32) for count in sizes]
     after = pool.stats(0)
-    _expect(after.cache_misses == before.cache_misses
-            and after.reserved_bytes == before.reserved_bytes,
-            f"{kind}: freed blocks were not reused (new segments were allocated)")
+    _expect(
+        after.cache_misses == before.cache_misses and after.reserved_bytes == before.reserved_bytes,
+        f"{kind}: freed blocks were not reused (new segments were allocated)",
+    )
     for buf in again:
         buf.release()
     try:
@@ -126,11 +129,18 @@ def _check_pool(kind: str, expandable: Any = "auto") -> "tuple[str, Dict[str, An
     _expect(stats.allocated_bytes == 0, f"{kind}: {stats.allocated_bytes} bytes still allocated")
     released = pool.emergency_cleanup(0)
     _expect(pool.stats(0).reserved_bytes == 0, f"{kind}: reserved bytes left after cleanup")
-    data = {"hits": stats.cache_hits, "misses": stats.cache_misses,
-            "peak_reserved": stats.peak_reserved_bytes, "released": released,
-            "segments": segments}
-    return (f"{len(buffers)} buffers written and read back, reuse hit, "
-            f"{released >> 20} MiB returned on cleanup", data)
+    data = {
+        "hits": stats.cache_hits,
+        "misses": stats.cache_misses,
+        "peak_reserved": stats.peak_reserved_bytes,
+        "released": released,
+        "segments": segments,
+    }
+    return (
+        f"{len(buffers)} buffers written and read back, reuse hit, "
+        f"{released >> 20} MiB returned on cleanup",
+        data,
+    )
 
 
 def _check_cleanup() -> "tuple[str, Dict[str, Any]]":
@@ -148,7 +158,9 @@ def _check_cleanup() -> "tuple[str, Dict[str, Any]]":
     _expect(pool.stats(0).reserved_bytes == 0, "GPUContext left the pool's cache reserved")
     _expect(not report.leaked, f"GPUContext reported a leak: {report.summary()}")
     return f"{kind} buffer in a reference cycle freed and released on exit", {
-        "released_bytes": report.released_bytes, "gc_runs": report.gc_runs}
+        "released_bytes": report.released_bytes,
+        "gc_runs": report.gc_runs,
+    }
 
 
 def _check_report() -> "tuple[str, Dict[str, Any]]":
@@ -161,7 +173,10 @@ def _check_report() -> "tuple[str, Dict[str, Any]]":
         where = "the host" if device.device is None else f"CUDA device {device.device}"
         _expect(device.total_bytes > 0, f"the report of {where} has no total")
         _expect(device.free_bytes <= device.total_bytes, f"free exceeds total on {where}")
-    _expect(report.total_bytes == sum(d.total_bytes for d in report), "the total is not the devices' sum")
+    _expect(
+        report.total_bytes == sum(d.total_bytes for d in report),
+        "the total is not the devices' sum",
+    )
     count = f"{len(report)} device{'s' if len(report) != 1 else ''}"
     return f"{report.mode} report of {count}, NVML: {report[0].nvml}", {"report": data}
 
@@ -181,7 +196,10 @@ def _check_timing(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
         return _check_host_clock()
     if not _core.calibration_kernels_available():
         _expect(not require_gpu, "this build has no calibration kernels (built without nvcc)")
-        return "no calibration kernels in this build (built without nvcc): accuracy not verified", {}
+        return (
+            "no calibration kernels in this build (built without nvcc): accuracy not verified",
+            {},
+        )
     return _check_kernel_timing()
 
 
@@ -227,17 +245,25 @@ def _check_kernel_timing() -> "tuple[str, Dict[str, Any]]":
                 plain_us.append(_kernel_error_us(plain, ns, out))
             err = statistics.median(hidden_us)
             limit = _TIMING_TOLERANCE_US + _TIMING_TOLERANCE_REL * ns / 1e3
-            _expect(abs(err) <= limit,
-                    f"{ns // 1000} us kernel: events read {err:+.3f} us off its own clock "
-                    f"(limit {limit:.3f} us)")
-            data[f"{ns // 1000}us"] = {"hidden_error_us": err, "plain_error_us": statistics.median(plain_us)}
+            _expect(
+                abs(err) <= limit,
+                f"{ns // 1000} us kernel: events read {err:+.3f} us off its own clock "
+                f"(limit {limit:.3f} us)",
+            )
+            data[f"{ns // 1000}us"] = {
+                "hidden_error_us": err,
+                "plain_error_us": statistics.median(plain_us),
+            }
             parts.append(f"{ns // 1000} us {err:+.2f}")
     finally:
         out.release()
         pool.emergency_cleanup(0)
-    return ("calibration kernels vs events, launch latency hidden, floor "
-            f"{floor_us:.2f} us subtracted (error us): " + ", ".join(parts)
-            + f"; plain event pair on 10 us: {data['10us']['plain_error_us']:+.2f} us"), data
+    return (
+        "calibration kernels vs events, launch latency hidden, floor "
+        f"{floor_us:.2f} us subtracted (error us): "
+        + ", ".join(parts)
+        + f"; plain event pair on 10 us: {data['10us']['plain_error_us']:+.2f} us"
+    ), data
 
 
 def run_checks(require_gpu: bool = False) -> Iterator[CheckResult]:

@@ -14,8 +14,19 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-__all__ = ["EXIT_CODES", "plain", "FAILED", "INTERRUPTED", "OK", "PIPE_CLOSED", "USAGE", "UserError",
-           "check_json_target", "console", "write_json"]
+__all__ = [
+    "EXIT_CODES",
+    "plain",
+    "FAILED",
+    "INTERRUPTED",
+    "OK",
+    "PIPE_CLOSED",
+    "USAGE",
+    "UserError",
+    "check_json_target",
+    "console",
+    "write_json",
+]
 
 OK = 0
 #: A check failed, or ``compare`` found a regression past ``--fail``.
@@ -70,16 +81,24 @@ def console(stream: Optional[TextIO] = None) -> Any:
 _UNBOUNDED = 10_000
 
 
-def add_command(sub: Any, name: str, *, help: str, description: str, epilog: str) -> argparse.ArgumentParser:
+def add_command(
+    sub: Any, name: str, *, help: str, description: str, epilog: str
+) -> argparse.ArgumentParser:
     """A subcommand's parser: its one-line help, its description, and its examples kept
     as written (the epilog)."""
-    return sub.add_parser(name, help=help, description=description, epilog=epilog,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def count_arg(minimum: int) -> Callable[[str], int]:
     """An argparse type for a whole number of at least ``minimum`` (argparse names the flag
     in front of its errors)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -99,8 +118,12 @@ def device_arg(allow_all: bool) -> Callable[[str], str]:
 
     def parse(text: str) -> str:
         t = text.strip().lower()
-        if t in ("cpu", "cuda") or (allow_all and t == "all") or t.isdigit() or \
-                (t.startswith("cuda:") and t[5:].isdigit()):
+        if (
+            t in ("cpu", "cuda")
+            or (allow_all and t == "all")
+            or t.isdigit()
+            or (t.startswith("cuda:") and t[5:].isdigit())
+        ):
             return t
         raise argparse.ArgumentTypeError(f"takes {words}, got {text!r}")
 
@@ -110,8 +133,13 @@ def device_arg(allow_all: bool) -> Callable[[str], str]:
 def add_json_option(parser: argparse.ArgumentParser, what: str) -> None:
     """Adds ``--json [FILE|-]`` (``-``, stdout, when no FILE is given); ``what`` starts
     its help, e.g. "write the reports"."""
-    parser.add_argument("--json", nargs="?", const="-", metavar="FILE|-",
-                        help=f"{what} as JSON to FILE, or to stdout with - (the default)")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE|-",
+        help=f"{what} as JSON to FILE, or to stdout with - (the default)",
+    )
 
 
 def check_json_target(target: Optional[str]) -> None:

@@ -6,7 +6,14 @@ import argparse
 from typing import TYPE_CHECKING, List, Union
 
 from gpukeeper.cli.output import (
-    OK, UserError, add_command, add_json_option, check_json_target, console, device_arg, write_json,
+    OK,
+    UserError,
+    add_command,
+    add_json_option,
+    check_json_target,
+    console,
+    device_arg,
+    write_json,
 )
 
 if TYPE_CHECKING:  # the CLI imports the report only when the command runs
@@ -23,16 +30,26 @@ EXAMPLES = """examples:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "report", help="who holds each device's memory",
+        sub,
+        "report",
+        help="who holds each device's memory",
         description="memory_report() for each device, then their total: used and free memory, the "
-                    "CUDA contexts, this process's frameworks and pools, and the other processes (NVML). Run "
-                    "from the command line it is a separate process, so its own frameworks hold "
-                    "nothing: what matters there is what the other processes hold.",
-        epilog=EXAMPLES)
-    p.add_argument("--device", default="all", metavar="N|all", type=device_arg(allow_all=True),
-                   help="a CUDA ordinal, cuda:N, cpu, or all (the default)")
+        "CUDA contexts, this process's frameworks and pools, and the other processes (NVML). Run "
+        "from the command line it is a separate process, so its own frameworks hold "
+        "nothing: what matters there is what the other processes hold.",
+        epilog=EXAMPLES,
+    )
+    p.add_argument(
+        "--device",
+        default="all",
+        metavar="N|all",
+        type=device_arg(allow_all=True),
+        help="a CUDA ordinal, cuda:N, cpu, or all (the default)",
+    )
     add_json_option(p, "write the report")
-    p.add_argument("--no-nvml", action="store_true", help="skip NVML (faster; no per-process split)")
+    p.add_argument(
+        "--no-nvml", action="store_true", help="skip NVML (faster; no per-process split)"
+    )
     p.set_defaults(func=run)
 
 
@@ -58,8 +75,8 @@ def reports_for(device: str, use_nvml: bool = True) -> List["MemoryReport"]:
 
 
 def _one_device(device: str, use_nvml: bool) -> "MemoryReport":
-    from gpukeeper.base.errors import InvalidInputError
     from gpukeeper.account.account_reader import memory_report
+    from gpukeeper.base.errors import InvalidInputError
 
     try:
         return memory_report(int(device) if device.isdigit() else device, use_nvml=use_nvml)

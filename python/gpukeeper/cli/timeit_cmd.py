@@ -7,11 +7,19 @@ import argparse
 import textwrap
 from typing import Any, Callable, Dict, Tuple
 
-from gpukeeper.cli.output import (
-    OK, UserError, add_command, add_json_option, check_json_target, console, count_arg, device_arg,
-    plain, write_json,
-)
 from gpukeeper.base.statements import Statement, compile_statement, describe_exception
+from gpukeeper.cli.output import (
+    OK,
+    UserError,
+    add_command,
+    add_json_option,
+    check_json_target,
+    console,
+    count_arg,
+    device_arg,
+    plain,
+    write_json,
+)
 
 __all__ = ["add_parser", "prepare"]
 
@@ -24,20 +32,49 @@ Several STMT arguments (and several -s) are lines of one statement, as with pyth
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "timeit", help="time a statement on the GPU (python -m timeit for GPU work)",
+        sub,
+        "timeit",
+        help="time a statement on the GPU (python -m timeit for GPU work)",
         description=plain(__doc__),
-        epilog=EXAMPLES)
+        epilog=EXAMPLES,
+    )
     p.add_argument("statement", nargs="+", metavar="STMT", help="the statement to time")
-    p.add_argument("-s", "--setup", action="append", default=[], metavar="SETUP",
-                   help="run once before timing (repeatable)")
-    p.add_argument("-n", "--number", type=count_arg(1), default=100, metavar="N", help="measured calls (100)")
-    p.add_argument("-w", "--warmup", type=count_arg(0), default=10, metavar="W", help="calls before measuring (10)")
-    p.add_argument("-d", "--device", default=None, type=device_arg(allow_all=False), help="cuda:N, N or cpu (default: CUDA when the setup "
-                                                        "made a framework use it, else the CPU)")
-    p.add_argument("--no-flush", action="store_true", help="do not flush the L2 cache between calls")
-    p.add_argument("--device-time", action="store_true",
-                   help="lead with the device time (the GPU work alone, launch hidden) instead of the "
-                        "loop time (calls back to back, as a loop sees them)")
+    p.add_argument(
+        "-s",
+        "--setup",
+        action="append",
+        default=[],
+        metavar="SETUP",
+        help="run once before timing (repeatable)",
+    )
+    p.add_argument(
+        "-n", "--number", type=count_arg(1), default=100, metavar="N", help="measured calls (100)"
+    )
+    p.add_argument(
+        "-w",
+        "--warmup",
+        type=count_arg(0),
+        default=10,
+        metavar="W",
+        help="calls before measuring (10)",
+    )
+    p.add_argument(
+        "-d",
+        "--device",
+        default=None,
+        type=device_arg(allow_all=False),
+        help="cuda:N, N or cpu (default: CUDA when the setup "
+        "made a framework use it, else the CPU)",
+    )
+    p.add_argument(
+        "--no-flush", action="store_true", help="do not flush the L2 cache between calls"
+    )
+    p.add_argument(
+        "--device-time",
+        action="store_true",
+        help="lead with the device time (the GPU work alone, launch hidden) instead of the "
+        "loop time (calls back to back, as a loop sees them)",
+    )
     add_json_option(p, "write the BenchmarkResult")
     p.set_defaults(func=run)
 
@@ -76,12 +113,19 @@ def run(args: argparse.Namespace) -> int:
     check_json_target(args.json)
     timed, fn = prepare("\n".join(args.statement), "\n".join(args.setup))
     try:
-        device = args.device if args.device is None or not args.device.isdigit() else int(args.device)
+        device = (
+            args.device if args.device is None or not args.device.isdigit() else int(args.device)
+        )
         on_gpu = timing_device(device).is_cuda
-        result = benchmark_function(fn, n_calls=args.number, warmup=args.warmup, device=device,
-                                    l2_flush=on_gpu and not args.no_flush,
-                                    name=" ; ".join(args.statement),
-                                    measure="device" if args.device_time else "loop")
+        result = benchmark_function(
+            fn,
+            n_calls=args.number,
+            warmup=args.warmup,
+            device=device,
+            l2_flush=on_gpu and not args.no_flush,
+            name=" ; ".join(args.statement),
+            measure="device" if args.device_time else "loop",
+        )
     except Exception as e:
         # The statement's own exception is the user's mistake, whatever its type; an
         # InvalidInputError from outside it is a bad option. Anything else is ours.

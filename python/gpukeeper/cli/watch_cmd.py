@@ -26,13 +26,25 @@ EXAMPLES = """examples:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = add_command(
-        sub, "watch", help="a live view of each device's memory, by process, framework and context",
+        sub,
+        "watch",
+        help="a live view of each device's memory, by process, framework and context",
         description=plain(__doc__.split("\n\n", 1)[1]),
-        epilog=EXAMPLES)
-    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes (2)")
-    p.add_argument("--device", default="all", metavar="N|all", type=device_arg(allow_all=True),
-                   help="a CUDA ordinal, cuda:N, or all (the default)")
-    p.add_argument("--count", type=count_arg(1), default=None, metavar="K", help="stop after K refreshes")
+        epilog=EXAMPLES,
+    )
+    p.add_argument(
+        "--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes (2)"
+    )
+    p.add_argument(
+        "--device",
+        default="all",
+        metavar="N|all",
+        type=device_arg(allow_all=True),
+        help="a CUDA ordinal, cuda:N, or all (the default)",
+    )
+    p.add_argument(
+        "--count", type=count_arg(1), default=None, metavar="K", help="stop after K refreshes"
+    )
     p.set_defaults(func=run)
 
 
@@ -48,14 +60,23 @@ def _device_table(report: Any) -> Any:
 
     where = "host (CPU mode)" if report.device is None else f"cuda:{report.device}"
     share = report.used_bytes / report.total_bytes if report.total_bytes else 0.0
-    table = Table(title=escape(f"{where}  {report.name}  {_bytes(report.used_bytes)} / "
-                               f"{_bytes(report.total_bytes)} used ({share:.0%})"),
-                  title_justify="left", show_edge=False, expand=False)
+    table = Table(
+        title=escape(
+            f"{where}  {report.name}  {_bytes(report.used_bytes)} / "
+            f"{_bytes(report.total_bytes)} used ({share:.0%})"
+        ),
+        title_justify="left",
+        show_edge=False,
+        expand=False,
+    )
     for column, justify in (("holder", "left"), ("what", "left"), ("bytes", "right")):
         table.add_column(column, justify=justify)
     for name, mem in report.frameworks.items():
-        table.add_row("this process", escape(f"{name} (allocated / reserved)"),
-                      f"{_bytes(mem.allocated)} / {_bytes(mem.reserved)}")
+        table.add_row(
+            "this process",
+            escape(f"{name} (allocated / reserved)"),
+            f"{_bytes(mem.allocated)} / {_bytes(mem.reserved)}",
+        )
     if report.device is None:
         # CPU mode: device memory cannot be watched; what this process holds on the host can.
         from gpukeeper.base.host_memory import current_rss_bytes
@@ -66,10 +87,21 @@ def _device_table(report: Any) -> Any:
         table.caption_justify = "left"
         return table
     for proc in sorted(report.other_processes, key=lambda p: -(p.used_bytes or 0)):
-        table.add_row(f"pid {proc.pid}", escape(proc.name or "(not visible from here)"), _bytes(proc.used_bytes))
-    table.add_row("contexts", "CUDA contexts and libraries of this process", _bytes(report.context_and_libraries_bytes))
-    table.add_row("unaccounted", "no listed process (other containers, driver reserve)",
-                  _bytes(report.unaccounted_bytes))
+        table.add_row(
+            f"pid {proc.pid}",
+            escape(proc.name or "(not visible from here)"),
+            _bytes(proc.used_bytes),
+        )
+    table.add_row(
+        "contexts",
+        "CUDA contexts and libraries of this process",
+        _bytes(report.context_and_libraries_bytes),
+    )
+    table.add_row(
+        "unaccounted",
+        "no listed process (other containers, driver reserve)",
+        _bytes(report.unaccounted_bytes),
+    )
     return table
 
 
@@ -80,8 +112,9 @@ def snapshot(device: str = "all") -> List[Any]:
     return [_device_table(r) for r in reports_for(device)]
 
 
-def watch(interval: float = 2.0, device: str = "all", count: Optional[int] = None,
-          out: Any = None) -> int:
+def watch(
+    interval: float = 2.0, device: str = "all", count: Optional[int] = None, out: Any = None
+) -> int:
     """Shows the view until Ctrl-C (or ``count`` refreshes); returns the exit code.
     Called inside a Python process, its frameworks and pools appear in the view."""
     from rich.console import Group
@@ -95,7 +128,9 @@ def watch(interval: float = 2.0, device: str = "all", count: Optional[int] = Non
     done = 0
     try:
         if out.is_terminal:
-            with Live(Group(*snapshot(device)), console=out, auto_refresh=False, transient=False) as live:
+            with Live(
+                Group(*snapshot(device)), console=out, auto_refresh=False, transient=False
+            ) as live:
                 while True:
                     done += 1
                     if count is not None and done >= count:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from gpukeeper.distributed.rank_memory import RankMemory, format_rank_table, gather_memory_reports
 from gpukeeper.distributed.oom_snapshots import (
     disable_oom_snapshots,
     enable_oom_snapshots,
     oom_snapshots_enabled,
     write_oom_snapshot,
 )
+from gpukeeper.distributed.rank_memory import RankMemory, format_rank_table, gather_memory_reports
 from gpukeeper.distributed.rank_timings import RankAggregate, RankTiming, aggregate
 from gpukeeper.frameworks.ranks import RankInfo, current_rank
 

@@ -36,7 +36,12 @@ from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import ranks
 from gpukeeper.pool.oom_retry import is_oom_error
 
-__all__ = ["disable_oom_snapshots", "enable_oom_snapshots", "oom_snapshots_enabled", "write_oom_snapshot"]
+__all__ = [
+    "disable_oom_snapshots",
+    "enable_oom_snapshots",
+    "oom_snapshots_enabled",
+    "write_oom_snapshot",
+]
 
 
 @dataclass
@@ -114,7 +119,9 @@ def write_oom_snapshot(
             )
         directory = settings.directory
     if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 0:
-        raise InvalidInputError(f"write_oom_snapshot: max_blocks must be an int >= 0, got {max_blocks!r}")
+        raise InvalidInputError(
+            f"write_oom_snapshot: max_blocks must be an int >= 0, got {max_blocks!r}"
+        )
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     with _lock:
@@ -129,14 +136,18 @@ def write_oom_snapshot(
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "time": time.time(),
-        "error": None if exc is None else {
+        "error": None
+        if exc is None
+        else {
             "type": type(exc).__name__,
             "message": str(exc),
             "traceback": traceback.format_exception(type(exc), exc, exc.__traceback__),
         },
         "memory_report": _report_dict(),
         "largest_live_blocks": _largest_blocks(max_blocks),
-        "torch_snapshot": _torch_snapshot(folder / f"{stem}.torch.pickle") if torch_snapshot else None,
+        "torch_snapshot": _torch_snapshot(folder / f"{stem}.torch.pickle")
+        if torch_snapshot
+        else None,
     }
     path = folder / f"{stem}.json"
     path.write_text(json.dumps(snapshot, indent=2, default=str))
@@ -153,8 +164,12 @@ def _auto_snapshot(exc: Optional[BaseException], where: str) -> None:
             return
         settings.written += 1
     try:
-        path = write_oom_snapshot(settings.directory, exc, max_blocks=settings.max_blocks,
-                                  torch_snapshot=settings.torch_snapshot)
+        path = write_oom_snapshot(
+            settings.directory,
+            exc,
+            max_blocks=settings.max_blocks,
+            torch_snapshot=settings.torch_snapshot,
+        )
         sys.stderr.write(f"gpukeeper: out of memory ({where}); snapshot written to {path}\n")
     except Exception as e:  # forensics must never hide the error being reported
         try:
@@ -212,12 +227,21 @@ def enable_oom_snapshots(
     """
     global _settings
     if not isinstance(directory, (str, os.PathLike)) or not str(directory):
-        raise InvalidInputError(f"enable_oom_snapshots: directory must be a path, got {directory!r}")
-    for value, what, minimum in ((max_blocks, "max_blocks", 0), (max_snapshots, "max_snapshots", 1)):
+        raise InvalidInputError(
+            f"enable_oom_snapshots: directory must be a path, got {directory!r}"
+        )
+    for value, what, minimum in (
+        (max_blocks, "max_blocks", 0),
+        (max_snapshots, "max_snapshots", 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise InvalidInputError(f"enable_oom_snapshots: {what} must be an int >= {minimum}, got {value!r}")
+            raise InvalidInputError(
+                f"enable_oom_snapshots: {what} must be an int >= {minimum}, got {value!r}"
+            )
     if not isinstance(torch_snapshot, bool):
-        raise InvalidInputError(f"enable_oom_snapshots: torch_snapshot must be a bool, got {torch_snapshot!r}")
+        raise InvalidInputError(
+            f"enable_oom_snapshots: torch_snapshot must be a bool, got {torch_snapshot!r}"
+        )
     with _lock:
         _settings = _Settings(Path(directory), max_blocks, max_snapshots, torch_snapshot)
         if sys.excepthook is not _excepthook and "sys" not in _previous_hooks:

@@ -11,12 +11,12 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from gpukeeper.base.byte_figures import fmt_bytes
-from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.frameworks import ranks
 from gpukeeper.account.account_reader import memory_report
 from gpukeeper.account.process_account import DevicesReport
+from gpukeeper.base.byte_figures import fmt_bytes
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.text_table import text_table
+from gpukeeper.frameworks import ranks
 
 __all__ = ["RankMemory", "format_rank_table", "gather_memory_reports"]
 
@@ -49,7 +49,9 @@ class RankMemory:
         """The totals of ``report``; ``rank`` when the report carries none."""
         r = report.rank if report.rank is not None else rank
         if r is None:
-            raise InvalidInputError("RankMemory.from_report: the report has no rank and none was given")
+            raise InvalidInputError(
+                "RankMemory.from_report: the report has no rank and none was given"
+            )
         return cls(
             rank=int(r),
             world_size=report.world_size,
@@ -110,8 +112,13 @@ def gather_memory_reports(
 
 # ------------------------------------------------------------------------ the table
 
-_COLUMNS = (("allocated", "allocated"), ("reserved", "reserved"), ("peak", "peak"), ("context", "context"),
-            ("process", "process"))
+_COLUMNS = (
+    ("allocated", "allocated"),
+    ("reserved", "reserved"),
+    ("peak", "peak"),
+    ("context", "context"),
+    ("process", "process"),
+)
 
 #: A rank is the outlier of a column when it is this far from the median of the others
 #: (and at least OUTLIER_MIN_BYTES away): ranks of one job usually differ by a few
@@ -169,7 +176,9 @@ def format_rank_table(reports: Sequence[Union[DevicesReport, RankMemory]]) -> st
     body = []
     for r in sorted(rows, key=lambda r: r.rank):
         devices = ",".join(str(d) for d in r.devices) or "cpu"
-        body.append([str(r.rank), r.hostname, devices] + [fmt_bytes(getattr(r, col)) for col, _ in _COLUMNS])
+        body.append(
+            [str(r.rank), r.hostname, devices] + [fmt_bytes(getattr(r, col)) for col, _ in _COLUMNS]
+        )
     for label, pick in (("min", min), ("max", max), ("sum", sum)):
         cells = []
         for col, _ in _COLUMNS:

@@ -56,15 +56,43 @@ class RankTiming:
     def of(cls, result: Result, rank: int, hostname: Optional[str] = None) -> "RankTiming":
         host = hostname if hostname is not None else socket.gethostname()
         if isinstance(result, BenchmarkResult):
-            return cls(rank, host, "benchmark", result.name, result.device, result.n_calls,
-                       result.median_ms, result.mean_ms, _finite(result.std_ms), result.min_ms,
-                       result.max_ms, result.p95_ms, None, _finite(result.calls_per_s),
-                       bool(result.noisy), len(result.warnings))
+            return cls(
+                rank,
+                host,
+                "benchmark",
+                result.name,
+                result.device,
+                result.n_calls,
+                result.median_ms,
+                result.mean_ms,
+                _finite(result.std_ms),
+                result.min_ms,
+                result.max_ms,
+                result.p95_ms,
+                None,
+                _finite(result.calls_per_s),
+                bool(result.noisy),
+                len(result.warnings),
+            )
         if isinstance(result, TrajectoryResult):
-            return cls(rank, host, "trajectory", result.name, result.device, len(result.times_ms),
-                       result.median_ms, result.mean_ms, _finite(result.std_ms), result.min_ms,
-                       result.max_ms, result.p95_ms, _finite(result.ns_per_day),
-                       _finite(result.steps_per_s), False, len(result.warnings))
+            return cls(
+                rank,
+                host,
+                "trajectory",
+                result.name,
+                result.device,
+                len(result.times_ms),
+                result.median_ms,
+                result.mean_ms,
+                _finite(result.std_ms),
+                result.min_ms,
+                result.max_ms,
+                result.p95_ms,
+                _finite(result.ns_per_day),
+                _finite(result.steps_per_s),
+                False,
+                len(result.warnings),
+            )
         raise InvalidInputError(
             f"aggregate: result must be a BenchmarkResult or a TrajectoryResult, got {type(result).__name__}"
         )
@@ -110,22 +138,43 @@ class RankAggregate:
     def table(self) -> str:
         """A row per rank and the spread across ranks, as text."""
         trajectory = self.kind == "trajectory"
-        header = ["rank", "host", "device", "n", "median ms", "mean ms", "min ms", "max ms", "p95 ms"]
+        header = [
+            "rank",
+            "host",
+            "device",
+            "n",
+            "median ms",
+            "mean ms",
+            "min ms",
+            "max ms",
+            "p95 ms",
+        ]
         if trajectory:
             header.append("ns/day")
         body = []
         for t in self.per_rank:
-            row = [str(t.rank) + (" (slowest)" if t.rank == self.slowest_rank and self.world_size > 1 else ""),
-                   t.hostname, t.device, str(t.n), f"{t.median_ms:.4f}", f"{t.mean_ms:.4f}",
-                   f"{t.min_ms:.4f}", f"{t.max_ms:.4f}", f"{t.p95_ms:.4f}"]
+            row = [
+                str(t.rank)
+                + (" (slowest)" if t.rank == self.slowest_rank and self.world_size > 1 else ""),
+                t.hostname,
+                t.device,
+                str(t.n),
+                f"{t.median_ms:.4f}",
+                f"{t.mean_ms:.4f}",
+                f"{t.min_ms:.4f}",
+                f"{t.max_ms:.4f}",
+                f"{t.p95_ms:.4f}",
+            ]
             if trajectory:
                 row.append("?" if t.ns_per_day is None else f"{t.ns_per_day:.3f}")
             body.append(row)
-        lines = [f"{self.kind} {self.name!r} across {self.world_size} ranks",
-                 text_table(header, body, left=3).rstrip("\n"),
-                 f"median across ranks: min {self.median_ms['min']:.4f} ms, median "
-                 f"{self.median_ms['median']:.4f} ms, max {self.median_ms['max']:.4f} ms; slowest rank "
-                 f"{self.slowest_rank} ({self.imbalance * 100:.1f} % slower than rank {self.fastest_rank})"]
+        lines = [
+            f"{self.kind} {self.name!r} across {self.world_size} ranks",
+            text_table(header, body, left=3).rstrip("\n"),
+            f"median across ranks: min {self.median_ms['min']:.4f} ms, median "
+            f"{self.median_ms['median']:.4f} ms, max {self.median_ms['max']:.4f} ms; slowest rank "
+            f"{self.slowest_rank} ({self.imbalance * 100:.1f} % slower than rank {self.fastest_rank})",
+        ]
         if trajectory:
             total = "?" if self.ns_per_day_total is None else f"{self.ns_per_day_total:.3f}"
             lines.append(f"ensemble: {total} ns/day in total over {self.world_size} replicas")
@@ -139,7 +188,9 @@ class RankAggregate:
 def _combine(timings: Sequence[RankTiming], rank: Optional[int]) -> RankAggregate:
     kinds = {t.kind for t in timings}
     if len(kinds) != 1:
-        raise InvalidInputError(f"aggregate: the ranks' results are of different kinds: {sorted(kinds)}")
+        raise InvalidInputError(
+            f"aggregate: the ranks' results are of different kinds: {sorted(kinds)}"
+        )
     kind = kinds.pop()
     names = sorted({t.name for t in timings})
     warnings: List[str] = []
@@ -151,11 +202,18 @@ def _combine(timings: Sequence[RankTiming], rank: Optional[int]) -> RankAggregat
     imbalance = slowest.median_ms / fastest.median_ms - 1.0 if fastest.median_ms > 0 else math.inf
     noisy = [t.rank for t in timings if t.noisy]
     if noisy:
-        warnings.append(f"noisy on rank(s) {noisy}: their medians are less certain than the spread suggests")
+        warnings.append(
+            f"noisy on rank(s) {noisy}: their medians are less certain than the spread suggests"
+        )
     out = RankAggregate(
-        kind=kind, name=names[0], per_rank=sorted(timings, key=lambda t: t.rank),
+        kind=kind,
+        name=names[0],
+        per_rank=sorted(timings, key=lambda t: t.rank),
         median_ms={"min": min(medians), "median": statistics.median(medians), "max": max(medians)},
-        slowest_rank=slowest.rank, fastest_rank=fastest.rank, imbalance=imbalance, rank=rank,
+        slowest_rank=slowest.rank,
+        fastest_rank=fastest.rank,
+        imbalance=imbalance,
+        rank=rank,
         warnings=warnings,
     )
     if kind == "trajectory":

@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
+from gpukeeper.base import device_names as _devices
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, memory_dict
 from gpukeeper.frameworks.contexts import (
     ENGINE,
@@ -28,7 +29,6 @@ from gpukeeper.frameworks.contexts import (
     engine_memory,
     gpu_frameworks_loaded,
 )
-from gpukeeper.base import device_names as _devices
 from gpukeeper.frameworks.cupy_adapter import (
     CupyAdapter,
     cupy_current_device,
@@ -134,6 +134,7 @@ __all__ = [
     "torch_storage_weakref",
     "torch_uses_gpukeeper",
 ]
+
 
 def current_framework_device() -> Optional[int]:
     """The CUDA device a loaded framework calls current: PyTorch's once it has initialised
@@ -289,7 +290,9 @@ def l2_cache_size(device: int) -> int:
     return 0
 
 
-def l2_scratch(device: int, nbytes: int, prefer: Optional[str] = None) -> Optional[Tuple[str, Scratch]]:
+def l2_scratch(
+    device: int, nbytes: int, prefer: Optional[str] = None
+) -> Optional[Tuple[str, Scratch]]:
     """(the framework's name, a buffer of ``nbytes`` on ``device`` from it) to flush the
     L2 cache with: from ``prefer`` (the framework whose stream is timed) when it can,
     else from the first loaded framework that can; None when none can."""

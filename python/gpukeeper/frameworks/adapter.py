@@ -22,7 +22,14 @@ from typing import Any, Dict, List, Optional
 
 from gpukeeper.base.device_names import DeviceSpec
 
-__all__ = ["CpuBackend", "FrameworkAdapter", "FrameworkMemory", "Scratch", "TimerBackend", "memory_dict"]
+__all__ = [
+    "CpuBackend",
+    "FrameworkAdapter",
+    "FrameworkMemory",
+    "Scratch",
+    "TimerBackend",
+    "memory_dict",
+]
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,10 @@ class FrameworkMemory:
 def memory_dict(per: Dict[str, FrameworkMemory]) -> Dict[str, Dict[str, Optional[int]]]:
     """Framework name -> its ``allocated_bytes`` and ``reserved_bytes``: how every report
     writes a set of ``FrameworkMemory`` to JSON."""
-    return {name: {"allocated_bytes": m.allocated, "reserved_bytes": m.reserved} for name, m in per.items()}
+    return {
+        name: {"allocated_bytes": m.allocated, "reserved_bytes": m.reserved}
+        for name, m in per.items()
+    }
 
 
 class FrameworkAdapter:

@@ -33,7 +33,10 @@ def _cuda_maybe_in_use() -> bool:
     only: without this, asking the driver would initialise it for nothing)."""
     if torch_in_use() is not None or cupy_cuda() is not None or jax_gpu_devices():
         return True
-    return any(getattr(p, "kind", "device") in ("device", "async", "pinned") for p in pools_adapter.live_pools())
+    return any(
+        getattr(p, "kind", "device") in ("device", "async", "pinned")
+        for p in pools_adapter.live_pools()
+    )
 
 
 def active_devices() -> List[int]:
@@ -119,7 +122,11 @@ def context_census(
     memory on the device, and the frameworks allocate in the primary context)."""
     loaded = cuda_driver.libcuda_loaded()
     if reading is None:
-        reading = nvml.this_process_memory(device) if loaded is not False else nvml.ProcessReading(False, 0)
+        reading = (
+            nvml.this_process_memory(device)
+            if loaded is not False
+            else nvml.ProcessReading(False, 0)
+        )
     primary = True if primary_in_use else cuda_driver.primary_context_active(device)
     foreign = cuda_driver.current_context_foreign() if loaded is not False else None
     evidence = []
@@ -129,7 +136,9 @@ def context_census(
         evidence.append("a context other than the primary one is current on this thread")
     if reading.listed and primary is False:
         other = 1
-        evidence.append("NVML lists this process on the device and its primary context does not exist")
+        evidence.append(
+            "NVML lists this process on the device and its primary context does not exist"
+        )
     if loaded is False:
         evidence.append("the CUDA driver is not loaded in this process")
     elif primary is None:
@@ -138,7 +147,9 @@ def context_census(
         evidence.append("primary context active" if primary else "no primary context")
     if reading.listed is None and reading.reason:
         evidence.append(f"NVML: {reading.reason}")
-    return ContextCensus(device, primary, other, reading.listed, reading.used_bytes, "; ".join(evidence))
+    return ContextCensus(
+        device, primary, other, reading.listed, reading.used_bytes, "; ".join(evidence)
+    )
 
 
 def context_devices() -> List[int]:

@@ -10,8 +10,14 @@ from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, TimerBackend
 
-__all__ = ["CupyAdapter", "CupyBackend", "cupy_current_device", "cupy_cuda", "cupy_memory_hook",
-           "loaded_cupy"]
+__all__ = [
+    "CupyAdapter",
+    "CupyBackend",
+    "cupy_current_device",
+    "cupy_cuda",
+    "cupy_memory_hook",
+    "loaded_cupy",
+]
 
 
 def loaded_cupy() -> Any:
@@ -134,7 +140,9 @@ class CupyBackend(TimerBackend):
         super().__init__(device)
         cupy = cupy_cuda()
         if cupy is None:
-            raise InvalidInputError("the 'cupy' timer backend needs CuPy loaded with a usable device")
+            raise InvalidInputError(
+                "the 'cupy' timer backend needs CuPy loaded with a usable device"
+            )
         self._cupy = cupy
 
     def current_stream(self) -> Any:

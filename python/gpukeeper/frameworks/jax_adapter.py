@@ -103,16 +103,22 @@ def jax_release_hint() -> str:
     """
     allocator = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower()
     if allocator == "platform":
-        return ("XLA_PYTHON_CLIENT_ALLOCATOR=platform is set: JAX frees memory when arrays "
-                "are freed; what is still reserved is held by live arrays")
+        return (
+            "XLA_PYTHON_CLIENT_ALLOCATOR=platform is set: JAX frees memory when arrays "
+            "are freed; what is still reserved is held by live arrays"
+        )
     preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").strip().lower()
     if preallocate in ("false", "0"):
-        return ("JAX's allocator never returns memory to the driver: set "
-                "XLA_PYTHON_CLIENT_ALLOCATOR=platform before JAX starts to make it returnable")
-    return ("JAX preallocates 75% of the device and never returns it: set "
-            "XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand) or "
-            "XLA_PYTHON_CLIENT_ALLOCATOR=platform (return memory when arrays are freed) "
-            "before JAX starts")
+        return (
+            "JAX's allocator never returns memory to the driver: set "
+            "XLA_PYTHON_CLIENT_ALLOCATOR=platform before JAX starts to make it returnable"
+        )
+    return (
+        "JAX preallocates 75% of the device and never returns it: set "
+        "XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand) or "
+        "XLA_PYTHON_CLIENT_ALLOCATOR=platform (return memory when arrays are freed) "
+        "before JAX starts"
+    )
 
 
 class JaxAdapter(FrameworkAdapter):

@@ -10,7 +10,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from gpukeeper.base.device_names import current_cuda_index, parse_device
 
-__all__ = ["LiveArray", "device_array_predicate", "live_array_holders", "live_arrays", "live_buffers"]
+__all__ = [
+    "LiveArray",
+    "device_array_predicate",
+    "live_array_holders",
+    "live_arrays",
+    "live_buffers",
+]
 
 
 @dataclass(frozen=True)
@@ -105,8 +111,13 @@ def _walk_arrays(device: Any) -> Iterator[Tuple[Tuple[str, str, int], int, LiveA
                 is_base = obj._base is None
                 rank = (2 if is_base else 0) * (1 << 62) + obj.numel() * obj.element_size()
                 entry = LiveArray(
-                    "torch", label, type(obj).__name__, tuple(obj.shape),
-                    str(obj.dtype).replace("torch.", ""), nbytes, ptr,
+                    "torch",
+                    label,
+                    type(obj).__name__,
+                    tuple(obj.shape),
+                    str(obj.dtype).replace("torch.", ""),
+                    nbytes,
+                    ptr,
                 )
             except Exception:
                 continue  # sparse, meta, fake or otherwise storage-less tensors
@@ -146,7 +157,9 @@ def live_arrays(device: Any = None) -> List[LiveArray]:
         old = found.get(key)
         if old is None or rank > old[0]:
             found[key] = (rank, entry)
-    return sorted((e for _, e in found.values()), key=lambda e: (-e.nbytes, e.framework, e.data_ptr))
+    return sorted(
+        (e for _, e in found.values()), key=lambda e: (-e.nbytes, e.framework, e.data_ptr)
+    )
 
 
 def live_array_holders(device: Any = None) -> List[Tuple[LiveArray, List[Any]]]:
@@ -183,8 +196,17 @@ def live_buffers(location: str) -> List[LiveArray]:
             where = "host" if obj.kind in ("host", "pinned") else f"cuda:{obj.device}"
             if where != location:
                 continue
-            found.append(LiveArray("gpukeeper", where, "ManagedBuffer", (int(obj.size),),
-                                   obj.precision.label, int(obj.nbytes), int(obj.ptr)))
+            found.append(
+                LiveArray(
+                    "gpukeeper",
+                    where,
+                    "ManagedBuffer",
+                    (int(obj.size),),
+                    obj.precision.label,
+                    int(obj.nbytes),
+                    int(obj.ptr),
+                )
+            )
         except Exception:
             continue  # a buffer torn down while the walk ran
     return sorted(found, key=lambda e: (-e.nbytes, e.data_ptr))

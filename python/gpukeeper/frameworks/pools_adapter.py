@@ -9,8 +9,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import gpukeeper._core as _core
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
 
-__all__ = ["PoolsAdapter", "host_pool_memory", "host_pool_peak", "live_pools", "register_pool",
-           "reset_host_pool_peak"]
+__all__ = [
+    "PoolsAdapter",
+    "host_pool_memory",
+    "host_pool_peak",
+    "live_pools",
+    "register_pool",
+    "reset_host_pool_peak",
+]
 
 # Weak references keyed by id, and a tuple of them rebuilt only when a pool is registered
 # or dies: live_pools() runs several times per leak check (every test of a suite under
@@ -117,7 +123,9 @@ def _peak(kinds: tuple, device: Optional[int]) -> Optional[int]:
     if not pools:
         return None
     # Per-pool peaks need not coincide in time: their sum bounds the joint peak from above.
-    return sum(stats.peak_allocated_bytes for stats in (p.stats(d) for p, d in pools) if stats is not None)
+    return sum(
+        stats.peak_allocated_bytes for stats in (p.stats(d) for p, d in pools) if stats is not None
+    )
 
 
 def _reset_peak(kinds: tuple, device: Optional[int]) -> bool:

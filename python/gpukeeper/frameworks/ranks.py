@@ -96,8 +96,11 @@ def current_rank() -> Optional[RankInfo]:
         dist = loaded_dist()
         try:
             return RankInfo(
-                int(dist.get_rank()), int(dist.get_world_size()), _env_int("LOCAL_RANK"),
-                str(dist.get_backend()), "torch.distributed",
+                int(dist.get_rank()),
+                int(dist.get_world_size()),
+                _env_int("LOCAL_RANK"),
+                str(dist.get_backend()),
+                "torch.distributed",
             )
         except Exception:
             pass  # torn down between the two calls: the environment still says who we are
@@ -203,7 +206,9 @@ def check_dst(dst: Any, group: Any, what: str) -> Optional[int]:
         except Exception:
             ranks = None
         if ranks is not None and dst not in ranks:
-            raise InvalidInputError(f"{what}: dst={dst} is not in the group (its ranks: {sorted(ranks)})")
+            raise InvalidInputError(
+                f"{what}: dst={dst} is not in the group (its ranks: {sorted(ranks)})"
+            )
     return dst
 
 
@@ -250,6 +255,7 @@ def shutdown_process_group(timeout_s: float, abort: bool = False) -> Optional[st
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        return f"process group teardown still blocked after {timeout_s:g} s; left to the process's end"
+        return (
+            f"process group teardown still blocked after {timeout_s:g} s; left to the process's end"
+        )
     return outcome[0] if outcome else None
-

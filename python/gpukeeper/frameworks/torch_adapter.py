@@ -338,7 +338,9 @@ class TorchBackend(TimerBackend):
         super().__init__(device)
         torch = torch_cuda()
         if torch is None:
-            raise InvalidInputError("the 'torch' timer backend needs PyTorch loaded with usable CUDA")
+            raise InvalidInputError(
+                "the 'torch' timer backend needs PyTorch loaded with usable CUDA"
+            )
         self._torch = torch
 
     def current_stream(self) -> Any:

@@ -50,8 +50,9 @@ def _oom_type(cupy: Any) -> type:
         class PoolOutOfMemoryError(base, AllocationError):  # type: ignore[misc, valid-type]
             """A CuPy request the gpukeeper pool could not serve."""
 
-            def __init__(self, size: int, total: int = -1, limit: int = 0,
-                         message: Optional[str] = None) -> None:
+            def __init__(
+                self, size: int, total: int = -1, limit: int = 0, message: Optional[str] = None
+            ) -> None:
                 base.__init__(self, size, total, limit)
                 if message is not None:
                     self.args = (message,)

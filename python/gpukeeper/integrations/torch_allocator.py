@@ -115,7 +115,8 @@ def _refuse_graph_capture(torch: Any, why: str) -> None:
             "CUDA graph capture under gpukeeper.use_torch_allocator() needs PyTorch to tell "
             f"the allocator when captures begin and end, and it cannot here: {why}. A graph "
             "captured anyway would have its memory handed to other tensors while it replays; "
-            "run graphs without use_torch_allocator()")
+            "run graphs without use_torch_allocator()"
+        )
 
     capture_begin.__wrapped__ = original  # type: ignore[attr-defined]
     graph_cls.capture_begin = capture_begin
@@ -124,8 +125,9 @@ def _refuse_graph_capture(torch: Any, why: str) -> None:
 ROUTES = ("auto", "component", "pluggable")
 
 
-def use_torch_allocator(memory_api: bool = True, route: str = "auto",
-                        expandable: Union[bool, str] = "auto") -> None:
+def use_torch_allocator(
+    memory_api: bool = True, route: str = "auto", expandable: Union[bool, str] = "auto"
+) -> None:
     """Routes PyTorch's CUDA allocations through gpukeeper's caching pool.
 
     Must run before PyTorch allocates CUDA memory (its allocator cannot be swapped once
@@ -164,8 +166,10 @@ def use_torch_allocator(memory_api: bool = True, route: str = "auto",
     import torch
 
     if not torch.cuda.is_available():
-        raise GpuError("use_torch_allocator(): PyTorch sees no CUDA device "
-                       f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})")
+        raise GpuError(
+            "use_torch_allocator(): PyTorch sees no CUDA device "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})"
+        )
     why_not = torch_component.status(torch) if route != "pluggable" else "route='pluggable'"
     if route == "component" and why_not:
         raise GpuError(f"use_torch_allocator(route='component'): {why_not}")

@@ -43,8 +43,12 @@ def _load(path: str) -> Any:
     lib = ctypes.CDLL(path)
     lib.gpukeeper_torch_built_for.restype = ctypes.c_char_p
     lib.gpukeeper_torch_install.restype = ctypes.c_int
-    lib.gpukeeper_torch_install.argtypes = [ctypes.c_size_t, ctypes.c_uint32, ctypes.c_char_p,
-                                            ctypes.c_size_t]
+    lib.gpukeeper_torch_install.argtypes = [
+        ctypes.c_size_t,
+        ctypes.c_uint32,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+    ]
     return lib
 
 
@@ -62,16 +66,20 @@ def status(torch: Any) -> str:
     """'' when the component can serve this PyTorch, else why not (one sentence)."""
     path = library_path()
     if path is None:
-        return ("gpukeeper was built without its PyTorch allocator component (no CUDA build "
-                "of PyTorch was importable when it was built); reinstall gpukeeper with "
-                "`pip install --no-build-isolation .` beside a CUDA build of PyTorch")
+        return (
+            "gpukeeper was built without its PyTorch allocator component (no CUDA build "
+            "of PyTorch was importable when it was built); reinstall gpukeeper with "
+            "`pip install --no-build-isolation .` beside a CUDA build of PyTorch"
+        )
     try:
         made_for = _load(path).gpukeeper_torch_built_for().decode()
     except OSError as exc:
         return f"the PyTorch allocator component at {path} does not load: {exc}"
     if _release(made_for) != _release(torch.__version__):
-        return (f"the PyTorch allocator component was built for torch {made_for}, and "
-                f"torch {torch.__version__} is installed; reinstall gpukeeper to rebuild it")
+        return (
+            f"the PyTorch allocator component was built for torch {made_for}, and "
+            f"torch {torch.__version__} is installed; reinstall gpukeeper to rebuild it"
+        )
     return ""
 
 
@@ -85,7 +93,8 @@ def install(torch: Any) -> None:
     assert path is not None
     lib = _load(path)
     error = ctypes.create_string_buffer(2048)
-    rc = lib.gpukeeper_torch_install(_core._torch_pool_api(), _core._torch_pool_api_version,
-                                     error, len(error))
+    rc = lib.gpukeeper_torch_install(
+        _core._torch_pool_api(), _core._torch_pool_api_version, error, len(error)
+    )
     if rc != 0:
         raise GpuError(f"use_torch_allocator(): {error.value.decode(errors='replace')}")

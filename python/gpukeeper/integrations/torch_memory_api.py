@@ -44,8 +44,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import gpukeeper._core as _core
 from gpukeeper.base.errors import InvalidInputError
 
-__all__ = ["install", "restore", "is_installed", "memory_stats_dict", "memory_stats_flat",
-           "snapshot_dict"]
+__all__ = [
+    "install",
+    "restore",
+    "is_installed",
+    "memory_stats_dict",
+    "memory_stats_flat",
+    "snapshot_dict",
+]
 
 # torch._C primitives replaced while installed, and the functions that replace them.
 _PRIMITIVES = (
@@ -58,8 +64,13 @@ _PRIMITIVES = (
     "_cuda_getMemoryFraction",
 )
 # Public functions replaced by direct reads (in torch.cuda and torch.cuda.memory).
-_FAST = ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
-         "memory_stats")
+_FAST = (
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_stats",
+)
 
 _saved: List[Tuple[Any, str, Any]] = []  # (owner, name, original) while installed
 
@@ -173,27 +184,31 @@ def snapshot_dict(segments_by_device: Dict[int, List[Any]]) -> Dict[str, Any]:
                 if b.allocated:
                     allocated += b.size
                     requested += b.requested
-                blocks.append({
-                    "address": int(b.address),
-                    "size": int(b.size),
-                    "requested_size": int(b.requested),
-                    "state": "active_allocated" if b.allocated else "inactive",
+                blocks.append(
+                    {
+                        "address": int(b.address),
+                        "size": int(b.size),
+                        "requested_size": int(b.requested),
+                        "state": "active_allocated" if b.allocated else "inactive",
+                        "frames": [],
+                    }
+                )
+            segments.append(
+                {
+                    "device": int(device),
+                    "address": int(seg.address),
+                    "total_size": int(seg.size),
+                    "allocated_size": allocated,
+                    "active_size": allocated,
+                    "requested_size": requested,
+                    "stream": int(seg.stream),
+                    "segment_type": "small" if seg.small else "large",
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": bool(seg.expandable),
                     "frames": [],
-                })
-            segments.append({
-                "device": int(device),
-                "address": int(seg.address),
-                "total_size": int(seg.size),
-                "allocated_size": allocated,
-                "active_size": allocated,
-                "requested_size": requested,
-                "stream": int(seg.stream),
-                "segment_type": "small" if seg.small else "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": bool(seg.expandable),
-                "frames": [],
-                "blocks": blocks,
-            })
+                    "blocks": blocks,
+                }
+            )
     n_devices = max(segments_by_device, default=-1) + 1
     return {
         "segments": segments,
@@ -226,7 +241,8 @@ def _make_index(torch: Any) -> Callable[[Any], int]:
             device = get_index(device, optional=True)  # str, torch.device, torch.cuda.device
         if not 0 <= device < _device_count(torch):
             raise InvalidInputError(
-                f"CUDA device {device} does not exist: PyTorch sees {_device_count(torch)} device(s)")
+                f"CUDA device {device} does not exist: PyTorch sees {_device_count(torch)} device(s)"
+            )
         return device
 
     return index
@@ -282,7 +298,9 @@ def _replacements(torch: Any) -> Dict[str, Callable[..., Any]]:
 
     def memory_stats(device: Any = None) -> "collections.OrderedDict[str, int]":
         """PyTorch's flat memory statistics of the pool behind PyTorch on ``device``."""
-        return memory_stats_flat(_core._torch_pool_history(get_device() if device is None else index(device)))
+        return memory_stats_flat(
+            _core._torch_pool_history(get_device() if device is None else index(device))
+        )
 
     return {
         "_cuda_memoryStats": _cuda_memoryStats,

@@ -21,10 +21,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.display import display
 
+from gpukeeper.account.account_reader import memory_report
+from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.base.statements import Statement, compile_statement, describe_exception
 from gpukeeper.cleanup import CleanupReport, GPUContext
 from gpukeeper.cleanup.ipython_refs import note_failed_block
 from gpukeeper.cleanup.measure import devices_in_use, peaks, reset_peaks
-from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.ipython.cells import compile_cell
 from gpukeeper.ipython.memory_cell import BufferWatch, CellMemory
 from gpukeeper.ipython.options import (
@@ -35,8 +37,6 @@ from gpukeeper.ipython.options import (
     parse_line,
     positive_int,
 )
-from gpukeeper.account.account_reader import memory_report
-from gpukeeper.base.statements import Statement, compile_statement, describe_exception
 from gpukeeper.timing import BenchmarkResult, benchmark_function, timing_device
 
 __all__ = ["GPUKeeperMagics"]
@@ -141,9 +141,17 @@ def _best_of(fn: Callable[[], Any], settings: TimeitSettings, label: str) -> Lis
     __tracebackhide__ = True
     results = []
     for _ in range(settings.rounds):
-        results.append(benchmark_function(fn, n_calls=settings.n_calls, warmup=settings.warmup,
-                                          device=settings.device, name=label, l2_flush=settings.l2_flush,
-                                          measure=settings.measure))
+        results.append(
+            benchmark_function(
+                fn,
+                n_calls=settings.n_calls,
+                warmup=settings.warmup,
+                device=settings.device,
+                name=label,
+                l2_flush=settings.l2_flush,
+                measure=settings.measure,
+            )
+        )
     return sorted(results, key=lambda r: r.median_ms)
 
 
@@ -256,11 +264,15 @@ class GPUKeeperMagics(Magics):
         magic = "%%gpu_memory"
         opts, rest = parse_line(magic, line, _MEMORY_OPTIONS)
         if rest:
-            raise UsageError(f"{magic}: unexpected {rest!r} on the magic's line (the cell's body is what runs)")
+            raise UsageError(
+                f"{magic}: unexpected {rest!r} on the magic's line (the cell's body is what runs)"
+            )
         device = device_option(magic, opts.get("d"))
         tolerance = non_negative_float(magic, "--tolerance-mb", opts.get("tolerance", "1"))
-        ctx = _usage(magic, lambda: GPUContext(device, warn_on_leak=False,
-                                                      tolerance_bytes=int(tolerance * _MiB)))
+        ctx = _usage(
+            magic,
+            lambda: GPUContext(device, warn_on_leak=False, tolerance_bytes=int(tolerance * _MiB)),
+        )
         code = compile_cell(self.shell, cell)
         # Restarted, as torch.cuda.reset_peak_memory_stats does: the peak shown is the cell's.
         reset_peaks(devices_in_use(None))
@@ -294,7 +306,9 @@ class GPUKeeperMagics(Magics):
         device = device_option(magic, opts.get("d"))
         report = _usage(magic, lambda: memory_report(device))
         if opts.get("json"):
-            display({"application/json": report.to_dict(), "text/plain": report.to_json()}, raw=True)
+            display(
+                {"application/json": report.to_dict(), "text/plain": report.to_json()}, raw=True
+            )
         else:
             _show(report.table(), report)
 

@@ -74,8 +74,10 @@ class BufferWatch:
         for label, buf in sorted(_named_buffers(self.namespace), key=lambda nb: -int(nb[1].nbytes)):
             loc = HOST if buf.kind in _HOST_KINDS else f"cuda:{buf.device}"
             if loc in locations and _key(buf) not in self.before:
-                lines.append(f"{label}: gpukeeper ManagedBuffer ({buf.size},) {buf.precision.label}, "
-                             f"{fmt_bytes(int(buf.nbytes))} on {loc}")
+                lines.append(
+                    f"{label}: gpukeeper ManagedBuffer ({buf.size},) {buf.precision.label}, "
+                    f"{fmt_bytes(int(buf.nbytes))} on {loc}"
+                )
         return lines
 
 
@@ -112,14 +114,17 @@ class CellMemory:
                 b = before.get(loc, {}).get(name)
                 a = after.get(loc, {}).get(name)
                 peak = self.peaks.get(loc, {}).get(name)
-                out.append((
-                    loc, name,
-                    fmt_bytes(b.allocated) if b else "0 B",
-                    fmt_bytes(peak) if peak is not None else "n/a",
-                    fmt_bytes(a.allocated) if a else "-",
-                    fmt_bytes(b.reserved) if b else "0 B",
-                    fmt_bytes(a.reserved) if a else "-",
-                ))
+                out.append(
+                    (
+                        loc,
+                        name,
+                        fmt_bytes(b.allocated) if b else "0 B",
+                        fmt_bytes(peak) if peak is not None else "n/a",
+                        fmt_bytes(a.allocated) if a else "-",
+                        fmt_bytes(b.reserved) if b else "0 B",
+                        fmt_bytes(a.reserved) if a else "-",
+                    )
+                )
         return out
 
     def _head(self) -> str:
@@ -135,9 +140,13 @@ class CellMemory:
         if rows:
             rows.insert(0, _HEADER)
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-            lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+            lines += [
+                "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows
+            ]
         else:
-            lines.append("  no memory to watch (no framework holds device memory, no gpukeeper pool)")
+            lines.append(
+                "  no memory to watch (no framework holds device memory, no gpukeeper pool)"
+            )
         lines.extend(self._verdict())
         lines += [f"  note: {n}" for n in self.report.notes]
         return "\n".join(lines)
@@ -145,17 +154,24 @@ class CellMemory:
     def _verdict(self) -> List[str]:
         if not self.report.leaked:
             return ["  no leak: everything the cell allocated was given back"]
-        held = ", ".join(f"{name} {fmt_bytes(b)} on {loc}"
-                         for loc, per in self.report.held.items() for name, b in per.items())
+        held = ", ".join(
+            f"{name} {fmt_bytes(b)} on {loc}"
+            for loc, per in self.report.held.items()
+            for name, b in per.items()
+        )
         word = "LEAK" if self.leaked else "within tolerance"
-        lines = [f"  {word}: {fmt_bytes(self.leaked_bytes)} still held after the cell ({held}; "
-                 f"tolerance {fmt_bytes(self.tolerance_bytes)})"]
+        lines = [
+            f"  {word}: {fmt_bytes(self.leaked_bytes)} still held after the cell ({held}; "
+            f"tolerance {fmt_bytes(self.tolerance_bytes)})"
+        ]
         named = [leak.describe() for leak in self.report.leaks] + self.buffers
         lines += [f"    {text}" for text in named]
         if self.report.leaks_found > len(self.report.leaks):
             lines.append(f"    ... and {self.report.leaks_found - len(self.report.leaks)} more")
         if named:
-            lines.append("    (del the names that hold them, or call gpukeeper.cleanup_models(...))")
+            lines.append(
+                "    (del the names that hold them, or call gpukeeper.cleanup_models(...))"
+            )
         return lines
 
     def __str__(self) -> str:
@@ -169,6 +185,10 @@ class CellMemory:
         the verdict (a leak in red) and the notes."""
         rows = self.rows()
         verdict = [line.strip() for line in self._verdict()]
-        return html_table(self._head(), _HEADER if rows else None, rows,
-                          warnings=[v for v in verdict if v.startswith("LEAK")],
-                          notes=[v for v in verdict if not v.startswith("LEAK")] + list(self.report.notes))
+        return html_table(
+            self._head(),
+            _HEADER if rows else None,
+            rows,
+            warnings=[v for v in verdict if v.startswith("LEAK")],
+            notes=[v for v in verdict if not v.startswith("LEAK")] + list(self.report.notes),
+        )

@@ -62,7 +62,9 @@ def _lookup(token: str, specs: Mapping[str, OptionSpec]) -> Tuple[OptionSpec, Op
     raise UsageError(f"unknown option {token!r}")
 
 
-def parse_line(magic: str, line: str, options: Tuple[OptionSpec, ...]) -> Tuple[Dict[str, Value], str]:
+def parse_line(
+    magic: str, line: str, options: Tuple[OptionSpec, ...]
+) -> Tuple[Dict[str, Value], str]:
     """Splits ``line`` into its leading options and the verbatim rest.
 
     ``magic`` is the magic as written (``"%gpu_timeit"``, ``"%%gpu_memory"``), for the

@@ -89,11 +89,15 @@ def choose_event_every(step_ns: float, event_ns: float, n: int) -> int:
 
 def events_how(event_every: int, synchronize: Optional[Callable[[], Any]] = None) -> str:
     """The timing method of steps timed by CUDA events, one mark every ``event_every`` steps."""
-    marks = ("one per step" if event_every == 1 else
-             f"one after every {event_every} steps (a step's GPU time is its interval's, "
-             "divided over the interval's steps)")
-    return (f"CUDA events on the framework's current stream, {marks}"
-            + ("; the wall clock ends at the caller's synchronize()" if synchronize is not None else ""))
+    marks = (
+        "one per step"
+        if event_every == 1
+        else f"one after every {event_every} steps (a step's GPU time is its interval's, "
+        "divided over the interval's steps)"
+    )
+    return f"CUDA events on the framework's current stream, {marks}" + (
+        "; the wall clock ends at the caller's synchronize()" if synchronize is not None else ""
+    )
 
 
 class EventMarks:
@@ -171,7 +175,12 @@ class EventMarks:
         done = count - keep
         if done <= 0:
             return
-        marks, last, elapsed, restarts = self.marks, self.last, self.backend.elapsed_ms, self._restarts
+        marks, last, elapsed, restarts = (
+            self.marks,
+            self.last,
+            self.backend.elapsed_ms,
+            self._restarts,
+        )
         add_ms, add_steps = self.interval_ms.append, self.interval_steps.append
         prev, prev_last = self.origin, self.prev_last
         for j in range(done):

@@ -80,15 +80,21 @@ def _late(xs: Sequence[float], ys: Sequence[float], n_steps: int) -> List[Tuple[
     return late
 
 
-def _check_verdict_args(steps: Sequence[float], values: Sequence[float], n_steps: Any,
-                        tolerance_mb: Any) -> None:
+def _check_verdict_args(
+    steps: Sequence[float], values: Sequence[float], n_steps: Any, tolerance_mb: Any
+) -> None:
     if len(steps) != len(values) or len(values) < 2:
         raise InvalidInputError(
             f"leak_verdict needs two equally long series of at least 2 samples, got "
-            f"{len(steps)} steps and {len(values)} values")
+            f"{len(steps)} steps and {len(values)} values"
+        )
     if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 1:
         raise InvalidInputError(f"n_steps must be an int >= 1, got {n_steps!r}")
-    if isinstance(tolerance_mb, bool) or not isinstance(tolerance_mb, (int, float)) or not tolerance_mb >= 0:
+    if (
+        isinstance(tolerance_mb, bool)
+        or not isinstance(tolerance_mb, (int, float))
+        or not tolerance_mb >= 0
+    ):
         raise InvalidInputError(f"tolerance_mb must be a number >= 0, got {tolerance_mb!r}")
 
 
@@ -131,16 +137,22 @@ def leak_verdict(
     over = f"{growth / MB:+.2f} MB over {n_steps} steps ({slope:+.1f} B/step)"
     if noise <= tol:
         leak: Optional[bool] = growth > tol
-        reason = (f"{'leak' if leak else 'stable'}: {source} {over}, tolerance {tolerance_mb:g} MB "
-                  f"(noise {noise / MB:.2f} MB)")
+        reason = (
+            f"{'leak' if leak else 'stable'}: {source} {over}, tolerance {tolerance_mb:g} MB "
+            f"(noise {noise / MB:.2f} MB)"
+        )
     elif growth > tol and growth > ABOVE_NOISE * noise:
         leak = True
-        reason = (f"leak: {source} {over}, above its noise {noise / MB:.2f} MB "
-                  f"(tolerance {tolerance_mb:g} MB)")
+        reason = (
+            f"leak: {source} {over}, above its noise {noise / MB:.2f} MB "
+            f"(tolerance {tolerance_mb:g} MB)"
+        )
     else:
         leak = None
-        reason = (f"inconclusive: {source} noise {noise / MB:.2f} MB > tolerance {tolerance_mb:g} MB "
-                  f"(growth {over})")
+        reason = (
+            f"inconclusive: {source} noise {noise / MB:.2f} MB > tolerance {tolerance_mb:g} MB "
+            f"(growth {over})"
+        )
     return LeakVerdict(source, leak, slope, growth, noise, steady, len(late), reason)
 
 
@@ -159,16 +171,32 @@ def combine_verdicts(primary: LeakVerdict, in_use: Optional[LeakVerdict]) -> Lea
         return in_use
     if primary.leak and primary.noise <= primary.growth / ABOVE_NOISE and primary.steady >= 0.5:
         return LeakVerdict(
-            primary.source, True, primary.slope, primary.growth, primary.noise, primary.steady,
+            primary.source,
+            True,
+            primary.slope,
+            primary.growth,
+            primary.noise,
+            primary.steady,
             primary.samples,
             primary.reason + f", steadily, while {in_use.source} does not grow: memory taken "
-            "outside malloc (mmap, a library's own allocator)")
+            "outside malloc (mmap, a library's own allocator)",
+        )
     note = primary.reason
     if primary.leak:
-        note = (f"{primary.source} grows {primary.growth / MB:+.2f} MB in jumps, not steadily: "
-                "the allocator keeping freed memory")
-    return LeakVerdict(in_use.source, in_use.leak, in_use.slope, in_use.growth, in_use.noise,
-                       in_use.steady, in_use.samples, f"{in_use.reason}; cross-check {note}")
+        note = (
+            f"{primary.source} grows {primary.growth / MB:+.2f} MB in jumps, not steadily: "
+            "the allocator keeping freed memory"
+        )
+    return LeakVerdict(
+        in_use.source,
+        in_use.leak,
+        in_use.slope,
+        in_use.growth,
+        in_use.noise,
+        in_use.steady,
+        in_use.samples,
+        f"{in_use.reason}; cross-check {note}",
+    )
 
 
 @dataclass
@@ -185,20 +213,26 @@ class MemoryOutcome:
     verdict: Optional[LeakVerdict] = None
 
 
-def _verdict_warnings(verdict: LeakVerdict, n: int, leak_tolerance_mb: float, warnings: List[str]) -> None:
+def _verdict_warnings(
+    verdict: LeakVerdict, n: int, leak_tolerance_mb: float, warnings: List[str]
+) -> None:
     if verdict.leak:
         warnings.append(
             f"memory grows by {verdict.slope:.1f} bytes/step ({verdict.growth / MB:.2f} MB over "
-            f"{n} steps, tolerance {leak_tolerance_mb} MB, {verdict.source}): leak")
+            f"{n} steps, tolerance {leak_tolerance_mb} MB, {verdict.source}): leak"
+        )
     elif verdict.leak is None:
         warnings.append(f"leak verdict {verdict.reason}")
     if verdict.samples < 4:
-        warnings.append(f"only {verdict.samples} memory samples in the second half: the leak "
-                        "verdict is weak (lower memory_sample_every or run more steps)")
+        warnings.append(
+            f"only {verdict.samples} memory samples in the second half: the leak "
+            "verdict is weak (lower memory_sample_every or run more steps)"
+        )
 
 
-def memory_outcome(sampler: Any, final: Optional[List[int]], n: int, leak_tolerance_mb: float,
-                   warnings: List[str]) -> MemoryOutcome:
+def memory_outcome(
+    sampler: Any, final: Optional[List[int]], n: int, leak_tolerance_mb: float, warnings: List[str]
+) -> MemoryOutcome:
     """The samples of a run turned into series, slopes and the leak verdict; what is
     worth saying goes to ``warnings``.
 
@@ -211,13 +245,23 @@ def memory_outcome(sampler: Any, final: Optional[List[int]], n: int, leak_tolera
     # x = calls made when the reading was taken: the initial reading at 0, the one
     # after step i at i+1, the final one (after the synchronization) at n.
     xs = [0.0] + [float(s + 1) for s in sampler.steps[1:count]] + [float(n)]
-    all_series = {s.name: list(sampler.values[k][:count]) + [final[k]]  # type: ignore[index]
-                  for k, s in enumerate(series)}
+    all_series = {
+        s.name: list(sampler.values[k][:count]) + [final[k]]  # type: ignore[index]
+        for k, s in enumerate(series)
+    }
     bytes_l = all_series[series[0].name]
     slope_all = least_squares_slope(xs, [float(b) for b in bytes_l])
     verdicts = [leak_verdict(xs, all_series[s.name], n, leak_tolerance_mb, s.name) for s in series]
     in_use = next((v for v, s in zip(verdicts, series) if s.in_use), None)
     verdict = verdicts[0] if series[0].in_use else combine_verdicts(verdicts[0], in_use)
     _verdict_warnings(verdict, n, leak_tolerance_mb, warnings)
-    return MemoryOutcome([int(v) for v in xs], bytes_l, all_series, verdicts[0].slope, slope_all,
-                         verdict.leak, max(bytes_l), verdict)
+    return MemoryOutcome(
+        [int(v) for v in xs],
+        bytes_l,
+        all_series,
+        verdicts[0].slope,
+        slope_all,
+        verdict.leak,
+        max(bytes_l),
+        verdict,
+    )

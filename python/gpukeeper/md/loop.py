@@ -56,8 +56,11 @@ def _next_on_grid(i: int, every: int) -> int:
     return ((i + 1) // every + 1) * every - 1
 
 
-def step_hook(n: int, host_ns: Any, o: LoopOptions,
-              ) -> Tuple[int, Callable[[int, int], int], Callable[[], int]]:
+def step_hook(
+    n: int,
+    host_ns: Any,
+    o: LoopOptions,
+) -> Tuple[int, Callable[[int, int], int], Callable[[], int]]:
     """(the first step where something is due, ``at(i, t0)``, ``finish()``) for ``n``
     steps. ``at`` stores step i's host time and does what is due after it (only a mark:
     a short branch); ``between``: the host work between two steps; ``finish`` ends the
@@ -66,7 +69,9 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions,
     sample = o.sampler.sample if o.sampler else None
     k, s_every = (o.event_every if marks else n + 1), (o.sync_every or n + 1)
     m_every, b_every = (o.sampler.every if o.sampler else n + 1), (bar.every if bar else n + 1)
-    rec, last, ring, final = (marks.rec, marks.last, marks.size, n - 1) if marks else (None, None, -1, n)
+    rec, last, ring, final = (
+        (marks.rec, marks.last, marks.size, n - 1) if marks else (None, None, -1, n)
+    )
     keep = min(RING_KEEP, ring // 2)
     # The steps where something is due next (past n: never); "slow": host work between
     # steps (memory, progress); "other": all but the marks.
@@ -138,8 +143,9 @@ def step_hook(n: int, host_ns: Any, o: LoopOptions,
     return min(next_mark, next_other), at, finish
 
 
-def run_loop(model: Callable[[Any], Any], source: Iterable[Any], n: int, host_ns: Any,
-             o: LoopOptions) -> Tuple[float, int]:
+def run_loop(
+    model: Callable[[Any], Any], source: Iterable[Any], n: int, host_ns: Any, o: LoopOptions
+) -> Tuple[float, int]:
     """Runs the ``n`` measured steps, storing each step's host latency (ns) in
     ``host_ns``; returns (the loop's wall time in s, the final synchronization included;
     the marks left to resolve)."""

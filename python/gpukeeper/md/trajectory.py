@@ -9,13 +9,13 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
+import gpukeeper.md.events as events
 from gpukeeper import frameworks
 from gpukeeper.base.arg_checks import check_int, check_positive
 from gpukeeper.base.errors import InvalidInputError
-import gpukeeper.md.events as events
+from gpukeeper.base.progress import ProgressBar, progress_wanted
 from gpukeeper.md.leak import memory_outcome
 from gpukeeper.md.loop import LoopOptions, run_loop
-from gpukeeper.base.progress import ProgressBar, progress_wanted
 from gpukeeper.md.trajectory_result import LatencyStats, TrajectoryResult, latency_stats
 from gpukeeper.timing import memory_readers as memory
 from gpukeeper.timing.plans import Plan, choose_plan, confirm_plan, cpu_plan
@@ -46,9 +46,20 @@ EVENTS_COVER = 0.99
 
 
 def checked_arguments(
-    model_func: Any, inputs: Any, warmup_steps: Any, timestep_fs: Any, n_atoms: Any,
-    name: Optional[str], memory_sample_every: Any, sync_every: Any, n_steps: Any, timing: Any,
-    leak_tolerance_mb: Any, outlier_k: Any, event_ring: Any, synchronize: Any,
+    model_func: Any,
+    inputs: Any,
+    warmup_steps: Any,
+    timestep_fs: Any,
+    n_atoms: Any,
+    name: Optional[str],
+    memory_sample_every: Any,
+    sync_every: Any,
+    n_steps: Any,
+    timing: Any,
+    leak_tolerance_mb: Any,
+    outlier_k: Any,
+    event_ring: Any,
+    synchronize: Any,
     event_every: Any = "auto",
 ) -> Tuple[Sequence[Any], int, Optional[float], str]:
     """benchmark_md_trajectory's arguments checked (InvalidInputError otherwise):
@@ -56,7 +67,9 @@ def checked_arguments(
     if not callable(model_func):
         raise InvalidInputError(f"model_func must be callable, got {type(model_func).__name__}")
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
-        raise InvalidInputError(f"inputs must be an iterable of per-step inputs, got {type(inputs).__name__}")
+        raise InvalidInputError(
+            f"inputs must be an iterable of per-step inputs, got {type(inputs).__name__}"
+        )
     data: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
     if len(data) == 0:
         raise InvalidInputError("inputs is empty: a trajectory needs at least one step")
@@ -78,7 +91,9 @@ def checked_arguments(
     check_positive(outlier_k, "outlier_k")
     check_int(event_ring, "event_ring", 1)
     if synchronize is not None and not callable(synchronize):
-        raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
+        raise InvalidInputError(
+            f"synchronize must be callable or None, got {type(synchronize).__name__}"
+        )
     label = name or getattr(model_func, "__name__", None) or type(model_func).__name__
     return data, n, timestep, label
 
@@ -97,8 +112,12 @@ class WarmUp:
     step_ns: float = 0.0
 
 
-def warm_up(model: Callable[[Any], Any], cyc: Iterable[Any], steps: int,
-            settle: Optional[Callable[[], None]]) -> WarmUp:
+def warm_up(
+    model: Callable[[Any], Any],
+    cyc: Iterable[Any],
+    steps: int,
+    settle: Optional[Callable[[], None]],
+) -> WarmUp:
     """Runs ``steps`` warm-up calls. With ``settle`` (a device wait), the second half is
     timed from a wait to a wait: the wall time of a step as the loop will see it (GPU
     work and launch gaps included), from which the GPU event period is chosen."""
@@ -123,9 +142,14 @@ def warm_up(model: Callable[[Any], Any], cyc: Iterable[Any], steps: int,
     return WarmUp(out, host_ns, step_ns)
 
 
-def _event_marks(plan: Plan, n: int, event_ring: int, event_every: Union[int, str], step_ns: float,
-                 synchronize: Optional[Callable[[], Any]],
-                 ) -> Tuple[Plan, Optional[events.EventMarks], Optional[int]]:
+def _event_marks(
+    plan: Plan,
+    n: int,
+    event_ring: int,
+    event_every: Union[int, str],
+    step_ns: float,
+    synchronize: Optional[Callable[[], Any]],
+) -> Tuple[Plan, Optional[events.EventMarks], Optional[int]]:
     """The ring of GPU marks and the steps per interval, for an "events" plan (the plan
     with its timing method in words); no events for any other plan, or where no backend
     gives device events (the plan then times the framework's work on the host clock)."""
@@ -133,19 +157,37 @@ def _event_marks(plan: Plan, n: int, event_ring: int, event_every: Union[int, st
         return plan, None, None
     backend = events.event_backend(plan.index)  # type: ignore[arg-type]
     if not backend.is_gpu:
-        return Plan("framework", plan.index, "host clock (no CUDA events usable here), ended by a "
-                    "device synchronization", synchronize, per_call=False), None, None
+        return (
+            Plan(
+                "framework",
+                plan.index,
+                "host clock (no CUDA events usable here), ended by a device synchronization",
+                synchronize,
+                per_call=False,
+            ),
+            None,
+            None,
+        )
     marks = events.EventMarks(backend, min(n, event_ring))
     if event_every == "auto":
         k = events.choose_event_every(step_ns, events.event_cost_ns(marks), n)
     else:
         k = int(event_every)
-    return Plan("events", plan.index, events.events_how(k, synchronize), synchronize, per_call=False), marks, k
+    return (
+        Plan("events", plan.index, events.events_how(k, synchronize), synchronize, per_call=False),
+        marks,
+        k,
+    )
 
 
-def _memory_probes(plan: Plan, memory_sample_every: Union[int, str], n: int, warm_ns: List[int],
-                   event_every: Optional[int], warnings: List[str],
-                   ) -> Tuple[Optional[StepSampler], Optional[memory.MemorySeries]]:
+def _memory_probes(
+    plan: Plan,
+    memory_sample_every: Union[int, str],
+    n: int,
+    warm_ns: List[int],
+    event_every: Optional[int],
+    warnings: List[str],
+) -> Tuple[Optional[StepSampler], Optional[memory.MemorySeries]]:
     """The memory sampler of the run and the NVML cross-check series (either may be None):
     the series :func:`gpukeeper.timing.memory_readers.memory_series` picks for the plan."""
     series, cross = memory.memory_series(plan.kind, plan.index, plan.synchronize, warnings)
@@ -153,7 +195,9 @@ def _memory_probes(plan: Plan, memory_sample_every: Union[int, str], n: int, war
     return StepSampler(series, every, n), cross
 
 
-def _progress_bar(progress: Optional[bool], n: int, event_every: Optional[int]) -> Optional[ProgressBar]:
+def _progress_bar(
+    progress: Optional[bool], n: int, event_every: Optional[int]
+) -> Optional[ProgressBar]:
     if progress is None and n < PROGRESS_AUTO_MIN_STEPS:
         return None
     if not progress_wanted(progress):
@@ -167,9 +211,15 @@ def _progress_bar(progress: Optional[bool], n: int, event_every: Optional[int]) 
 # --------------------------------------------------------------------- statistics and throughput
 
 
-def step_statistics(host_ms: List[float], gpu_ms: Optional[List[float]], marks: Optional[events.EventMarks],
-                    sync_every: Optional[int], outlier_k: float, n: int, warnings: List[str],
-                    ) -> Tuple[LatencyStats, Optional[LatencyStats], Optional[List[float]], Optional[float]]:
+def step_statistics(
+    host_ms: List[float],
+    gpu_ms: Optional[List[float]],
+    marks: Optional[events.EventMarks],
+    sync_every: Optional[int],
+    outlier_k: float,
+    n: int,
+    warnings: List[str],
+) -> Tuple[LatencyStats, Optional[LatencyStats], Optional[List[float]], Optional[float]]:
     """(host statistics, GPU statistics or None, the GPU times kept, the share of probed
     marks that found the timed stream busy); what is worth saying goes to ``warnings``."""
     host_stats = latency_stats(host_ms, outlier_k)
@@ -180,24 +230,39 @@ def step_statistics(host_ms: List[float], gpu_ms: Optional[List[float]], marks: 
         warnings.append(
             f"the timed stream was idle at each of {marks.probes} probed marks: the step's "
             "GPU work runs elsewhere (another engine's CUDA context, another stream), or the "
-            "device finishes it before the host returns; per-step times are host latencies")
+            "device finishes it before the host returns; per-step times are host latencies"
+        )
         gpu_ms = []
     gpu_stats = latency_stats(gpu_ms, outlier_k) if gpu_ms else None
-    if gpu_stats is not None and sync_every is None and gpu_stats.median_ms < 0.05 * host_stats.median_ms:
+    if (
+        gpu_stats is not None
+        and sync_every is None
+        and gpu_stats.median_ms < 0.05 * host_stats.median_ms
+    ):
         warnings.append(
             "GPU time is under 5% of host latency: the model may run on the CPU "
-            "(pass device='cpu' or timing='host')")
+            "(pass device='cpu' or timing='host')"
+        )
     primary = gpu_stats if gpu_stats is not None else host_stats
     if primary.outlier_steps:
-        warnings.append(f"{len(primary.outlier_steps)} outlier step(s) above "
-                        f"{primary.outlier_threshold_ms:.4f} ms")
+        warnings.append(
+            f"{len(primary.outlier_steps)} outlier step(s) above "
+            f"{primary.outlier_threshold_ms:.4f} ms"
+        )
     if n >= 20 and not math.isnan(primary.drift_pct) and abs(primary.drift_pct) > 10.0:
-        warnings.append(f"latency drifts by {primary.drift_pct:+.1f}% from the first to the last decile")
+        warnings.append(
+            f"latency drifts by {primary.drift_pct:+.1f}% from the first to the last decile"
+        )
     return host_stats, gpu_stats, gpu_ms, busy
 
 
-def throughput(n: int, total_time: float, gpu_ms: Optional[List[float]], synchronized: Optional[bool],
-               busy: Optional[float] = None) -> Tuple[float, str, Optional[float]]:
+def throughput(
+    n: int,
+    total_time: float,
+    gpu_ms: Optional[List[float]],
+    synchronized: Optional[bool],
+    busy: Optional[float] = None,
+) -> Tuple[float, str, Optional[float]]:
     """(steps per second, what decided it, events coverage): the wall clock of the whole
     loop, unless the events provably hold the work: the marks probed right after their
     record were mostly still pending (``busy``, the stream had work queued) and the
@@ -206,23 +271,38 @@ def throughput(n: int, total_time: float, gpu_ms: Optional[List[float]], synchro
     too."""
     steps_per_s = n / total_time if total_time > 0 else math.inf
     source = "wall clock of the whole trajectory" + (
-        "" if synchronized is not False else " (without a final synchronization)")
+        "" if synchronized is not False else " (without a final synchronization)"
+    )
     if not gpu_ms:
         return steps_per_s, source, None
     gpu_total_s = math.fsum(gpu_ms) / 1e3
     coverage = gpu_total_s / total_time if total_time > 0 else None
-    if (coverage is not None and coverage >= EVENTS_COVER and gpu_total_s > 0
-            and busy is not None and busy >= 0.5):
-        return n / gpu_total_s, (
-            f"events: the timed stream was busy at {busy:.0%} of the probed marks and the "
-            f"steps' GPU times add up to {coverage:.1%} of the loop's wall time"), coverage
+    if (
+        coverage is not None
+        and coverage >= EVENTS_COVER
+        and gpu_total_s > 0
+        and busy is not None
+        and busy >= 0.5
+    ):
+        return (
+            n / gpu_total_s,
+            (
+                f"events: the timed stream was busy at {busy:.0%} of the probed marks and the "
+                f"steps' GPU times add up to {coverage:.1%} of the loop's wall time"
+            ),
+            coverage,
+        )
     if coverage is not None and (busy is None or busy < 0.5):
-        source += (": the timed stream was not shown busy at the marks, so the events "
-                   "need not hold the work")
+        source += (
+            ": the timed stream was not shown busy at the marks, so the events "
+            "need not hold the work"
+        )
     elif coverage is not None:
-        source += (f": the steps' GPU times add up to only {coverage:.1%} of it, so the "
-                   "events do not hold all of the work (it runs elsewhere, or after the "
-                   "last mark)")
+        source += (
+            f": the steps' GPU times add up to only {coverage:.1%} of it, so the "
+            "events do not hold all of the work (it runs elsewhere, or after the "
+            "last mark)"
+        )
     return steps_per_s, source, coverage
 
 
@@ -255,8 +335,15 @@ class _Run:
         self.plan.sync()
 
 
-def _prepare(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], device: Any, timing: str,
-             event_every: Union[int, str], event_ring: int) -> Any:
+def _prepare(
+    run: _Run,
+    model_func: Callable[[Any], Any],
+    data: Sequence[Any],
+    device: Any,
+    timing: str,
+    event_every: Union[int, str],
+    event_ring: int,
+) -> Any:
     """Device, warm-up, plan and GPU marks of ``run``; returns the last warm-up result."""
     # The plan is timing's (one rule for benchmark_function and this): a pure-Python or
     # numpy model must not be "timed" on an idle GPU, and a synchronize callable says the
@@ -269,9 +356,14 @@ def _prepare(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], d
         raise InvalidInputError(
             f"timing='gpu' needs a CUDA device and PyTorch or CuPy loaded (device: "
             f"{'cpu' if plan.index is None else f'cuda:{plan.index}'}); an engine's own context "
-            "or JAX is timed on the host clock")
+            "or JAX is timed on the host clock"
+        )
     index = plan.index
-    settle = (lambda: frameworks.synchronize_all(index)) if plan.kind == "events" and event_every == "auto" else None
+    settle = (
+        (lambda: frameworks.synchronize_all(index))
+        if plan.kind == "events" and event_every == "auto"
+        else None
+    )
     t_w = time.perf_counter()
     warm = warm_up(model_func, itertools.cycle(data), run.warmup_steps, settle)
     run.plan = confirm_plan(plan, device, warm.last)
@@ -280,8 +372,9 @@ def _prepare(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], d
     warm.last = None
     run.sync()
     run.warmup_time = time.perf_counter() - t_w
-    run.plan, run.marks, run.event_every = _event_marks(run.plan, run.n, event_ring, event_every,
-                                                        warm.step_ns, run.synchronize)
+    run.plan, run.marks, run.event_every = _event_marks(
+        run.plan, run.n, event_ring, event_every, warm.step_ns, run.synchronize
+    )
     return warm
 
 
@@ -295,8 +388,14 @@ def _blocking(model_func: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return step
 
 
-def _result(run: _Run, host_ns: "array[int]", total_time: float, initial: Optional[List[int]],
-            final: Optional[List[int]], cross: Tuple[Any, Any]) -> TrajectoryResult:
+def _result(
+    run: _Run,
+    host_ns: "array[int]",
+    total_time: float,
+    initial: Optional[List[int]],
+    final: Optional[List[int]],
+    cross: Tuple[Any, Any],
+) -> TrajectoryResult:
     """The TrajectoryResult of a finished loop."""
     plan, n, warnings = run.plan, run.n, run.warnings
     mem = memory_outcome(run.sampler, final, n, run.leak_tolerance_mb, warnings)
@@ -304,8 +403,9 @@ def _result(run: _Run, host_ns: "array[int]", total_time: float, initial: Option
     memory.cross_check_warning(cross[0], cross[1], series, run.leak_tolerance_mb, warnings)
     host_ms = [v / 1e6 for v in host_ns]
     gpu_ms = run.marks.step_times_ms() if run.marks is not None else None
-    host_stats, gpu_stats, gpu_ms, busy = step_statistics(host_ms, gpu_ms, run.marks, run.sync_every,
-                                                          run.outlier_k, n, warnings)
+    host_stats, gpu_stats, gpu_ms, busy = step_statistics(
+        host_ms, gpu_ms, run.marks, run.sync_every, run.outlier_k, n, warnings
+    )
     # ---- throughput: the wall clock, unless the events provably hold the work
     synchronized: Optional[bool] = plan.synchronized
     unsynchronized = plan.warning()
@@ -314,40 +414,67 @@ def _result(run: _Run, host_ns: "array[int]", total_time: float, initial: Option
     steps_per_s, thr_source, coverage = throughput(n, total_time, gpu_ms, synchronized, busy)
     verdict = mem.verdict
     return TrajectoryResult(
-        name=run.label, device="cpu" if plan.index is None else f"cuda:{plan.index}", n_steps=n,
-        warmup_steps=run.warmup_steps, timing_source="gpu" if gpu_stats is not None else "host",
-        host_times_ms=host_ms, gpu_times_ms=gpu_ms if gpu_ms else None, host=host_stats,
-        gpu=gpu_stats, total_time_s=total_time, warmup_time_s=run.warmup_time,
+        name=run.label,
+        device="cpu" if plan.index is None else f"cuda:{plan.index}",
+        n_steps=n,
+        warmup_steps=run.warmup_steps,
+        timing_source="gpu" if gpu_stats is not None else "host",
+        host_times_ms=host_ms,
+        gpu_times_ms=gpu_ms if gpu_ms else None,
+        host=host_stats,
+        gpu=gpu_stats,
+        total_time_s=total_time,
+        warmup_time_s=run.warmup_time,
         steps_per_s=steps_per_s,
-        ns_per_day=steps_per_s * run.timestep * 1e-6 * 86400.0 if run.timestep is not None else None,
-        us_per_atom_step=(1e6 / steps_per_s / run.n_atoms
-                          if run.n_atoms is not None and steps_per_s > 0 else None),
-        timestep_fs=run.timestep, n_atoms=run.n_atoms, sync_every=run.sync_every,
+        ns_per_day=steps_per_s * run.timestep * 1e-6 * 86400.0
+        if run.timestep is not None
+        else None,
+        us_per_atom_step=(
+            1e6 / steps_per_s / run.n_atoms if run.n_atoms is not None and steps_per_s > 0 else None
+        ),
+        timestep_fs=run.timestep,
+        n_atoms=run.n_atoms,
+        sync_every=run.sync_every,
         memory_source=series[0].name if series else None,
         memory_sample_every=run.sampler.every if run.sampler is not None else None,
-        memory_steps=mem.steps, memory_bytes=mem.bytes,
+        memory_steps=mem.steps,
+        memory_bytes=mem.bytes,
         memory_initial_bytes=initial[0] if initial else None,
         memory_final_bytes=final[0] if final else None,
-        memory_peak_bytes=mem.peak, memory_slope_bytes_per_step=mem.slope,
-        memory_slope_all_bytes_per_step=mem.slope_all, leak_tolerance_mb=float(run.leak_tolerance_mb),
-        memory_leak=mem.leak, warnings=warnings,
-        work="cpu" if plan.kind == "cpu" else "gpu", timing_method=plan.how,
-        synchronized=synchronized, throughput_source=thr_source, events_coverage=coverage,
+        memory_peak_bytes=mem.peak,
+        memory_slope_bytes_per_step=mem.slope,
+        memory_slope_all_bytes_per_step=mem.slope_all,
+        leak_tolerance_mb=float(run.leak_tolerance_mb),
+        memory_leak=mem.leak,
+        warnings=warnings,
+        work="cpu" if plan.kind == "cpu" else "gpu",
+        timing_method=plan.how,
+        synchronized=synchronized,
+        throughput_source=thr_source,
+        events_coverage=coverage,
         memory_leak_source=verdict.source if verdict else None,
         memory_leak_reason=verdict.reason if verdict else "",
         memory_noise_bytes=verdict.noise if verdict else None,
-        memory_series=mem.all_series, event_every=run.event_every,
+        memory_series=mem.all_series,
+        event_every=run.event_every,
     )
 
 
-def _measure(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], warm: WarmUp,
-             check_memory_leak: bool, memory_sample_every: Union[int, str],
-             progress: Optional[bool]) -> TrajectoryResult:
+def _measure(
+    run: _Run,
+    model_func: Callable[[Any], Any],
+    data: Sequence[Any],
+    warm: WarmUp,
+    check_memory_leak: bool,
+    memory_sample_every: Union[int, str],
+    progress: Optional[bool],
+) -> TrajectoryResult:
     """The measured loop of a prepared run, with its memory probes, and its result."""
     plan, n = run.plan, run.n
     if check_memory_leak:
-        run.sampler, run.cross = _memory_probes(plan, memory_sample_every, n, warm.host_ns,
-                                                run.event_every, run.warnings)
+        run.sampler, run.cross = _memory_probes(
+            plan, memory_sample_every, n, warm.host_ns, run.event_every, run.warnings
+        )
     bar = _progress_bar(progress, n, run.event_every)
     # Preallocated: array stores keep no Python objects alive per step, so the
     # bookkeeping itself neither allocates nor grows the memory it watches.
@@ -356,8 +483,14 @@ def _measure(run: _Run, model_func: Callable[[Any], Any], data: Sequence[Any], w
     cross_before = memory.cross_reading(run.cross, plan.index)
     initial = run.sampler.start() if run.sampler is not None else None
     waits = plan.index is not None or run.synchronize is not None  # else nothing to wait for
-    options = LoopOptions(run.sync if waits else None, run.sync_every, run.marks, run.event_every or 1,
-                          run.sampler, bar)
+    options = LoopOptions(
+        run.sync if waits else None,
+        run.sync_every,
+        run.marks,
+        run.event_every or 1,
+        run.sampler,
+        bar,
+    )
     model = _blocking(model_func) if plan.kind == "jax" else model_func
     total_time, pending = run_loop(model, source, n, host_ns, options)
     if run.marks is not None:
@@ -435,10 +568,32 @@ def benchmark_md_trajectory(
     exceptions of ``model_func`` propagate unchanged.
     """
     data, n, timestep, label = checked_arguments(
-        model_func, inputs, warmup_steps, timestep_fs, n_atoms, name, memory_sample_every,
-        sync_every, n_steps, timing, leak_tolerance_mb, outlier_k, event_ring, synchronize,
-        event_every)
-    run = _Run(label, n, warmup_steps, timestep, n_atoms, sync_every, leak_tolerance_mb, outlier_k,
-               synchronize)
+        model_func,
+        inputs,
+        warmup_steps,
+        timestep_fs,
+        n_atoms,
+        name,
+        memory_sample_every,
+        sync_every,
+        n_steps,
+        timing,
+        leak_tolerance_mb,
+        outlier_k,
+        event_ring,
+        synchronize,
+        event_every,
+    )
+    run = _Run(
+        label,
+        n,
+        warmup_steps,
+        timestep,
+        n_atoms,
+        sync_every,
+        leak_tolerance_mb,
+        outlier_k,
+        synchronize,
+    )
     warm = _prepare(run, model_func, data, device, timing, event_every, event_ring)
     return _measure(run, model_func, data, warm, check_memory_leak, memory_sample_every, progress)

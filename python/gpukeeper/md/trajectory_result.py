@@ -105,11 +105,18 @@ class TrajectoryResult:
     max_ms = property(lambda self: self.stats.max_ms, doc="Slowest step (ms).")
     p95_ms = property(lambda self: self.stats.p95_ms, doc="95th percentile (ms).")
     p99_ms = property(lambda self: self.stats.p99_ms, doc="99th percentile (ms).")
-    jitter_ms = property(lambda self: self.stats.jitter_ms,
-                         doc="Sample std (ddof=1) of successive differences (ms).")
-    drift_ms = property(lambda self: self.stats.drift_ms, doc="Last-decile minus first-decile median (ms).")
-    drift_pct = property(lambda self: self.stats.drift_pct, doc="Drift relative to the first decile (%).")
-    outlier_steps = property(lambda self: list(self.stats.outlier_steps), doc="Indices of outlier steps.")
+    jitter_ms = property(
+        lambda self: self.stats.jitter_ms, doc="Sample std (ddof=1) of successive differences (ms)."
+    )
+    drift_ms = property(
+        lambda self: self.stats.drift_ms, doc="Last-decile minus first-decile median (ms)."
+    )
+    drift_pct = property(
+        lambda self: self.stats.drift_pct, doc="Drift relative to the first decile (%)."
+    )
+    outlier_steps = property(
+        lambda self: list(self.stats.outlier_steps), doc="Indices of outlier steps."
+    )
 
     @property
     def calls_per_second(self) -> float:
@@ -155,8 +162,11 @@ class TrajectoryResult:
             f"  tail     p95 {s.p95_ms:.4f} ms  p99 {s.p99_ms:.4f} ms  jitter {s.jitter_ms:.4f} ms  "
             f"drift {s.drift_ms:+.4f} ms ({s.drift_pct:+.1f}%)",
             f"  outliers {len(s.outlier_steps)} step(s) above {s.outlier_threshold_ms:.4f} ms"
-            + (f": {list(s.outlier_steps[:10])}" + (" ..." if len(s.outlier_steps) > 10 else "")
-               if s.outlier_steps else ""),
+            + (
+                f": {list(s.outlier_steps[:10])}" + (" ..." if len(s.outlier_steps) > 10 else "")
+                if s.outlier_steps
+                else ""
+            ),
         ]
         if self.timing_source == "gpu":
             h = self.host
@@ -186,7 +196,9 @@ class TrajectoryResult:
             f"(tolerance {self.leak_tolerance_mb} MB over the run)"
         ]
         if self.memory_leak_reason:
-            lines.append(f"  leak verdict from {self.memory_leak_source}: {self.memory_leak_reason}")
+            lines.append(
+                f"  leak verdict from {self.memory_leak_source}: {self.memory_leak_reason}"
+            )
         return lines
 
     def __str__(self) -> str:
@@ -208,11 +220,17 @@ class TrajectoryResult:
             rows.append(("ns/day", f"{self.ns_per_day:.3f} (dt {self.timestep_fs} fs)"))
         if self.memory_source is not None:
             rows += [
-                (f"memory ({self.memory_source})", f"initial {fmt_bytes(self.memory_initial_bytes)}, "
-                 f"final {fmt_bytes(self.memory_final_bytes)}, peak {fmt_bytes(self.memory_peak_bytes)}"),
+                (
+                    f"memory ({self.memory_source})",
+                    f"initial {fmt_bytes(self.memory_initial_bytes)}, "
+                    f"final {fmt_bytes(self.memory_final_bytes)}, peak {fmt_bytes(self.memory_peak_bytes)}",
+                ),
                 ("memory slope", f"{self.memory_slope_bytes_per_step or 0.0:+.1f} B/step"),
-                ("leak verdict", {True: "LEAK", False: "stable", None: "inconclusive"}[self.memory_leak]
-                 + (f" (from {self.memory_leak_source})" if self.memory_leak_source else "")),
+                (
+                    "leak verdict",
+                    {True: "LEAK", False: "stable", None: "inconclusive"}[self.memory_leak]
+                    + (f" (from {self.memory_leak_source})" if self.memory_leak_source else ""),
+                ),
             ]
         return rows
 
@@ -220,39 +238,62 @@ class TrajectoryResult:
         """The headline figures as a compact HTML table, for Jupyter; the warnings (a
         leak among them) and the leak verdict's reason under it."""
         notes = [f"leak verdict: {self.memory_leak_reason}"] if self.memory_leak_reason else []
-        return html_fields(f"MD trajectory: {self.name}", self._html_fields(), notes=notes,
-                           warnings=self.warnings)
+        return html_fields(
+            f"MD trajectory: {self.name}", self._html_fields(), notes=notes, warnings=self.warnings
+        )
 
     def __repr__(self) -> str:
-        return (f"TrajectoryResult(name={self.name!r}, device={self.device!r}, n_steps={self.n_steps}, "
-                f"mean_ms={self.mean_ms:.4f}, p99_ms={self.p99_ms:.4f}, timing={self.timing_source!r}, "
-                f"memory_leak={self.memory_leak})")
+        return (
+            f"TrajectoryResult(name={self.name!r}, device={self.device!r}, n_steps={self.n_steps}, "
+            f"mean_ms={self.mean_ms:.4f}, p99_ms={self.p99_ms:.4f}, timing={self.timing_source!r}, "
+            f"memory_leak={self.memory_leak})"
+        )
 
     def to_dict(self, include_steps: bool = True) -> Dict[str, Any]:
         """Everything as plain JSON-able values (per-step series when ``include_steps``)."""
         d: Dict[str, Any] = {
-            "name": self.name, "device": self.device, "n_steps": self.n_steps,
-            "warmup_steps": self.warmup_steps, "timing_source": self.timing_source,
-            "mean_ms": self.mean_ms, "median_ms": self.median_ms, "std_ms": self.std_ms,
-            "min_ms": self.min_ms, "max_ms": self.max_ms, "p95_ms": self.p95_ms,
-            "p99_ms": self.p99_ms, "jitter_ms": self.jitter_ms, "drift_ms": self.drift_ms,
-            "drift_pct": self.drift_pct, "outlier_steps": self.outlier_steps,
-            "host": self.host.to_dict(), "gpu": None if self.gpu is None else self.gpu.to_dict(),
-            "total_time_s": self.total_time_s, "warmup_time_s": self.warmup_time_s,
-            "steps_per_s": self.steps_per_s, "ns_per_day": self.ns_per_day,
-            "us_per_atom_step": self.us_per_atom_step, "timestep_fs": self.timestep_fs,
-            "n_atoms": self.n_atoms, "sync_every": self.sync_every,
+            "name": self.name,
+            "device": self.device,
+            "n_steps": self.n_steps,
+            "warmup_steps": self.warmup_steps,
+            "timing_source": self.timing_source,
+            "mean_ms": self.mean_ms,
+            "median_ms": self.median_ms,
+            "std_ms": self.std_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "p95_ms": self.p95_ms,
+            "p99_ms": self.p99_ms,
+            "jitter_ms": self.jitter_ms,
+            "drift_ms": self.drift_ms,
+            "drift_pct": self.drift_pct,
+            "outlier_steps": self.outlier_steps,
+            "host": self.host.to_dict(),
+            "gpu": None if self.gpu is None else self.gpu.to_dict(),
+            "total_time_s": self.total_time_s,
+            "warmup_time_s": self.warmup_time_s,
+            "steps_per_s": self.steps_per_s,
+            "ns_per_day": self.ns_per_day,
+            "us_per_atom_step": self.us_per_atom_step,
+            "timestep_fs": self.timestep_fs,
+            "n_atoms": self.n_atoms,
+            "sync_every": self.sync_every,
             "event_every": self.event_every,
-            "memory_source": self.memory_source, "memory_sample_every": self.memory_sample_every,
+            "memory_source": self.memory_source,
+            "memory_sample_every": self.memory_sample_every,
             "memory_initial_bytes": self.memory_initial_bytes,
             "memory_final_bytes": self.memory_final_bytes,
-            "memory_peak_bytes": self.memory_peak_bytes, "memory_delta_gb": self.memory_delta_gb,
+            "memory_peak_bytes": self.memory_peak_bytes,
+            "memory_delta_gb": self.memory_delta_gb,
             "memory_slope_bytes_per_step": self.memory_slope_bytes_per_step,
             "memory_slope_all_bytes_per_step": self.memory_slope_all_bytes_per_step,
-            "leak_tolerance_mb": self.leak_tolerance_mb, "memory_leak": self.memory_leak,
+            "leak_tolerance_mb": self.leak_tolerance_mb,
+            "memory_leak": self.memory_leak,
             "warnings": list(self.warnings),
-            "work": self.work, "timing_method": self.timing_method,
-            "synchronized": self.synchronized, "throughput_source": self.throughput_source,
+            "work": self.work,
+            "timing_method": self.timing_method,
+            "synchronized": self.synchronized,
+            "throughput_source": self.throughput_source,
             "events_coverage": self.events_coverage,
             "memory_leak_source": self.memory_leak_source,
             "memory_leak_reason": self.memory_leak_reason,

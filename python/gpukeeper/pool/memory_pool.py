@@ -54,7 +54,8 @@ class MemoryPool(_core._MemoryPoolBase):
         if not isinstance(kind, str):
             raise InvalidInputError(
                 "kind must be 'auto', 'device', 'async', 'pinned' or 'host', got "
-                f"{type(kind).__name__} {kind!r}")
+                f"{type(kind).__name__} {kind!r}"
+            )
         super().__init__(kind, expandable)
         # Pointers handed out by get_buffer and not yet returned: return_buffer takes back
         # only these, never a block a ManagedBuffer owns (a stale pointer can alias one).
@@ -126,9 +127,7 @@ class BufferBatch:
         self._stream = stream
         self._buffers: List[ManagedBuffer] = []
 
-    def add_buffer(
-        self, data: Any, count: Any = None, precision: Any = None
-    ) -> ManagedBuffer:
+    def add_buffer(self, data: Any, count: Any = None, precision: Any = None) -> ManagedBuffer:
         """Adds one buffer and returns it.
 
         ``data`` is either an element count, or host data (anything with the buffer
@@ -143,7 +142,9 @@ class BufferBatch:
         if isinstance(data, int) and not isinstance(data, bool):
             if count is not None and count != data:
                 raise InvalidInputError(f"add_buffer: count given twice ({data} and {count})")
-            return self._append(self._pool.get_managed_buffer(self._device, data, prec, self._stream))
+            return self._append(
+                self._pool.get_managed_buffer(self._device, data, prec, self._stream)
+            )
         try:
             view = memoryview(data)
         except TypeError:
@@ -215,5 +216,3 @@ class BufferBatch:
 
     def __repr__(self) -> str:
         return f"BufferBatch(device={self._device}, buffers={len(self)}, bytes={self.total_bytes})"
-
-

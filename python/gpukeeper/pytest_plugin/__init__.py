@@ -36,11 +36,20 @@ from typing import Any, Callable, Dict, Generator, List, Optional
 
 import pytest
 
-from gpukeeper.cleanup.context import GPUContext
 from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.cleanup.context import GPUContext
 from gpukeeper.pytest_plugin import rounds, workers
-from gpukeeper.pytest_plugin.benchmarks import BenchmarkSession, add_benchmark_options, make_gpu_benchmark
-from gpukeeper.pytest_plugin.leaks import check_leaks_option, leak_check_for, leak_failure, parse_tolerance_mb
+from gpukeeper.pytest_plugin.benchmarks import (
+    BenchmarkSession,
+    add_benchmark_options,
+    make_gpu_benchmark,
+)
+from gpukeeper.pytest_plugin.leaks import (
+    check_leaks_option,
+    leak_check_for,
+    leak_failure,
+    parse_tolerance_mb,
+)
 from gpukeeper.pytest_plugin.memory_table import MemoryRow, RegionProbe, format_rows
 from gpukeeper.timing.benchmark_result import BenchmarkResult
 
@@ -75,33 +84,53 @@ def _parse_row_limit(value: str) -> int:
     except ValueError:
         limit = -1
     if limit < 0:
-        raise InvalidInputError(f"--gpu-memory takes the number of rows to show (0: all), got {value!r}")
+        raise InvalidInputError(
+            f"--gpu-memory takes the number of rows to show (0: all), got {value!r}"
+        )
     return limit
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpukeeper", "GPU memory and timing (gpukeeper)")
     group.addoption(
-        "--gpu-leaks", nargs="?", const="0", default=None, metavar="TOLERANCE_MB",
+        "--gpu-leaks",
+        nargs="?",
+        const="0",
+        default=None,
+        metavar="TOLERANCE_MB",
         help="fail every test that leaves more than TOLERANCE_MB (default 0) of GPU or "
-             "gpukeeper pool memory allocated after it; @pytest.mark.allow_gpu_leak exempts one")
+        "gpukeeper pool memory allocated after it; @pytest.mark.allow_gpu_leak exempts one",
+    )
     group.addoption(
-        "--gpu-leaks-track", action="store_true", default=False,
+        "--gpu-leaks-track",
+        action="store_true",
+        default=False,
         help="with --gpu-leaks: record where each tensor/array is made, so that leaks name "
-             "their creating line (costs microseconds per operation)")
+        "their creating line (costs microseconds per operation)",
+    )
     group.addoption(
-        "--gpu-memory", nargs="?", const="20", default=None, metavar="N",
+        "--gpu-memory",
+        nargs="?",
+        const="20",
+        default=None,
+        metavar="N",
         help="end with a table of each test's peak memory and GPU time, worst first "
-             "(N rows, default 20; 0: all). Resets PyTorch's peak statistics before each test")
+        "(N rows, default 20; 0: all). Resets PyTorch's peak statistics before each test",
+    )
     group.addoption(
-        "--gpu-devices", default=None, metavar="all|LIST",
+        "--gpu-devices",
+        default=None,
+        metavar="all|LIST",
         help="with pytest-xdist: give worker gwN the device LIST[N %% len(LIST)] as its "
-             "CUDA_VISIBLE_DEVICES ('all': every visible device)")
+        "CUDA_VISIBLE_DEVICES ('all': every visible device)",
+    )
     add_benchmark_options(group)
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: List[str]) -> None:
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: List[str]
+) -> None:
     # Before the conftest files, which may initialise CUDA on import.
     option = getattr(early_config.known_args_namespace, "gpu_devices", None)
     try:
@@ -114,9 +143,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "no_gpu_leak(tolerance_mb=0.0, track_allocations=False): fail the test when it leaves "
-        "more than tolerance_mb MiB of GPU or gpukeeper pool memory allocated (gpukeeper)")
+        "more than tolerance_mb MiB of GPU or gpukeeper pool memory allocated (gpukeeper)",
+    )
     config.addinivalue_line(
-        "markers", "allow_gpu_leak: exempt the test from --gpu-leaks (gpukeeper)")
+        "markers", "allow_gpu_leak: exempt the test from --gpu-leaks (gpukeeper)"
+    )
     devices = config.getoption("--gpu-devices")
     try:
         session = _Session(config)
@@ -191,8 +222,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     workeroutput: Optional[Dict[str, Any]] = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller saves and prints
         workeroutput[workers.WORKER_KEY] = {
-            "bench": state.bench.export(), "rows": [r.to_dict() for r in state.rows],
-            "device": state.worker_device}
+            "bench": state.bench.export(),
+            "rows": [r.to_dict() for r in state.rows],
+            "device": state.worker_device,
+        }
         return
     failures = state.bench.finish_rounds(_say(session.config))
     if failures and session.exitstatus == pytest.ExitCode.OK:
@@ -226,8 +259,10 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
     if config.getoption("--gpu-devices") is None or not resolved:
         return None
     if resolved == workers.NO_DEVICES:
-        return (f"gpukeeper: --gpu-devices={config.getoption('--gpu-devices')}: no CUDA device here "
-                f"({workers.no_devices_reason().rstrip('.')}); the tests run on the CPU")
+        return (
+            f"gpukeeper: --gpu-devices={config.getoption('--gpu-devices')}: no CUDA device here "
+            f"({workers.no_devices_reason().rstrip('.')}); the tests run on the CPU"
+        )
     return f"gpukeeper: xdist workers get CUDA devices {resolved} in turn (CUDA_VISIBLE_DEVICES)"
 
 
@@ -238,9 +273,11 @@ def _no_cuda_note() -> str:
     cuda = cuda_available()
     if cuda:
         return ""
-    return ("gpukeeper: no usable CUDA here, so the leak checks watched gpukeeper's pools only "
-            "(host pools included); memory of CPU tensors and arrays is not checked "
-            f"({cuda.reason.rstrip('.')})")
+    return (
+        "gpukeeper: no usable CUDA here, so the leak checks watched gpukeeper's pools only "
+        "(host pools included); memory of CPU tensors and arrays is not checked "
+        f"({cuda.reason.rstrip('.')})"
+    )
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -257,7 +294,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for line in bench.summary_lines():
             terminalreporter.write_line(line)
     if bench.saved_path is not None:
-        terminalreporter.write_line(f"gpukeeper: saved {len(bench.results)} benchmark(s) to {bench.saved_path}")
+        terminalreporter.write_line(
+            f"gpukeeper: saved {len(bench.results)} benchmark(s) to {bench.saved_path}"
+        )
     if state.memory_limit is not None and state.rows:
         terminalreporter.section("gpukeeper: peak memory and GPU time per test, worst first")
         for line in format_rows(state.rows, state.memory_limit):

@@ -27,8 +27,8 @@ from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.pytest_plugin import rounds as _rounds
 from gpukeeper.timing.benchmark import benchmark_function
-from gpukeeper.timing.regression import Comparison, compare_runs, parse_fail_threshold, regression
 from gpukeeper.timing.benchmark_result import BenchmarkResult
+from gpukeeper.timing.regression import Comparison, compare_runs, parse_fail_threshold, regression
 from gpukeeper.timing.store import DEFAULT_ROOT, RunStore, machine_info
 
 __all__ = ["BenchmarkSession", "add_benchmark_options", "make_gpu_benchmark"]
@@ -36,35 +36,58 @@ __all__ = ["BenchmarkSession", "add_benchmark_options", "make_gpu_benchmark"]
 
 def add_benchmark_options(group: Any) -> None:
     group.addoption(
-        "--gpu-benchmark-save", default=None, metavar="NAME",
+        "--gpu-benchmark-save",
+        default=None,
+        metavar="NAME",
         help="save the gpu_benchmark results of this test run as run NAME of this machine "
-             "(replacing a run of that name)")
+        "(replacing a run of that name)",
+    )
     group.addoption(
-        "--gpu-benchmark-save-append", action="store_true", default=False,
+        "--gpu-benchmark-save-append",
+        action="store_true",
+        default=False,
         help="with --gpu-benchmark-save: add this test run's results to run NAME as more rounds "
-             "instead of replacing it (each invocation is one fresh process: run it k times "
-             "for k rounds)")
+        "instead of replacing it (each invocation is one fresh process: run it k times "
+        "for k rounds)",
+    )
     group.addoption(
-        "--gpu-benchmark-rounds", default="1", metavar="K",
+        "--gpu-benchmark-rounds",
+        default="1",
+        metavar="K",
         help="measure each gpu_benchmark in K fresh processes: this one, then K-1 reruns of "
-             "this invocation running only the benchmark tests; saved and compared as K "
-             "rounds, so that verdicts know the spread between processes (default 1)")
+        "this invocation running only the benchmark tests; saved and compared as K "
+        "rounds, so that verdicts know the spread between processes (default 1)",
+    )
     group.addoption(
-        "--gpu-benchmark-compare", nargs="?", const="", default=None, metavar="NAME",
-        help="compare each gpu_benchmark result with saved run NAME (default: this machine's latest)")
+        "--gpu-benchmark-compare",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="NAME",
+        help="compare each gpu_benchmark result with saved run NAME (default: this machine's latest)",
+    )
     group.addoption(
-        "--gpu-benchmark-compare-fail", default=None, metavar="STAT:PERCENT",
+        "--gpu-benchmark-compare-fail",
+        default=None,
+        metavar="STAT:PERCENT",
         help="with --gpu-benchmark-compare: fail a test slower beyond the spread between "
-             "processes and by more than this, e.g. median:5%%")
+        "processes and by more than this, e.g. median:5%%",
+    )
     group.addoption(
-        "--gpu-benchmark-confirm", default="2", metavar="N",
+        "--gpu-benchmark-confirm",
+        default="2",
+        metavar="N",
         help="with --gpu-benchmark-compare-fail and one round: measure a benchmark found "
-             "slower past the threshold again in N fresh processes, and fail the test run only "
-             "when all its rounds together are still a regression; 0: fail the test at once "
-             "(default %(default)s)")
+        "slower past the threshold again in N fresh processes, and fail the test run only "
+        "when all its rounds together are still a regression; 0: fail the test at once "
+        "(default %(default)s)",
+    )
     group.addoption(
-        "--gpu-benchmark-storage", default=str(DEFAULT_ROOT), metavar="DIR",
-        help="where runs are saved (default %(default)s)")
+        "--gpu-benchmark-storage",
+        default=str(DEFAULT_ROOT),
+        metavar="DIR",
+        help="where runs are saved (default %(default)s)",
+    )
 
 
 class BenchmarkSession:
@@ -77,8 +100,12 @@ class BenchmarkSession:
         self.append = bool(config.getoption("--gpu-benchmark-save-append"))
         compare: Optional[str] = config.getoption("--gpu-benchmark-compare")
         fail: Optional[str] = config.getoption("--gpu-benchmark-compare-fail")
-        self.rounds = _parse_count(config.getoption("--gpu-benchmark-rounds"), "--gpu-benchmark-rounds", 1)
-        self.confirm = _parse_count(config.getoption("--gpu-benchmark-confirm"), "--gpu-benchmark-confirm", 0)
+        self.rounds = _parse_count(
+            config.getoption("--gpu-benchmark-rounds"), "--gpu-benchmark-rounds", 1
+        )
+        self.confirm = _parse_count(
+            config.getoption("--gpu-benchmark-confirm"), "--gpu-benchmark-confirm", 0
+        )
         self.threshold = parse_fail_threshold(fail) if fail is not None else None
         if self.threshold is not None and compare is None:
             raise InvalidInputError("--gpu-benchmark-compare-fail needs --gpu-benchmark-compare")
@@ -133,13 +160,16 @@ class BenchmarkSession:
         base = self.baseline.get(key) if self.baseline is not None else None
         if base is None:
             return None
-        comparison = dataclasses.replace(compare_runs(base, current, threshold=self.threshold), name=key)
+        comparison = dataclasses.replace(
+            compare_runs(base, current, threshold=self.threshold), name=key
+        )
         self.comparisons.append(comparison)
         if regression(comparison, self.threshold):
-            return (f"gpu_benchmark: {key} is slower than saved run {self.compare_with!r} beyond "
-                    f"the spread between processes and by more than "
-                    f"{self.threshold.fraction:.1%}: "  # type: ignore[union-attr]
-                    + comparison.describe())
+            return (
+                f"gpu_benchmark: {key} is slower than saved run {self.compare_with!r} beyond "
+                f"the spread between processes and by more than "
+                f"{self.threshold.fraction:.1%}: " + comparison.describe()  # type: ignore[union-attr]
+            )
         return None
 
     def finish_rounds(self, say: Callable[[str], None]) -> List[str]:
@@ -154,8 +184,10 @@ class BenchmarkSession:
             keys, extra = list(self.results), self.rounds - 1
         elif self.to_confirm:
             keys, extra = [k for k in self.to_confirm if k in self.results], self.confirm
-            say(f"gpukeeper: {len(keys)} benchmark(s) slower than saved run {self.compare_with!r} "
-                f"past the threshold in this process; confirming in {extra} fresh process(es)")
+            say(
+                f"gpukeeper: {len(keys)} benchmark(s) slower than saved run {self.compare_with!r} "
+                f"past the threshold in this process; confirming in {extra} fresh process(es)"
+            )
         else:
             return []
         for found in _rounds.run_rounds(self.config, keys, extra, say):
@@ -196,14 +228,20 @@ class BenchmarkSession:
         if self.save_as is None or not self.results:
             return
         self.open_store()
-        self.saved_path = self.store.save(self.save_as, self.all_rounds(),  # type: ignore[union-attr]
-                                          append=self.append)
+        self.saved_path = self.store.save(
+            self.save_as,
+            self.all_rounds(),  # type: ignore[union-attr]
+            append=self.append,
+        )
 
     def export(self) -> Dict[str, Any]:
         """What a worker hands the controller (plain JSON types)."""
-        return {"results": {k: r.to_dict() for k, r in self.results.items()},
-                "comparisons": [dataclasses.asdict(c) for c in self.comparisons],
-                "to_confirm": self.to_confirm, "compare_with": self.compare_with}
+        return {
+            "results": {k: r.to_dict() for k, r in self.results.items()},
+            "comparisons": [dataclasses.asdict(c) for c in self.comparisons],
+            "to_confirm": self.to_confirm,
+            "compare_with": self.compare_with,
+        }
 
     def merge(self, exported: Dict[str, Any]) -> None:
         """Takes in what a worker exported."""
@@ -218,7 +256,10 @@ class BenchmarkSession:
         """The comparison table, slowest first, then the regressions found at the end of
         the test run (several rounds)."""
         width = max([len(c.name) for c in self.comparisons] + [1])
-        lines = [f"{c.name:<{width}}  {c.describe()}" for c in sorted(self.comparisons, key=lambda c: -c.ratio)]
+        lines = [
+            f"{c.name:<{width}}  {c.describe()}"
+            for c in sorted(self.comparisons, key=lambda c: -c.ratio)
+        ]
         return lines + [f"FAILED {f}" for f in self.failures]
 
 

@@ -41,11 +41,14 @@ def check_leaks_option(option: Optional[str]) -> None:
     except InvalidInputError as e:
         if os.path.exists(str(option)):  # argparse took the path for the optional value
             raise InvalidInputError(
-                f"{e} (a path: write --gpu-leaks=0, or put --gpu-leaks after the paths)") from None
+                f"{e} (a path: write --gpu-leaks=0, or put --gpu-leaks after the paths)"
+            ) from None
         raise
 
 
-def leak_policy(item: pytest.Item, option: Optional[str], track_option: bool) -> Optional[Tuple[float, bool]]:
+def leak_policy(
+    item: pytest.Item, option: Optional[str], track_option: bool
+) -> Optional[Tuple[float, bool]]:
     """(tolerance in MiB, track allocations) for ``item``, or None when it is not checked.
     A marker's own arguments win over the command line's."""
     if item.get_closest_marker("allow_gpu_leak") is not None:
@@ -55,21 +58,28 @@ def leak_policy(item: pytest.Item, option: Optional[str], track_option: bool) ->
         if marker.args:
             raise InvalidInputError(
                 "no_gpu_leak takes keyword arguments only: no_gpu_leak(tolerance_mb=..., "
-                f"track_allocations=...), got {marker.args!r}")
+                f"track_allocations=...), got {marker.args!r}"
+            )
         unknown = set(marker.kwargs) - {"tolerance_mb", "track_allocations"}
         if unknown:
             raise InvalidInputError(f"no_gpu_leak: unknown argument(s) {sorted(unknown)}")
-        tolerance = parse_tolerance_mb(marker.kwargs.get("tolerance_mb", 0.0), "no_gpu_leak tolerance_mb")
+        tolerance = parse_tolerance_mb(
+            marker.kwargs.get("tolerance_mb", 0.0), "no_gpu_leak tolerance_mb"
+        )
         track = marker.kwargs.get("track_allocations", False)
         if not isinstance(track, bool):
-            raise InvalidInputError(f"no_gpu_leak: track_allocations must be True or False, got {track!r}")
+            raise InvalidInputError(
+                f"no_gpu_leak: track_allocations must be True or False, got {track!r}"
+            )
         return tolerance, track
     if option is None:
         return None
     return parse_tolerance_mb(option, "--gpu-leaks"), track_option
 
 
-def leak_check_for(item: pytest.Item, option: Optional[str], track_option: bool) -> Optional[LeakCheck]:
+def leak_check_for(
+    item: pytest.Item, option: Optional[str], track_option: bool
+) -> Optional[LeakCheck]:
     """The started check for ``item``, or None when it is not checked."""
     policy = leak_policy(item, option, track_option)
     if policy is None:
@@ -87,8 +97,14 @@ def leak_failure(item: pytest.Item, check: LeakCheck, report: CleanupReport) -> 
         return None
     tolerance_mb = check.tolerance_bytes / _MiB
     limit = f"{tolerance_mb:g} MiB tolerated" if check.tolerance_bytes else "none tolerated"
-    hint = None if check.track_allocations else (
-        "del what the test keeps, or mark it @pytest.mark.allow_gpu_leak; "
-        "no_gpu_leak(track_allocations=True) or --gpu-leaks-track names the creating lines")
-    return (f"GPU memory leak in {item.nodeid} ({limit}):\n"
-            + leak_message(report, check.track_allocations, hint))
+    hint = (
+        None
+        if check.track_allocations
+        else (
+            "del what the test keeps, or mark it @pytest.mark.allow_gpu_leak; "
+            "no_gpu_leak(track_allocations=True) or --gpu-leaks-track names the creating lines"
+        )
+    )
+    return f"GPU memory leak in {item.nodeid} ({limit}):\n" + leak_message(
+        report, check.track_allocations, hint
+    )

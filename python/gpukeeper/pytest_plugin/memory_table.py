@@ -16,9 +16,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from gpukeeper.cleanup.measure import devices_in_use, level_of, measure, peaks, reset_peaks
-from gpukeeper.cleanup.cleanup_report import Snapshot
 from gpukeeper.base.byte_figures import fmt_bytes
+from gpukeeper.cleanup.cleanup_report import Snapshot
+from gpukeeper.cleanup.measure import devices_in_use, level_of, measure, peaks, reset_peaks
 from gpukeeper.timing.timer import CUDATimer, timing_device
 
 __all__ = ["MemoryRow", "RegionProbe", "format_rows"]
@@ -49,7 +49,9 @@ def _total(snapshot: Snapshot) -> int:
     return sum(level_of(mem) or 0 for per in snapshot.values() for mem in per.values())
 
 
-def _peak_total(start: Snapshot, end: Snapshot, found: Dict[str, Dict[str, int]]) -> "tuple[int, bool]":
+def _peak_total(
+    start: Snapshot, end: Snapshot, found: Dict[str, Dict[str, int]]
+) -> "tuple[int, bool]":
     """(sum over locations and frameworks of each peak, whether every one was exact)."""
     total, exact = 0, True
     for loc in set(start) | set(end) | set(found):
@@ -58,7 +60,10 @@ def _peak_total(start: Snapshot, end: Snapshot, found: Dict[str, Dict[str, int]]
             peak = found.get(loc, {}).get(name)
             if peak is None:
                 exact = False
-                peak = max(level_of(start.get(loc, {}).get(name)) or 0, level_of(end.get(loc, {}).get(name)) or 0)
+                peak = max(
+                    level_of(start.get(loc, {}).get(name)) or 0,
+                    level_of(end.get(loc, {}).get(name)) or 0,
+                )
             total += peak
     return total, exact
 
@@ -97,8 +102,14 @@ class RegionProbe:
         end = measure(devices)
         peak, exact = _peak_total(self._start, end, peaks(devices))
         start = _total(self._start)
-        return MemoryRow(nodeid, start, max(peak, start), exact, elapsed,
-                         timer.backend if timer is not None else "cpu")
+        return MemoryRow(
+            nodeid,
+            start,
+            max(peak, start),
+            exact,
+            elapsed,
+            timer.backend if timer is not None else "cpu",
+        )
 
 
 def format_rows(rows: List[MemoryRow], limit: int) -> List[str]:
@@ -110,8 +121,10 @@ def format_rows(rows: List[MemoryRow], limit: int) -> List[str]:
     lines = [f"{'test':<{width}}  {'peak':>12}  {'added':>12}  {'time ms':>10}  timer"]
     for r in shown:
         mark = "" if r.peak_exact else ">="
-        lines.append(f"{r.nodeid:<{width}}  {mark + fmt_bytes(r.peak_bytes):>12}  "
-                     f"{fmt_bytes(r.added_bytes):>12}  {r.time_ms:>10.3f}  {r.timer}")
+        lines.append(
+            f"{r.nodeid:<{width}}  {mark + fmt_bytes(r.peak_bytes):>12}  "
+            f"{fmt_bytes(r.added_bytes):>12}  {r.time_ms:>10.3f}  {r.timer}"
+        )
     if len(ordered) > len(shown):
         lines.append(f"... and {len(ordered) - len(shown)} more (--gpu-memory=0 shows all)")
     return lines

@@ -52,8 +52,9 @@ def write_round(exported: Dict[str, Any]) -> None:
     Path(os.environ[OUT_ENV]).write_text(json.dumps(exported))
 
 
-def run_rounds(config: pytest.Config, keys: Iterable[str], extra: int,
-               say: Callable[[str], None]) -> List[Dict[str, BenchmarkResult]]:
+def run_rounds(
+    config: pytest.Config, keys: Iterable[str], extra: int, say: Callable[[str], None]
+) -> List[Dict[str, BenchmarkResult]]:
     """Runs ``extra`` children one after another (never side by side: they would slow
     each other down); each one's ``{key: result}``. A child that hands back nothing is
     reported through ``say`` with the end of its output, and skipped."""
@@ -67,13 +68,21 @@ def run_rounds(config: pytest.Config, keys: Iterable[str], extra: int,
             env = dict(os.environ, **{OUT_ENV: str(out), KEYS_ENV: str(keys_file)})
             say(f"gpukeeper: benchmark round {i + 2} of {extra + 1} in a fresh process")
             with open(log, "wb") as sink:
-                done = subprocess.run(args, cwd=str(config.invocation_params.dir), env=env,
-                                      stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+                done = subprocess.run(
+                    args,
+                    cwd=str(config.invocation_params.dir),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                )
             results = _read_round(out)
             if results is None:
                 tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-                say(f"gpukeeper: round {i + 2} handed back no results (exit status "
-                    f"{done.returncode}); its output ended with:\n  " + "\n  ".join(tail))
+                say(
+                    f"gpukeeper: round {i + 2} handed back no results (exit status "
+                    f"{done.returncode}); its output ended with:\n  " + "\n  ".join(tail)
+                )
                 continue
             rounds.append(results)
     return rounds

@@ -18,8 +18,14 @@ from typing import List, Optional
 from gpukeeper.base.device_names import cuda_status
 from gpukeeper.base.errors import InvalidInputError
 
-__all__ = ["RESOLVED_ENV", "WORKER_KEY", "assign_worker_device", "parse_device_list",
-           "resolve_for_workers", "worker_index"]
+__all__ = [
+    "RESOLVED_ENV",
+    "WORKER_KEY",
+    "assign_worker_device",
+    "parse_device_list",
+    "resolve_for_workers",
+    "worker_index",
+]
 
 #: The environment variable through which the controller hands ``all`` resolved to workers.
 RESOLVED_ENV = "GPUKEEPER_XDIST_DEVICES"
@@ -38,7 +44,8 @@ def parse_device_list(text: str) -> List[str]:
     if not entries or any(not _ENTRY.fullmatch(e) for e in entries):
         raise InvalidInputError(
             f"--gpu-devices takes 'all' or a comma-separated list of CUDA devices (ordinals or "
-            f"GPU UUIDs, as CUDA_VISIBLE_DEVICES names them), got {text!r}")
+            f"GPU UUIDs, as CUDA_VISIBLE_DEVICES names them), got {text!r}"
+        )
     return entries
 
 
@@ -78,7 +85,9 @@ def assign_worker_device(option: Optional[str]) -> Optional[str]:
         return None
     resolved = os.environ.get(RESOLVED_ENV)
     if not resolved and option.strip() == "all":
-        raise InvalidInputError("--gpu-devices=all: the xdist controller did not resolve the device list")
+        raise InvalidInputError(
+            "--gpu-devices=all: the xdist controller did not resolve the device list"
+        )
     if resolved == NO_DEVICES:
         return None  # no CUDA device here: the workers run on the CPU
     devices = parse_device_list(resolved or option)

@@ -29,8 +29,10 @@
 - ``stats``: the statistics, pure functions matching numpy's defaults.
 """
 
+from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.timing import stats
 from gpukeeper.timing.benchmark import NOISY_THRESHOLD, benchmark_function
+from gpukeeper.timing.benchmark_result import BenchmarkResult
 from gpukeeper.timing.compare import (
     ImplementationComparison,
     compare_implementations,
@@ -40,9 +42,7 @@ from gpukeeper.timing.compare import (
 from gpukeeper.timing.l2 import L2Flusher, l2_cache_size
 from gpukeeper.timing.profiler import ProfilerContext
 from gpukeeper.timing.regression import Comparison, compare_runs
-from gpukeeper.timing.benchmark_result import BenchmarkResult
 from gpukeeper.timing.stats import NoiseCriterion, SampleStats, summarize
-from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.timing.timer import (
     CoreBackend,
     CpuBackend,
@@ -52,8 +52,8 @@ from gpukeeper.timing.timer import (
     TorchBackend,
     available_backends,
     register_backend,
-    timing_device,
     select_backend,
+    timing_device,
 )
 
 __all__ = [

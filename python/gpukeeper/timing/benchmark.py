@@ -53,14 +53,20 @@ from gpukeeper import frameworks
 from gpukeeper.base.arg_checks import check_choice, check_int, check_positive
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import GpuError, InvalidInputError
-from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.base.progress import ProgressBar, progress_wanted
-from gpukeeper.timing.l2 import L2Flusher
-from gpukeeper.timing.plans import HostSync, host_sync_plan, jax_plan, timer_plan, unsynchronized_warning
-from gpukeeper.timing.sampling import MemorySampler
+from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.timing import stats
 from gpukeeper.timing.benchmark_result import BenchmarkResult
+from gpukeeper.timing.l2 import L2Flusher
 from gpukeeper.timing.loop_time import LoopBatches, bound_verdict, run_batches
+from gpukeeper.timing.plans import (
+    HostSync,
+    host_sync_plan,
+    jax_plan,
+    timer_plan,
+    unsynchronized_warning,
+)
+from gpukeeper.timing.sampling import MemorySampler
 from gpukeeper.timing.stopping import StopRule
 from gpukeeper.timing.throttle import ClockWatch
 from gpukeeper.timing.timer import (
@@ -72,7 +78,13 @@ from gpukeeper.timing.timer import (
     timing_device,
 )
 
-__all__ = ["DEVICE_BOUND_SHARE", "LOOP_BATCH_MS", "MEASURES", "NOISY_THRESHOLD", "benchmark_function"]
+__all__ = [
+    "DEVICE_BOUND_SHARE",
+    "LOOP_BATCH_MS",
+    "MEASURES",
+    "NOISY_THRESHOLD",
+    "benchmark_function",
+]
 
 #: Relative noise (std/mean) above which a result is flagged ``noisy`` when no
 #: ``max_noise`` was asked for.
@@ -193,8 +205,20 @@ def benchmark_function(
     Exceptions raised by ``fn`` propagate unchanged. Bad arguments raise
     ``InvalidInputError``.
     """
-    opts = _check_options(fn, name, n_calls, warmup, l2_flush, min_time_s, max_noise,
-                          hide_launch_latency, gate_timeout_ms, synchronize, barrier, measure)
+    opts = _check_options(
+        fn,
+        name,
+        n_calls,
+        warmup,
+        l2_flush,
+        min_time_s,
+        max_noise,
+        hide_launch_latency,
+        gate_timeout_ms,
+        synchronize,
+        barrier,
+        measure,
+    )
     run = _prepare(fn, args, kwargs, device, opts)
     _warm_up(run, opts)
     watch = _Watch(run)
@@ -226,8 +250,17 @@ class _Options:
 
 
 def _check_options(
-    fn: Any, name: Any, n_calls: Any, warmup: Any, l2_flush: Any, min_time_s: Any, max_noise: Any,
-    hide_launch_latency: Any, gate_timeout_ms: Any, synchronize: Any, barrier: Any = None,
+    fn: Any,
+    name: Any,
+    n_calls: Any,
+    warmup: Any,
+    l2_flush: Any,
+    min_time_s: Any,
+    max_noise: Any,
+    hide_launch_latency: Any,
+    gate_timeout_ms: Any,
+    synchronize: Any,
+    barrier: Any = None,
     measure: Any = "loop",
 ) -> _Options:
     """The arguments checked, in this order; ``InvalidInputError`` for the first bad one."""
@@ -242,15 +275,31 @@ def _check_options(
     if not isinstance(l2_flush, bool):
         raise InvalidInputError(f"l2_flush must be a bool, got {l2_flush!r}")
     if hide_launch_latency is not None and not isinstance(hide_launch_latency, bool):
-        raise InvalidInputError(f"hide_launch_latency must be a bool or None, got {hide_launch_latency!r}")
+        raise InvalidInputError(
+            f"hide_launch_latency must be a bool or None, got {hide_launch_latency!r}"
+        )
     fixed_timeout = None if gate_timeout_ms is None else check_gate_timeout(gate_timeout_ms)
     if synchronize is not None and not callable(synchronize):
-        raise InvalidInputError(f"synchronize must be callable or None, got {type(synchronize).__name__}")
+        raise InvalidInputError(
+            f"synchronize must be callable or None, got {type(synchronize).__name__}"
+        )
     in_step, group = _check_barrier(barrier)
     check_choice(measure, "measure", MEASURES)
     label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
-    return _Options(label, n_calls, warmup, min_time, noise_limit, l2_flush, hide_launch_latency,
-                    fixed_timeout, synchronize, in_step, group, measure)
+    return _Options(
+        label,
+        n_calls,
+        warmup,
+        min_time,
+        noise_limit,
+        l2_flush,
+        hide_launch_latency,
+        fixed_timeout,
+        synchronize,
+        in_step,
+        group,
+        measure,
+    )
 
 
 def _check_barrier(barrier: Any) -> Tuple[bool, Any]:
@@ -283,8 +332,13 @@ class _Run:
     waits_inside: bool = False  # a gate timed out: the function waits for the GPU inside
 
 
-def _prepare(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], device: Any,
-             opts: _Options) -> _Run:
+def _prepare(
+    fn: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    device: Any,
+    opts: _Options,
+) -> _Run:
     """The device, the backend, a host-sync plan, the L2 flusher and whether to gate."""
     spec = timing_device(device)
     backend = select_backend(spec)
@@ -310,7 +364,9 @@ def _prepare(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, An
 def _l2_flusher(run: _Run) -> Optional[L2Flusher]:
     """A flusher for GPU events; None (with a warning) where nothing can be flushed."""
     if run.plan is not None:
-        run.warnings.append(f"l2_flush ignored: {run.plan.name} work runs where gpukeeper cannot flush before it")
+        run.warnings.append(
+            f"l2_flush ignored: {run.plan.name} work runs where gpukeeper cannot flush before it"
+        )
         return None
     if not run.backend.is_gpu:
         run.warnings.append("l2_flush ignored: only a GPU's L2 cache is flushed")
@@ -368,7 +424,12 @@ def _warm_up(run: _Run, opts: _Options) -> None:
             opts.synchronize()
         call_ms = (time.perf_counter_ns() - h0) / 1e6
         slowest_ms = call_ms if slowest_ms is None else max(slowest_ms, call_ms)
-    if run.plan is None and opts.warmup > 0 and run.spec.is_cuda and frameworks.holds_jax_arrays(last):
+    if (
+        run.plan is None
+        and opts.warmup > 0
+        and run.spec.is_cuda
+        and frameworks.holds_jax_arrays(last)
+    ):
         _switch_to_jax(run, last)
     last = None
     run.backend.synchronize()
@@ -391,7 +452,9 @@ def _probe(run: _Run, opts: _Options, slowest_ms: Optional[float]) -> Any:
     if took.launch_hidden is False:
         timer.hides_launch_latency = False
         run.waits_inside = True
-        run.warnings.append(_gate_timed_out_warning(timer.gate_timeout_ms, "in the last warm-up call"))
+        run.warnings.append(
+            _gate_timed_out_warning(timer.gate_timeout_ms, "in the last warm-up call")
+        )
     return took.result
 
 
@@ -416,7 +479,9 @@ def _switch_to_jax(run: _Run, last: Any) -> None:
     if run.flusher is not None:
         run.flusher.release()
         run.flusher = None
-        run.warnings.append("l2_flush ignored: jax work runs where gpukeeper cannot flush before it")
+        run.warnings.append(
+            "l2_flush ignored: jax work runs where gpukeeper cannot flush before it"
+        )
 
 
 # --------------------------------------------------------------------- measured calls
@@ -447,10 +512,23 @@ def _measure_loop(run: _Run, opts: _Options, samples: _Samples) -> None:
 
         def settle(last: Any) -> None:
             sync()
+
     estimate = stats.median(samples.host) if samples.host else 0.0
-    samples.loop = run_batches(run.fn, run.args, run.kwargs, settle, estimate, opts.n_calls, opts.min_time,
-                              opts.noise_limit, run.warnings, run.ranks, LOOP_BATCH_MS, MIN_LOOP_BATCHES,
-                              MAX_LOOP_CALLS)
+    samples.loop = run_batches(
+        run.fn,
+        run.args,
+        run.kwargs,
+        settle,
+        estimate,
+        opts.n_calls,
+        opts.min_time,
+        opts.noise_limit,
+        run.warnings,
+        run.ranks,
+        LOOP_BATCH_MS,
+        MIN_LOOP_BATCHES,
+        MAX_LOOP_CALLS,
+    )
 
 
 def _measure(run: _Run, opts: _Options) -> _Samples:
@@ -504,7 +582,9 @@ def _measure_in_step(step: Callable[[], Optional[float]], stop: StopRule, ranks:
 PROGRESS_AFTER_S = 2.0
 
 
-def _measure_with_progress(step: Callable[[], Optional[float]], stop: StopRule, n_calls: int) -> str:
+def _measure_with_progress(
+    step: Callable[[], Optional[float]], stop: StopRule, n_calls: int
+) -> str:
     """The measured loop with a bar that appears once the run has taken PROGRESS_AFTER_S
     (short runs show none), redrawn between calls, never inside one. The bar counts
     ``n_calls``; ``min_time_s`` may measure past them (the bar then stays full)."""
@@ -548,7 +628,9 @@ def _gpu_step(run: _Run, samples: _Samples) -> Callable[[], Optional[float]]:
         if took.launch_hidden is False:
             timer.hides_launch_latency = False
             run.waits_inside = True
-            run.warnings.append(_gate_timed_out_warning(timer.gate_timeout_ms, "in a measured call"))
+            run.warnings.append(
+                _gate_timed_out_warning(timer.gate_timeout_ms, "in a measured call")
+            )
             return None
         gpu(took.elapsed_ms)
         host(took.host_ms)
@@ -633,31 +715,40 @@ class _Watch:
 # --------------------------------------------------------------------- the result
 
 
-def _timing_method(plan: Optional[HostSync], on_gpu: bool, backend: str, hidden: bool,
-                   loop: Optional[LoopBatches]) -> str:
+def _timing_method(
+    plan: Optional[HostSync], on_gpu: bool, backend: str, hidden: bool, loop: Optional[LoopBatches]
+) -> str:
     if plan is not None:
         how = plan.how
     elif on_gpu:
-        how = (f"CUDA events ({backend}) on the current stream around each call"
-               + (", launch latency hidden behind a gate" if hidden else "")
-               + "; each call waited for")
+        how = (
+            f"CUDA events ({backend}) on the current stream around each call"
+            + (", launch latency hidden behind a gate" if hidden else "")
+            + "; each call waited for"
+        )
     else:
         return "host clock around each call (CPU work)"
     if loop is not None:
-        how += (f"; loop time: batches of {loop.calls} back-to-back call(s), each batch timed "
-                "from a synchronized start to the end of its work")
+        how += (
+            f"; loop time: batches of {loop.calls} back-to-back call(s), each batch timed "
+            "from a synchronized start to the end of its work"
+        )
     return how
 
 
-def _headline(opts: _Options, on_gpu: bool, samples: _Samples, warnings: List[str]) -> Tuple[str, List[float]]:
+def _headline(
+    opts: _Options, on_gpu: bool, samples: _Samples, warnings: List[str]
+) -> Tuple[str, List[float]]:
     """(the measure the headline is of, its samples)."""
     loop = samples.loop
     if opts.measure == "device":
         if on_gpu:
             return "device", samples.gpu
         if loop is not None:  # GPU work on the host clock: no device time to give
-            warnings.append("measure='device': this work has no device time (it runs where gpukeeper "
-                            "puts no events); the headline is each call's host time up to its wait")
+            warnings.append(
+                "measure='device': this work has no device time (it runs where gpukeeper "
+                "puts no events); the headline is each call's host time up to its wait"
+            )
         return "device", samples.host
     if loop is not None and loop.per_call:
         return "loop", loop.per_call
@@ -677,7 +768,10 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         stats.median(loop_times) if loop_times else None,
         stats.median(device_times) if device_times else None,
         stats.median(loop.issue) if loop is not None and loop.issue else None,
-        run.waits_inside, work == "gpu", DEVICE_BOUND_SHARE)
+        run.waits_inside,
+        work == "gpu",
+        DEVICE_BOUND_SHARE,
+    )
     result = BenchmarkResult(
         name=opts.label,
         times_ms=headline,
@@ -701,8 +795,9 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         warnings=run.warnings,
         clocks=watch.clocks.clocks if watch.clocks is not None else {},
         work=work,
-        timing_method=(_timing_method(plan, on_gpu, run.backend.name, hidden, loop)
-                       + _in_step_text(run.ranks)),
+        timing_method=(
+            _timing_method(plan, on_gpu, run.backend.name, hidden, loop) + _in_step_text(run.ranks)
+        ),
         synchronized=plan.synchronized if plan is not None else True,
         measure=measure,
         loop_times_ms=list(loop_times) if loop_times is not None else None,

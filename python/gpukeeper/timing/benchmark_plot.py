@@ -15,8 +15,7 @@ from gpukeeper.base.plotting import PathLike, finish, pyplot
 __all__ = ["plot_benchmark"]
 
 
-def plot_benchmark(result: Any, path: Optional[PathLike] = None, *,
-                   bins: int = 50) -> Any:
+def plot_benchmark(result: Any, path: Optional[PathLike] = None, *, bins: int = 50) -> Any:
     """The histogram of ``result``'s per-call times (a ``BenchmarkResult``) with vertical
     lines (and a legend) for the mean, median, p5, p95 and p99, as a matplotlib Figure
     saved to ``path`` when given. For a GPU result led by the loop time, the histogram is
@@ -46,11 +45,16 @@ def plot_benchmark(result: Any, path: Optional[PathLike] = None, *,
     for name, value, colour, ls in marks:
         ax.axvline(value, color=colour, lw=1.0, ls=ls, label=f"{name} {value:.4f} ms")
     ax.legend(loc="upper right", fontsize=8)
-    what = "device" if per_call is not None or result.measure == "device" else (
-        "loop" if result.work == "gpu" else result.timing)
+    what = (
+        "device"
+        if per_call is not None or result.measure == "device"
+        else ("loop" if result.work == "gpu" else result.timing)
+    )
     ax.set_xlabel(f"{what} time per call (ms)")
     ax.set_ylabel("calls" if what != "loop" else "batches")
     ax.locator_params(axis="y", integer=True)  # counts of calls: no half calls on the axis
-    ax.set_title(f"{result.name}: {len(times)} {'batches' if what == 'loop' else 'calls'} on {result.device} "
-                 f"({(result.work or 'cpu').upper()} work)")
+    ax.set_title(
+        f"{result.name}: {len(times)} {'batches' if what == 'loop' else 'calls'} on {result.device} "
+        f"({(result.work or 'cpu').upper()} work)"
+    )
     return finish(fig, path)

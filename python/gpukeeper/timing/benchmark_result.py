@@ -146,12 +146,16 @@ class BenchmarkResult:
             # Results saved before the field existed: events meant GPU work.
             self.work = "gpu" if self.timing == "gpu" else "cpu"
         if self.work not in ("gpu", "cpu"):
-            raise InvalidInputError(f"BenchmarkResult work must be 'gpu' or 'cpu', got {self.work!r}")
+            raise InvalidInputError(
+                f"BenchmarkResult work must be 'gpu' or 'cpu', got {self.work!r}"
+            )
         if self.measure is None:
             # Results saved before loop time existed: GPU results held device time.
             self.measure = "device" if self.timing == "gpu" else "loop"
         if self.measure not in ("loop", "device"):
-            raise InvalidInputError(f"BenchmarkResult measure must be 'loop' or 'device', got {self.measure!r}")
+            raise InvalidInputError(
+                f"BenchmarkResult measure must be 'loop' or 'device', got {self.measure!r}"
+            )
         self.times_ms = [float(t) for t in self.times_ms]
         self.host_times_ms = [float(t) for t in self.host_times_ms]
         if self.gpu_times_ms is not None:
@@ -163,7 +167,11 @@ class BenchmarkResult:
         self._summary = _stats.summarize(self.times_ms)
         self._host = _stats.summarize(self.host_times_ms) if self.host_times_ms else None
         self._loop = _stats.summarize(self.loop_times_ms) if self.loop_times_ms else None
-        device = self.gpu_times_ms if self.gpu_times_ms else (self.host_times_ms if self.work == "cpu" else None)
+        device = (
+            self.gpu_times_ms
+            if self.gpu_times_ms
+            else (self.host_times_ms if self.work == "cpu" else None)
+        )
         self._device = _stats.summarize(device) if device else None
 
     # ----------------------------------------------------------------- statistics
@@ -296,7 +304,8 @@ class BenchmarkResult:
     def _headline_words(self) -> str:
         if self.measure == "device":
             return "device time per call (the call's own GPU work" + (
-                ", launch hidden)" if self.launch_latency == "hidden" else ")")
+                ", launch hidden)" if self.launch_latency == "hidden" else ")"
+            )
         if self.work == "gpu" and self.loop_times_ms is not None:
             return "loop time per call (calls back to back, as a loop runs them)"
         return "time per call"
@@ -306,11 +315,21 @@ class BenchmarkResult:
         rows: List[Tuple[str, str]] = []
         if self.measure == "loop" and self.gpu_times_ms and self._device is not None:
             d = self._device
-            rows.append(("device time per call", f"median {duration_text(d.median)}, p95 {duration_text(d.p95)} "
-                                                 f"(the call's own GPU work, launch {self.launch_latency})"))
+            rows.append(
+                (
+                    "device time per call",
+                    f"median {duration_text(d.median)}, p95 {duration_text(d.p95)} "
+                    f"(the call's own GPU work, launch {self.launch_latency})",
+                )
+            )
         elif self.measure == "device" and self._loop is not None and self.work == "gpu":
-            rows.append(("loop time per call", f"median {duration_text(self._loop.median)} "
-                                               "(calls back to back, as a loop sees them)"))
+            rows.append(
+                (
+                    "loop time per call",
+                    f"median {duration_text(self._loop.median)} "
+                    "(calls back to back, as a loop sees them)",
+                )
+            )
         if self.work == "gpu" and self.device_busy is not None:
             rows.append(("device busy", f"{self.device_busy * 100:.0f} % of the loop time"))
         if self.work == "gpu" and (self.bound is not None or self.loop_times_ms is not None):
@@ -329,8 +348,11 @@ class BenchmarkResult:
         """A few readable lines: the headline statistics (saying which time they are of),
         the other time, what bounds the call, throughput, memory, warnings."""
         s = self._summary
-        counted = (f"{s.count} batches of {self.loop_calls} calls" if self.measure == "loop" and self.loop_calls > 1
-                   else f"{s.count} calls")
+        counted = (
+            f"{s.count} batches of {self.loop_calls} calls"
+            if self.measure == "loop" and self.loop_calls > 1
+            else f"{s.count} calls"
+        )
         d = duration_text
         lines = [
             f"{self.name}: {counted} on {self.device} ({self._how()})",
@@ -345,7 +367,9 @@ class BenchmarkResult:
         if self.timing_method:
             lines.insert(1, f"  timed: {self.timing_method}")
         if self.gpu_times_ms is not None and self._host is not None:
-            lines.append(f"  host latency median {duration_text(self._host.median)} (launch + wait of one call)")
+            lines.append(
+                f"  host latency median {duration_text(self._host.median)} (launch + wait of one call)"
+            )
             lines.append(f"  launch latency {self.launch_latency} in the GPU times")
         if self.memory_source is not None:
             lines.append(
@@ -404,7 +428,9 @@ class BenchmarkResult:
 
     def _repr_html_(self) -> str:
         """The summary as a compact HTML table, for Jupyter."""
-        return html_fields(f"BenchmarkResult: {self.name}", self._html_fields(), warnings=self.warnings)
+        return html_fields(
+            f"BenchmarkResult: {self.name}", self._html_fields(), warnings=self.warnings
+        )
 
     def plot(self, path: Optional[PathLike] = None, *, bins: int = 50) -> Any:
         """The histogram of the per-call times with the mean, median, p5, p95 and p99

@@ -46,8 +46,12 @@ class ImplementationComparison(Dict[str, BenchmarkResult]):
 
     def _repr_html_(self) -> str:
         header, body, any_close = _table_rows(self)
-        return html_table(f"{len(body)} implementations compared", header, body,
-                          notes=[_NOISE_NOTE] if any_close else [])
+        return html_table(
+            f"{len(body)} implementations compared",
+            header,
+            body,
+            notes=[_NOISE_NOTE] if any_close else [],
+        )
 
     def plot(self, path: Optional[PathLike] = None) -> Any:
         """One bar per implementation (median, whiskers p25 to p75) with its speedup
@@ -76,7 +80,9 @@ def compare_implementations(
     if not isinstance(impls, Mapping) or not impls:
         raise InvalidInputError("impls must be a non-empty dict of name -> callable")
     if "name" in kwargs:
-        raise InvalidInputError("compare_implementations names results by the keys of impls; do not pass name=")
+        raise InvalidInputError(
+            "compare_implementations names results by the keys of impls; do not pass name="
+        )
     for key, fn in impls.items():
         if not isinstance(key, str):
             raise InvalidInputError(f"implementation names must be strings, got {key!r}")
@@ -92,14 +98,16 @@ def compare_implementations(
 
 
 def _result_pairs(
-    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]]
+    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]],
 ) -> List[Tuple[str, BenchmarkResult]]:
     if isinstance(results, Mapping):
         rows = list(results.items())
     elif isinstance(results, (list, tuple)):
         rows = [(r.name, r) for r in results]
     else:
-        raise InvalidInputError(f"results must be a dict or list of BenchmarkResult, got {type(results).__name__}")
+        raise InvalidInputError(
+            f"results must be a dict or list of BenchmarkResult, got {type(results).__name__}"
+        )
     if not rows:
         raise InvalidInputError("no results to compare")
     for key, r in rows:
@@ -108,8 +116,10 @@ def _result_pairs(
     measures = {r.measure for _, r in rows}
     if len(measures) > 1:
         raise InvalidInputError(
-            "these results time different things (" + ", ".join(f"{k}: {r.measure} time" for k, r in rows)
-            + "); benchmark them with the same measure= to compare them")
+            "these results time different things ("
+            + ", ".join(f"{k}: {r.measure} time" for k, r in rows)
+            + "); benchmark them with the same measure= to compare them"
+        )
     return rows
 
 
@@ -120,36 +130,48 @@ def _other_median(r: BenchmarkResult) -> str:
 
 
 def _table_rows(
-    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]]
+    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]],
 ) -> Tuple[List[str], List[List[str]], bool]:
     """The comparison's header, one row of cells per result, and whether any speedup
     is within the noise: the text table and the HTML one show the same cells."""
     rows = _result_pairs(results)
     baseline = rows[0][1]
     headline, other = ("Loop", "Device") if baseline.measure == "loop" else ("Device", "Loop")
-    header = ["Implementation", f"{headline} median ms", "Mean ms", "Std ms", "P95 ms", "P99 ms",
-              f"{other} median ms", "Bound", "Calls/s", "Speedup"]
+    header = [
+        "Implementation",
+        f"{headline} median ms",
+        "Mean ms",
+        "Std ms",
+        "P95 ms",
+        "P99 ms",
+        f"{other} median ms",
+        "Bound",
+        "Calls/s",
+        "Speedup",
+    ]
     body: List[List[str]] = []
     for i, (key, r) in enumerate(rows):
         flags = "".join([" (noisy)" if r.noisy else "", " (throttled)" if r.throttled else ""])
-        body.append([
-            f"{key}{flags}",
-            f"{r.median_ms:.4f}",
-            f"{r.mean_ms:.4f}",
-            f"{r.std_ms:.4f}" if not math.isnan(r.std_ms) else "n/a",
-            f"{r.p95_ms:.4f}",
-            f"{r.p99_ms:.4f}",
-            _other_median(r),
-            r.bound or "n/a",
-            f"{r.calls_per_s:,.1f}",
-            speedup_label(r, baseline if i > 0 else None),
-        ])
+        body.append(
+            [
+                f"{key}{flags}",
+                f"{r.median_ms:.4f}",
+                f"{r.mean_ms:.4f}",
+                f"{r.std_ms:.4f}" if not math.isnan(r.std_ms) else "n/a",
+                f"{r.p95_ms:.4f}",
+                f"{r.p99_ms:.4f}",
+                _other_median(r),
+                r.bound or "n/a",
+                f"{r.calls_per_s:,.1f}",
+                speedup_label(r, baseline if i > 0 else None),
+            ]
+        )
     any_close = any(row[-1].startswith("~") for row in body)
     return header, body, any_close
 
 
 def format_comparison_table(
-    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]]
+    results: Union[Mapping[str, BenchmarkResult], Sequence[BenchmarkResult]],
 ) -> str:
     """The table ``print_comparison_table`` prints, as a string."""
     header, body, any_close = _table_rows(results)

@@ -19,7 +19,9 @@ def _bars(results: Mapping[str, BenchmarkResult]) -> List[Tuple[str, BenchmarkRe
     """Each implementation with its speedup label against the first, as the comparison
     table writes it (``~``: within the noise)."""
     if not isinstance(results, Mapping):
-        raise InvalidInputError(f"results must be a dict of name -> BenchmarkResult, got {type(results).__name__}")
+        raise InvalidInputError(
+            f"results must be a dict of name -> BenchmarkResult, got {type(results).__name__}"
+        )
     items = list(results.items())
     if not items:
         raise InvalidInputError("no results to plot")
@@ -30,8 +32,7 @@ def _bars(results: Mapping[str, BenchmarkResult]) -> List[Tuple[str, BenchmarkRe
     return [(key, r, speedup_label(r, base if i > 0 else None)) for i, (key, r) in enumerate(items)]
 
 
-def plot_comparison(results: Mapping[str, BenchmarkResult], path: Optional[PathLike] = None
-                    ) -> Any:
+def plot_comparison(results: Mapping[str, BenchmarkResult], path: Optional[PathLike] = None) -> Any:
     """Implementations side by side: one horizontal bar per implementation (its median),
     whiskers from p25 to p75, and its speedup against the first written at the bar's end
     (``~``: within the noise). Returns a matplotlib Figure, saved to ``path`` when given.
@@ -50,7 +51,9 @@ def plot_comparison(results: Mapping[str, BenchmarkResult], path: Optional[PathL
     ax.barh(ys, medians, xerr=[low, high], color=colours, alpha=0.8, capsize=4)
     top = max(r.p75_ms for _, r, _ in bars)
     for y, (_, r, label) in zip(ys, bars):
-        ax.text(r.p75_ms + 0.01 * top, y, f" {r.median_ms:.4g} ms, {label}", va="center", fontsize=8)
+        ax.text(
+            r.p75_ms + 0.01 * top, y, f" {r.median_ms:.4g} ms, {label}", va="center", fontsize=8
+        )
     ax.set_yticks(ys)
     ax.set_yticklabels([key for key, _, _ in bars])
     ax.invert_yaxis()  # the baseline on top, in the order given

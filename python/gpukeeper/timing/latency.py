@@ -81,11 +81,20 @@ class LatencyStats:
     def to_dict(self) -> Dict[str, Any]:
         """The figures as plain values (NaN as None), under the names they have always had."""
         d: Dict[str, Any] = {
-            "n": self.n, "mean_ms": self.mean_ms, "median_ms": self.median_ms,
-            "std_ms": self.std_ms, "min_ms": self.min_ms, "max_ms": self.max_ms,
-            "p5_ms": self.p5_ms, "p95_ms": self.p95_ms, "p99_ms": self.p99_ms,
-            "jitter_ms": self.jitter_ms, "drift_ms": self.drift_ms, "drift_pct": self.drift_pct,
-            "mad_ms": self.mad_ms, "outlier_threshold_ms": self.outlier_threshold_ms,
+            "n": self.n,
+            "mean_ms": self.mean_ms,
+            "median_ms": self.median_ms,
+            "std_ms": self.std_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "p5_ms": self.p5_ms,
+            "p95_ms": self.p95_ms,
+            "p99_ms": self.p99_ms,
+            "jitter_ms": self.jitter_ms,
+            "drift_ms": self.drift_ms,
+            "drift_pct": self.drift_pct,
+            "mad_ms": self.mad_ms,
+            "outlier_threshold_ms": self.outlier_threshold_ms,
             "outlier_steps": list(self.outlier_steps),
         }
         return stats.json_safe(d)
@@ -104,12 +113,19 @@ def latency_stats(x_ms: Sequence[float], outlier_k: float = 5.0) -> LatencyStats
     jitter = stats.std([x_ms[i + 1] - x_ms[i] for i in range(n - 1)]) if n >= 2 else math.nan
     decile = max(1, n // 10)
     first = stats.median(x_ms[:decile])
-    last = stats.median(x_ms[n - decile:])
+    last = stats.median(x_ms[n - decile :])
     drift = last - first
     drift_pct = 100.0 * drift / first if first > 0 else math.nan
     mad = stats.median([abs(v - median) for v in x_ms])
     scale = max(1.4826 * mad, 0.01 * abs(median))
     threshold = median + outlier_k * scale
     outliers = tuple(i for i, v in enumerate(x_ms) if v > threshold)
-    return LatencyStats(sample=s, jitter_ms=jitter, drift_ms=drift, drift_pct=drift_pct, mad_ms=mad,
-                        outlier_threshold_ms=threshold, outlier_steps=outliers)
+    return LatencyStats(
+        sample=s,
+        jitter_ms=jitter,
+        drift_ms=drift,
+        drift_pct=drift_pct,
+        mad_ms=mad,
+        outlier_threshold_ms=threshold,
+        outlier_steps=outliers,
+    )

@@ -20,8 +20,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from gpukeeper.frameworks.ranks import RankStep
 from gpukeeper.timing.stopping import StopRule
 
-__all__ = ["BOUNDS", "LoopBatches", "bound_verdict", "describe_bound", "batch_calls", "run_batches",
-           "time_batch"]
+__all__ = [
+    "BOUNDS",
+    "LoopBatches",
+    "bound_verdict",
+    "describe_bound",
+    "batch_calls",
+    "run_batches",
+    "time_batch",
+]
 
 #: What can bound a call: its GPU work (``"device"``), the host issuing its launches
 #: (``"launch"``), a wait for the device inside the call (``"sync"``), or the host's own
@@ -50,8 +57,13 @@ def batch_calls(per_call_ms: float, target_ms: float, most: int) -> int:
     return max(1, min(most, math.ceil(target_ms / per_call_ms)))
 
 
-def time_batch(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any], calls: int,
-               settle: Callable[[Any], None]) -> Tuple[float, float]:
+def time_batch(
+    fn: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    calls: int,
+    settle: Callable[[Any], None],
+) -> Tuple[float, float]:
     """One batch: ``settle(None)`` (the device idle), then ``calls`` calls of
     ``fn(*args, **kwargs)`` back to back, then ``settle(last result)``. Returns (loop ms
     per call, issue ms per call).
@@ -78,11 +90,21 @@ def time_batch(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, 
     return (t2 - t0) / 1e6 / calls, (t1 - t0) / 1e6 / calls
 
 
-def run_batches(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any],
-               settle: Callable[[Any], None], estimate_ms: float,
-               n_calls: int, min_time_s: Optional[float], max_noise: Optional[float],
-               warnings: List[str], ranks: Optional[RankStep] = None, target_ms: float = 10.0,
-               min_batches: int = 10, most_calls: int = 100_000) -> LoopBatches:
+def run_batches(
+    fn: Callable[..., Any],
+    args: Tuple[Any, ...],
+    kwargs: Dict[str, Any],
+    settle: Callable[[Any], None],
+    estimate_ms: float,
+    n_calls: int,
+    min_time_s: Optional[float],
+    max_noise: Optional[float],
+    warnings: List[str],
+    ranks: Optional[RankStep] = None,
+    target_ms: float = 10.0,
+    min_batches: int = 10,
+    most_calls: int = 100_000,
+) -> LoopBatches:
     """The loop time of ``fn(*args, **kwargs)``: a pilot batch sized from ``estimate_ms`` (an upper bound
     of a call's loop time: its host time when each call was waited for), not kept, then
     batches sized from the pilot. As many batches as make a quarter of ``n_calls`` calls,
@@ -117,8 +139,14 @@ def run_batches(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str,
     return out
 
 
-def bound_verdict(loop_ms: Optional[float], device_ms: Optional[float], issue_ms: Optional[float],
-                  waits_inside: bool, on_gpu: bool, share: float) -> Tuple[Optional[str], Optional[float]]:
+def bound_verdict(
+    loop_ms: Optional[float],
+    device_ms: Optional[float],
+    issue_ms: Optional[float],
+    waits_inside: bool,
+    on_gpu: bool,
+    share: float,
+) -> Tuple[Optional[str], Optional[float]]:
     """(what bounds the call, the share of the loop the device was busy).
 
     CPU work: ``"host"``. A call that waits for the device inside (its gate timed out):
@@ -148,7 +176,9 @@ def bound_verdict(loop_ms: Optional[float], device_ms: Optional[float], issue_ms
 
 def describe_bound(bound: Optional[str]) -> str:
     """The verdict in words, for summaries."""
-    return _BOUND_WORDS.get(bound or "", "unknown (no device time: the work is timed on the host clock)")
+    return _BOUND_WORDS.get(
+        bound or "", "unknown (no device time: the work is timed on the host clock)"
+    )
 
 
 _BOUND_WORDS: Dict[str, str] = {

@@ -52,10 +52,15 @@ class MemorySeries:
     allocator keeps move it too). ``peak`` reads the most bytes in use so far, and
     ``reset_peak`` starts a new peak (True when it could); None where there is none."""
 
-    def __init__(self, name: str, read: Callable[[], int], in_use: bool,
-                 close: Optional[Callable[[], None]] = None,
-                 peak: Optional[Callable[[], Optional[int]]] = None,
-                 reset_peak: Optional[Callable[[], bool]] = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        read: Callable[[], int],
+        in_use: bool,
+        close: Optional[Callable[[], None]] = None,
+        peak: Optional[Callable[[], Optional[int]]] = None,
+        reset_peak: Optional[Callable[[], bool]] = None,
+    ) -> None:
         self.name = name
         self.read = read
         self.in_use = in_use
@@ -70,7 +75,9 @@ def host_series() -> List[MemorySeries]:
     rss = host.RssReader()
     series = [MemorySeries(rss.source, rss, False, rss.close)]
     if tracemalloc.is_tracing():
-        series.append(MemorySeries("tracemalloc", lambda: int(tracemalloc.get_traced_memory()[0]), True))
+        series.append(
+            MemorySeries("tracemalloc", lambda: int(tracemalloc.get_traced_memory()[0]), True)
+        )
     in_use = host.malloc_in_use_reader()
     if in_use is not None:
         series.append(MemorySeries("malloc_in_use", in_use, True))
@@ -101,12 +108,18 @@ def framework_series(index: int) -> MemorySeries:
     if source != "torch":
         return MemorySeries(source, read, True)
     torch = frameworks.adapter("torch")
-    return MemorySeries(source, read, True, peak=lambda: torch.peak(index),
-                        reset_peak=lambda: torch.reset_peak(index))
+    return MemorySeries(
+        source,
+        read,
+        True,
+        peak=lambda: torch.peak(index),
+        reset_peak=lambda: torch.reset_peak(index),
+    )
 
 
-def reads_nvml(kind: str, synchronize: Optional[Callable[[], Any]], reserved: int,
-               nvml_bytes: Optional[int]) -> bool:
+def reads_nvml(
+    kind: str, synchronize: Optional[Callable[[], Any]], reserved: int, nvml_bytes: Optional[int]
+) -> bool:
     """Whether GPU work of plan ``kind`` has its memory read from NVML's figure for this
     process rather than the frameworks' counters: for an engine's work and work the
     caller waits for (``synchronize``) always; for a framework's work ("events",
@@ -117,8 +130,9 @@ def reads_nvml(kind: str, synchronize: Optional[Callable[[], Any]], reserved: in
     return reserved == 0 and bool(nvml_bytes)
 
 
-def memory_series(kind: str, index: Optional[int], synchronize: Optional[Callable[[], Any]],
-                  notes: List[str]) -> Tuple[List[MemorySeries], Optional[MemorySeries]]:
+def memory_series(
+    kind: str, index: Optional[int], synchronize: Optional[Callable[[], Any]], notes: List[str]
+) -> Tuple[List[MemorySeries], Optional[MemorySeries]]:
     """The memory series of a run of plan ``kind`` (the first decides) and the NVML
     series that cross-checks the frameworks' counters (None where nothing is to check).
 
@@ -141,8 +155,10 @@ def memory_series(kind: str, index: Optional[int], synchronize: Optional[Callabl
             return [framework_series(index)], nvml_own
     if nvml_own is not None:
         return [nvml_own], None
-    notes.append(f"the device memory of this process cannot be read (NVML {why}): "
-                 "host memory is watched instead")
+    notes.append(
+        f"the device memory of this process cannot be read (NVML {why}): "
+        "host memory is watched instead"
+    )
     return host_series(), None
 
 
@@ -157,9 +173,13 @@ def cross_reading(cross: Optional[MemorySeries], index: Optional[int]) -> Option
         return None
 
 
-def cross_check_warning(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]],
-                        series: Sequence[MemorySeries], leak_tolerance_mb: float,
-                        warnings: List[str]) -> None:
+def cross_check_warning(
+    before: Optional[Tuple[int, int]],
+    after: Optional[Tuple[int, int]],
+    series: Sequence[MemorySeries],
+    leak_tolerance_mb: float,
+    warnings: List[str],
+) -> None:
     """Says so when this process's device memory (NVML) grew by more than the frameworks'
     counters explain over the run."""
     if before is None or after is None:
@@ -171,4 +191,5 @@ def cross_check_warning(before: Optional[Tuple[int, int]], after: Optional[Tuple
             f"explains (NVML {before[0] / MB:.1f} -> {after[0] / MB:.1f} MB; frameworks "
             f"reserved {before[1] / MB:.1f} -> {after[1] / MB:.1f} MB): another engine "
             f"or CUDA context in this process allocates it, and the leak verdict reads "
-            f"{series[0].name if series else 'nothing'} (pass synchronize= to read NVML)")
+            f"{series[0].name if series else 'nothing'} (pass synchronize= to read NVML)"
+        )

@@ -48,10 +48,15 @@ PLAN_KINDS = ("cpu", "events", "framework", "jax", "engine")
 def unsynchronized_warning(per_call: bool) -> str:
     """The warning for an engine's work timed without the caller's ``synchronize``:
     what may be missing from a call's time (``per_call``) or from a loop's wall clock."""
-    missing = ("each call's time may end before its work does" if per_call else
-               "the work it still had queued after the last step may be missing from the wall clock")
-    return ("no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, "
-            f"so {missing} (pass synchronize=, e.g. lambda: simulation.context.getState())")
+    missing = (
+        "each call's time may end before its work does"
+        if per_call
+        else "the work it still had queued after the last step may be missing from the wall clock"
+    )
+    return (
+        "no synchronize callable: gpukeeper cannot wait for an engine's own CUDA context, "
+        f"so {missing} (pass synchronize=, e.g. lambda: simulation.context.getState())"
+    )
 
 
 @dataclass
@@ -109,26 +114,38 @@ def cpu_plan(synchronize: Optional[Callable[[], Any]] = None, per_call: bool = T
     return Plan("cpu", None, "host clock (CPU work)", synchronize, per_call)
 
 
-def jax_plan(index: int, per_call: bool = True, synchronize: Optional[Callable[[], Any]] = None) -> Plan:
+def jax_plan(
+    index: int, per_call: bool = True, synchronize: Optional[Callable[[], Any]] = None
+) -> Plan:
     """JAX work on CUDA device ``index``: waited for by ``jax.block_until_ready`` (and a
     loop's end by the caller's ``synchronize`` too)."""
     on = "the result" if per_call else "each step's result"
-    return Plan("jax", index, f"JAX work: host clock around jax.block_until_ready on {on}", synchronize, per_call)
+    return Plan(
+        "jax",
+        index,
+        f"JAX work: host clock around jax.block_until_ready on {on}",
+        synchronize,
+        per_call,
+    )
 
 
-def engine_plan(index: int, synchronize: Optional[Callable[[], Any]], where: str,
-                per_call: bool = True) -> Plan:
+def engine_plan(
+    index: int, synchronize: Optional[Callable[[], Any]], where: str, per_call: bool = True
+) -> Plan:
     """An engine's work on CUDA device ``index`` (``where``: it in words): waited for by
     the frameworks' synchronize and the caller's ``synchronize`` (without one, queued
     work is missed)."""
     if per_call and synchronize is not None:
         how = f"{where}: host clock around each call and the caller's synchronize()"
     elif per_call:
-        how = (f"{where}: host clock around each call, without a synchronization (none given): "
-               "work still queued when a call returns is not in its time")
+        how = (
+            f"{where}: host clock around each call, without a synchronization (none given): "
+            "work still queued when a call returns is not in its time"
+        )
     else:
         how = f"{where}: host clock, ended by " + (
-            "the caller's synchronize()" if synchronize is not None else "no synchronization")
+            "the caller's synchronize()" if synchronize is not None else "no synchronization"
+        )
     return Plan("engine", index, how, synchronize, per_call)
 
 
@@ -146,8 +163,13 @@ def events_framework_loaded() -> bool:
     return any(name != "jax" for name in frameworks.gpu_frameworks_loaded())
 
 
-def choose_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[], Any]] = None,
-                timing: str = "auto", per_call: bool = True) -> Plan:
+def choose_plan(
+    device: Any,
+    spec: DeviceSpec,
+    synchronize: Optional[Callable[[], Any]] = None,
+    timing: str = "auto",
+    per_call: bool = True,
+) -> Plan:
     """The plan for work asked to run on ``device`` (``spec``: it resolved by
     :func:`~gpukeeper.timing.timer.timing_device`), decided before the warm-up (the
     module doc gives the rule). ``timing``: "auto", "gpu" (events even with
@@ -155,15 +177,31 @@ def choose_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[]
     if spec.is_cuda:
         index = spec.index or 0
         if synchronize is not None and timing != "gpu":
-            return engine_plan(index, synchronize, f"GPU work the caller synchronizes (synchronize=) "
-                               f"on cuda:{index}", per_call)
+            return engine_plan(
+                index,
+                synchronize,
+                f"GPU work the caller synchronizes (synchronize=) on cuda:{index}",
+                per_call,
+            )
         if events_framework_loaded():
             if timing == "host":
-                return Plan("framework", index, "host clock (timing='host'), ended by a device "
-                            "synchronization", synchronize, per_call)
-            return Plan("events", index, "CUDA events on the framework's current stream",
-                        synchronize, per_call)
-        return engine_plan(index, synchronize, f"GPU work no framework owns on cuda:{index}", per_call)
+                return Plan(
+                    "framework",
+                    index,
+                    "host clock (timing='host'), ended by a device synchronization",
+                    synchronize,
+                    per_call,
+                )
+            return Plan(
+                "events",
+                index,
+                "CUDA events on the framework's current stream",
+                synchronize,
+                per_call,
+            )
+        return engine_plan(
+            index, synchronize, f"GPU work no framework owns on cuda:{index}", per_call
+        )
     if device is not None:
         return cpu_plan(synchronize, per_call)
     jax_devices = frameworks.jax_gpu_devices()
@@ -172,8 +210,12 @@ def choose_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[]
     if not frameworks.gpu_frameworks_loaded():
         contexts = frameworks.context_devices()
         if contexts:
-            return engine_plan(contexts[0], synchronize,
-                               f"a CUDA context with no framework on cuda:{contexts[0]}", per_call)
+            return engine_plan(
+                contexts[0],
+                synchronize,
+                f"a CUDA context with no framework on cuda:{contexts[0]}",
+                per_call,
+            )
     return cpu_plan(synchronize, per_call)
 
 
@@ -184,13 +226,17 @@ def confirm_plan(plan: Plan, device: Any, last: Any) -> Plan:
     holds = frameworks.holds_jax_arrays(last)
     if holds and plan.kind != "jax" and (plan.index is not None or device is None):
         index = frameworks.jax_device_index(last)
-        return jax_plan(index if index is not None else (plan.index or 0), plan.per_call, plan.synchronize)
+        return jax_plan(
+            index if index is not None else (plan.index or 0), plan.per_call, plan.synchronize
+        )
     if plan.kind == "jax" and not holds:
         return cpu_plan(plan.synchronize, plan.per_call)
     return plan
 
 
-def host_sync_plan(device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[], Any]]) -> Optional[Plan]:
+def host_sync_plan(
+    device: Any, spec: DeviceSpec, synchronize: Optional[Callable[[], Any]]
+) -> Optional[Plan]:
     """``benchmark_function``'s plan when its GPU work is timed on the host clock (JAX,
     an engine), decided before the warm-up by :func:`choose_plan`; None when events (or
     the CPU clock) time the work."""

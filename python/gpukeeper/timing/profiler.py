@@ -72,12 +72,18 @@ class ProfilerContext:
                 if isinstance(activity, str):
                     key = activity.strip().upper()
                     if key not in ("CPU", "CUDA"):
-                        raise InvalidInputError(f"unknown profiler activity {activity!r}: use 'cpu' or 'cuda'")
+                        raise InvalidInputError(
+                            f"unknown profiler activity {activity!r}: use 'cpu' or 'cuda'"
+                        )
                     activity = getattr(ProfilerActivity, key)
                 if not isinstance(activity, ProfilerActivity):
-                    raise InvalidInputError(f"profiler activities must be 'cpu', 'cuda' or ProfilerActivity, got {activity!r}")
+                    raise InvalidInputError(
+                        f"profiler activities must be 'cpu', 'cuda' or ProfilerActivity, got {activity!r}"
+                    )
                 if activity == ProfilerActivity.CUDA and not cuda:
-                    raise InvalidInputError("CUDA profiler activity asked for, but PyTorch cannot use CUDA here")
+                    raise InvalidInputError(
+                        "CUDA profiler activity asked for, but PyTorch cannot use CUDA here"
+                    )
                 chosen.append(activity)
             if not chosen:
                 raise InvalidInputError("activities must name at least one of 'cpu', 'cuda'")
@@ -126,7 +132,9 @@ class ProfilerContext:
             try:
                 self.profiler.export_chrome_trace(self.trace_path)
             except Exception as exc2:
-                raise GpuError(f"could not write the chrome trace to {self.trace_path!r}: {exc2}") from exc2
+                raise GpuError(
+                    f"could not write the chrome trace to {self.trace_path!r}: {exc2}"
+                ) from exc2
         self.table = self.key_averages().table(sort_by=self.sort_by, row_limit=self.row_limit)
 
     def key_averages(self, group_by_input_shape: bool = False) -> Any:

@@ -88,9 +88,25 @@ _DEFAULT_BAND = 0.02
 
 # Student's t, one-sided 99.5th percentile, by degrees of freedom; 1/df interpolation
 # between the rows, the normal quantile past the last.
-_T995 = ((1, 63.657), (2, 9.925), (3, 5.841), (4, 4.604), (5, 4.032), (6, 3.707),
-         (7, 3.499), (8, 3.355), (9, 3.250), (10, 3.169), (12, 3.055), (15, 2.947),
-         (20, 2.845), (30, 2.750), (40, 2.704), (60, 2.660), (120, 2.617))
+_T995 = (
+    (1, 63.657),
+    (2, 9.925),
+    (3, 5.841),
+    (4, 4.604),
+    (5, 4.032),
+    (6, 3.707),
+    (7, 3.499),
+    (8, 3.355),
+    (9, 3.250),
+    (10, 3.169),
+    (12, 3.055),
+    (15, 2.947),
+    (20, 2.845),
+    (30, 2.750),
+    (40, 2.704),
+    (60, 2.660),
+    (120, 2.617),
+)
 _Z995 = 2.576
 
 
@@ -135,22 +151,31 @@ class Comparison:
         ``unmeasured``."""
         if self.spread is None:
             return "unmeasured"
-        rounds = (f"{self.rounds_baseline}" if self.rounds_current == 1
-                  else f"{self.rounds_baseline}+{self.rounds_current}")
+        rounds = (
+            f"{self.rounds_baseline}"
+            if self.rounds_current == 1
+            else f"{self.rounds_baseline}+{self.rounds_current}"
+        )
         return f"±{self.spread:.1%} over {rounds} rounds"
 
     def describe(self) -> str:
         """One line, e.g. ``slower: median 2.013 ms vs 1.001 ms, +101.1% (99% interval
         +95.0%..+107.4%), beyond the spread between processes (±3.1% over 5 rounds)``."""
-        head = (f"{self.verdict}: {self.stat} {self.current_ms:.4g} ms vs {self.baseline_ms:.4g} ms, "
-                f"{self.change:+.1%} (99% interval {self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%})")
+        head = (
+            f"{self.verdict}: {self.stat} {self.current_ms:.4g} ms vs {self.baseline_ms:.4g} ms, "
+            f"{self.change:+.1%} (99% interval {self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%})"
+        )
         if self.spread is None:
             if self.verdict in ("slower", "faster"):
-                return (f"{head}, beyond {UNMEASURED_FACTOR:g}x; the spread between processes is "
-                        "unmeasured (one round each)")
-            return (f"{head}; the spread between processes is unmeasured (one round each: save "
-                    f"several rounds to measure it), and a change within {UNMEASURED_FACTOR:g}x "
-                    "is not called without it")
+                return (
+                    f"{head}, beyond {UNMEASURED_FACTOR:g}x; the spread between processes is "
+                    "unmeasured (one round each)"
+                )
+            return (
+                f"{head}; the spread between processes is unmeasured (one round each: save "
+                f"several rounds to measure it), and a change within {UNMEASURED_FACTOR:g}x "
+                "is not called without it"
+            )
         if self.verdict in ("slower", "faster"):
             return f"{head}, beyond the spread between processes ({self.spread_text()})"
         return f"{head}, within the spread between processes ({self.spread_text()})"
@@ -158,9 +183,16 @@ class Comparison:
     def cells(self) -> Tuple[str, ...]:
         """The comparison as the cells of one table row, in the order of
         :data:`COMPARISON_HEADER`."""
-        return (self.name, self.stat, f"{self.baseline_ms:.4g}", f"{self.current_ms:.4g}",
-                f"{self.change:+.1%}", f"{self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%}",
-                self.spread_text(), self.verdict)
+        return (
+            self.name,
+            self.stat,
+            f"{self.baseline_ms:.4g}",
+            f"{self.current_ms:.4g}",
+            f"{self.change:+.1%}",
+            f"{self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%}",
+            self.spread_text(),
+            self.verdict,
+        )
 
     def _repr_html_(self) -> str:
         """The comparison as a one-row HTML table, for Jupyter."""
@@ -168,8 +200,16 @@ class Comparison:
 
 
 #: The header of a table of :class:`Comparison` rows (``Comparison.cells``).
-COMPARISON_HEADER = ("benchmark", "stat", "saved ms", "now ms", "change", "99% interval",
-                     "spread between processes", "verdict")
+COMPARISON_HEADER = (
+    "benchmark",
+    "stat",
+    "saved ms",
+    "now ms",
+    "change",
+    "99% interval",
+    "spread between processes",
+    "verdict",
+)
 
 
 def comparisons_html(comparisons: Iterable[Comparison]) -> str:
@@ -178,10 +218,16 @@ def comparisons_html(comparisons: Iterable[Comparison]) -> str:
     items = list(comparisons)
     for c in items:
         if not isinstance(c, Comparison):
-            raise InvalidInputError(f"comparisons_html takes Comparison objects, got {type(c).__name__}")
+            raise InvalidInputError(
+                f"comparisons_html takes Comparison objects, got {type(c).__name__}"
+            )
     slower = [f"{c.name}: {c.describe()}" for c in items if c.verdict == "slower"]
-    return html_table("compared with the saved run", COMPARISON_HEADER, [c.cells() for c in items],
-                      warnings=slower)
+    return html_table(
+        "compared with the saved run",
+        COMPARISON_HEADER,
+        [c.cells() for c in items],
+        warnings=slower,
+    )
 
 
 @dataclass(frozen=True)
@@ -199,7 +245,8 @@ def parse_fail_threshold(text: str) -> FailThreshold:
     if not match or match.group(1) not in STATISTICS:
         raise InvalidInputError(
             f"a fail threshold is STAT:PERCENT with STAT one of {', '.join(STATISTICS)} "
-            f"(e.g. median:5%), got {text!r}")
+            f"(e.g. median:5%), got {text!r}"
+        )
     value = float(match.group(2))
     fraction = value / 100.0 if match.group(3) else value
     return FailThreshold(match.group(1), fraction)
@@ -210,11 +257,13 @@ def _as_rounds(run: Rounds, side: str) -> List[BenchmarkResult]:
     if isinstance(rounds, (str, bytes)) or not isinstance(rounds, Sequence) or not rounds:
         raise InvalidInputError(
             f"compare_runs: the {side} is a BenchmarkResult or a non-empty list of them "
-            f"(one per round), got {type(run).__name__}")
+            f"(one per round), got {type(run).__name__}"
+        )
     for r in rounds:
         if not isinstance(r, BenchmarkResult):
             raise InvalidInputError(
-                f"compare_runs: the {side}'s rounds are BenchmarkResult objects, got {type(r).__name__}")
+                f"compare_runs: the {side}'s rounds are BenchmarkResult objects, got {type(r).__name__}"
+            )
     return list(rounds)
 
 
@@ -226,7 +275,8 @@ def _measure_of(rounds: List[BenchmarkResult], current: List[BenchmarkResult], n
         shown = " vs ".join(sorted(repr(m) for m in measures))
         raise InvalidInputError(
             f"comparing {name!r}: the runs measure different things ({shown}); compare runs "
-            "measured the same way")
+            "measured the same way"
+        )
 
 
 def _subsample(times: Sequence[float], limit: int = _MAX_SAMPLE) -> List[float]:
@@ -236,8 +286,12 @@ def _subsample(times: Sequence[float], limit: int = _MAX_SAMPLE) -> List[float]:
     return [times[int(i * step)] for i in range(limit)]
 
 
-def _bootstrap(base: List[float], cur: List[float], fn: Callable[[Sequence[float]], float],
-               resamples: int = _RESAMPLES) -> Tuple[float, float]:
+def _bootstrap(
+    base: List[float],
+    cur: List[float],
+    fn: Callable[[Sequence[float]], float],
+    resamples: int = _RESAMPLES,
+) -> Tuple[float, float]:
     rng = random.Random(0x6B6565)  # fixed: the same two runs always give the same verdict
     ratios = []
     for _ in range(resamples):
@@ -250,12 +304,14 @@ def _bootstrap(base: List[float], cur: List[float], fn: Callable[[Sequence[float
     return _stats.percentile(ratios, 0.5), _stats.percentile(ratios, 99.5)
 
 
-def _log_values(rounds: List[BenchmarkResult], fn: Callable[[Sequence[float]], float],
-                stat: str, side: str) -> List[float]:
+def _log_values(
+    rounds: List[BenchmarkResult], fn: Callable[[Sequence[float]], float], stat: str, side: str
+) -> List[float]:
     values = [fn(r.times_ms) for r in rounds]
     if any(not (v > 0 and math.isfinite(v)) for v in values):
         raise InvalidInputError(
-            f"compare_runs: the {side}'s {stat} must be a positive time in every round, got {values}")
+            f"compare_runs: the {side}'s {stat} must be a positive time in every round, got {values}"
+        )
     return [math.log(v) for v in values]
 
 
@@ -268,9 +324,14 @@ def _pooled_std(groups: Sequence[List[float]]) -> Tuple[float, int]:
     return (math.sqrt(ss / df) if df else math.nan), df
 
 
-def compare_runs(baseline: Rounds, current: Rounds, stat: Optional[str] = None,
-                 same_band: Optional[float] = None, *,
-                 threshold: Optional[FailThreshold] = None) -> Comparison:
+def compare_runs(
+    baseline: Rounds,
+    current: Rounds,
+    stat: Optional[str] = None,
+    same_band: Optional[float] = None,
+    *,
+    threshold: Optional[FailThreshold] = None,
+) -> Comparison:
     """``current`` against ``baseline`` on ``stat`` (see :data:`STATISTICS`), with a
     verdict from the spread between processes (module docstring).
 
@@ -280,7 +341,9 @@ def compare_runs(baseline: Rounds, current: Rounds, stat: Optional[str] = None,
     ``InvalidInputError`` for an unknown statistic, a band outside [0, 1), fewer than 2
     times on a side, or rounds whose ``measure`` differs."""
     if threshold is not None and not isinstance(threshold, FailThreshold):
-        raise InvalidInputError(f"threshold must be a FailThreshold or None, got {type(threshold).__name__}")
+        raise InvalidInputError(
+            f"threshold must be a FailThreshold or None, got {type(threshold).__name__}"
+        )
     stat = stat if stat is not None else (threshold.stat if threshold is not None else "median")
     fn = STATISTICS.get(stat)
     if fn is None:
@@ -295,7 +358,8 @@ def compare_runs(baseline: Rounds, current: Rounds, stat: Optional[str] = None,
     cur = _subsample([t for r in cur_rounds for t in r.times_ms])
     if len(base) < 2 or len(cur) < 2:
         raise InvalidInputError(
-            f"comparing {name!r} needs at least 2 times on each side, got {len(base)} and {len(cur)}")
+            f"comparing {name!r} needs at least 2 times on each side, got {len(base)} and {len(cur)}"
+        )
     log_b = _log_values(base_rounds, fn, stat, "baseline")
     log_c = _log_values(cur_rounds, fn, stat, "current run")
     mean_b, mean_c = math.fsum(log_b) / len(log_b), math.fsum(log_c) / len(log_c)
@@ -314,8 +378,12 @@ def compare_runs(baseline: Rounds, current: Rounds, stat: Optional[str] = None,
             verdict = "undecided"
     else:
         half = _t995(df) * s * math.sqrt(1 / len(log_b) + 1 / len(log_c))
-        boot_low, boot_high = _bootstrap(_subsample(base, _FLOOR_MAX_SAMPLE), _subsample(cur, _FLOOR_MAX_SAMPLE),
-                                         fn, _FLOOR_RESAMPLES)
+        boot_low, boot_high = _bootstrap(
+            _subsample(base, _FLOOR_MAX_SAMPLE),
+            _subsample(cur, _FLOOR_MAX_SAMPLE),
+            fn,
+            _FLOOR_RESAMPLES,
+        )
         if math.isfinite(boot_low) and boot_low > 0:
             half = max(half, math.log(boot_high / boot_low) / 2)
         low, high = math.exp(d - half), math.exp(d + half)
@@ -328,8 +396,19 @@ def compare_runs(baseline: Rounds, current: Rounds, stat: Optional[str] = None,
             verdict = "same"
         else:
             verdict = "undecided"
-    return Comparison(name, stat, math.exp(mean_b), math.exp(mean_c), math.exp(d), low, high,
-                      verdict, spread, len(base_rounds), len(cur_rounds))
+    return Comparison(
+        name,
+        stat,
+        math.exp(mean_b),
+        math.exp(mean_c),
+        math.exp(d),
+        low,
+        high,
+        verdict,
+        spread,
+        len(base_rounds),
+        len(cur_rounds),
+    )
 
 
 def regression(comparison: Comparison, threshold: Optional[FailThreshold]) -> bool:

@@ -31,8 +31,13 @@ SLOW_READER_NS = 200_000
 BENCHMARK_NAMES = {"process_rss": "host_rss"}
 
 
-def sample_period(series: Sequence[MemorySeries], memory_sample_every: Union[int, str], n: int,
-                  warm_ns: Sequence[int], align: int = 1) -> int:
+def sample_period(
+    series: Sequence[MemorySeries],
+    memory_sample_every: Union[int, str],
+    n: int,
+    warm_ns: Sequence[int],
+    align: int = 1,
+) -> int:
     """Steps between memory samples: as given, or "auto" from the cost of a reading of
     every series, measured here: a read every ``ceil(cost / 0.4 us)`` steps, with at
     least 16 samples over the run (fewer, at least 3, when a slow reader such as NVML's
@@ -108,8 +113,9 @@ class MemorySampler:
     on device ``index``. ``source`` names it (``BENCHMARK_NAMES`` spelling; None: not
     read); ``why`` says what could not be read."""
 
-    def __init__(self, kind: str, index: Optional[int],
-                 synchronize: Optional[Callable[[], Any]] = None) -> None:
+    def __init__(
+        self, kind: str, index: Optional[int], synchronize: Optional[Callable[[], Any]] = None
+    ) -> None:
         self.kind = kind
         self.index = index
         self.synchronize = synchronize
@@ -149,8 +155,9 @@ class MemorySampler:
         if s.peak is not None:
             peak = s.peak()
             # A peak that cannot be reset (JAX's) is this run's only when the run raised it.
-            if peak is not None and (self._peak_reset or (self._peak_before is not None
-                                                          and peak > self._peak_before)):
+            if peak is not None and (
+                self._peak_reset or (self._peak_before is not None and peak > self._peak_before)
+            ):
                 self.peak = int(peak)
         s.close()
         self._series = None

@@ -22,8 +22,10 @@ def speedup_label(result: BenchmarkResult, baseline: Optional[BenchmarkResult] =
     ``~`` in front when ``within_noise``."""
     if baseline is None:
         return "1.00x (baseline)"
-    speedup = result.speedup if result.speedup is not None else (
-        baseline.median_ms / result.median_ms if result.median_ms > 0 else math.inf
+    speedup = (
+        result.speedup
+        if result.speedup is not None
+        else (baseline.median_ms / result.median_ms if result.median_ms > 0 else math.inf)
     )
     mark = "~" if within_noise(baseline, result) else ""
     return f"{mark}{speedup:.2f}x"

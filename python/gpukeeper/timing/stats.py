@@ -214,7 +214,9 @@ class NoiseCriterion:
         converge_tol: float = 0.05,
     ) -> None:
         if not isinstance(max_noise, (int, float)) or not max_noise > 0 or math.isinf(max_noise):
-            raise InvalidInputError(f"max_noise must be a positive fraction (0.005 = 0.5 %), got {max_noise!r}")
+            raise InvalidInputError(
+                f"max_noise must be a positive fraction (0.005 = 0.5 %), got {max_noise!r}"
+            )
         if not isinstance(min_samples, int) or min_samples < 2:
             raise InvalidInputError(f"min_samples must be an int >= 2, got {min_samples!r}")
         if not isinstance(window, int) or window < 4:

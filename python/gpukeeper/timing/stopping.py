@@ -30,19 +30,27 @@ class StopRule:
     safety stop, with a line in ``warnings``).
     """
 
-    def __init__(self, n_calls: int, min_time_s: Optional[float], max_noise: Optional[float],
-                 warnings: List[str]) -> None:
+    def __init__(
+        self,
+        n_calls: int,
+        min_time_s: Optional[float],
+        max_noise: Optional[float],
+        warnings: List[str],
+    ) -> None:
         self.n_calls = n_calls
         self.min_time = min_time_s
         self.warnings = warnings
         self.criterion: Optional[NoiseCriterion] = None
         if max_noise is not None:
-            self.criterion = NoiseCriterion(max_noise, min_samples=max(2, min(10, n_calls)),
-                                            min_time=(min_time_s or 0.0) * 1e3)
+            self.criterion = NoiseCriterion(
+                max_noise, min_samples=max(2, min(10, n_calls)), min_time=(min_time_s or 0.0) * 1e3
+            )
         self.count = 0
         self.measured_ms = 0.0
         self.wall_start = time.perf_counter_ns()
-        self.wall_limit_ns = (min_time_s * MIN_TIME_WALL_FACTOR + 1.0) * 1e9 if min_time_s else math.inf
+        self.wall_limit_ns = (
+            (min_time_s * MIN_TIME_WALL_FACTOR + 1.0) * 1e9 if min_time_s else math.inf
+        )
 
     def add(self, t: float) -> Optional[str]:
         """Counts a call of ``t`` ms; the stop reason when the loop should stop now."""

@@ -28,7 +28,14 @@ from gpukeeper.account.device_utils import get_gpu_info
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.timing.benchmark_result import BenchmarkResult
 
-__all__ = ["DEFAULT_ROOT", "RunStore", "machine_info", "machine_key", "rounds_from_doc", "rounds_to_doc"]
+__all__ = [
+    "DEFAULT_ROOT",
+    "RunStore",
+    "machine_info",
+    "machine_key",
+    "rounds_from_doc",
+    "rounds_to_doc",
+]
 
 #: Where runs are saved, relative to the directory pytest runs in.
 DEFAULT_ROOT = Path(".gpukeeper") / "benchmarks"
@@ -63,7 +70,9 @@ def rounds_to_doc(results: Results) -> Dict[str, Any]:
     for key, value in results.items():
         items = [value] if isinstance(value, BenchmarkResult) else list(value)
         if not items or not all(isinstance(r, BenchmarkResult) for r in items):
-            raise InvalidInputError(f"saving {key!r}: a BenchmarkResult or a non-empty list of them")
+            raise InvalidInputError(
+                f"saving {key!r}: a BenchmarkResult or a non-empty list of them"
+            )
         benchmarks[key] = items[0].to_dict()
         if len(items) > 1:
             later[key] = [r.to_dict() for r in items[1:]]
@@ -109,7 +118,8 @@ class RunStore:
         ``InvalidInputError``."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidInputError(
-                f"a saved run's name is letters, digits, '.', '_' and '-' (at most 100), got {name!r}")
+                f"a saved run's name is letters, digits, '.', '_' and '-' (at most 100), got {name!r}"
+            )
         return name
 
     def save(self, name: str, results: Results, append: bool = False) -> Path:
@@ -122,7 +132,9 @@ class RunStore:
         if append and path.is_file():
             merged = self.load_rounds(name)
         for key, value in results.items():
-            merged.setdefault(key, []).extend([value] if isinstance(value, BenchmarkResult) else value)
+            merged.setdefault(key, []).extend(
+                [value] if isinstance(value, BenchmarkResult) else value
+            )
         self.folder.mkdir(parents=True, exist_ok=True)
         doc = {
             "machine": self.machine,
@@ -138,7 +150,11 @@ class RunStore:
 
     def latest(self) -> Optional[str]:
         """The name of the run saved last on this machine, or None."""
-        runs = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if self.folder.is_dir() else []
+        runs = (
+            sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+            if self.folder.is_dir()
+            else []
+        )
         return runs[-1].stem if runs else None
 
     def load(self, name: Optional[str] = None) -> Dict[str, BenchmarkResult]:
@@ -152,11 +168,14 @@ class RunStore:
         name = self.latest() if name is None else self.check_name(name)
         path = self.folder / f"{name}.json" if name else None
         if path is None or not path.is_file():
-            have = sorted(p.stem for p in self.folder.glob("*.json")) if self.folder.is_dir() else []
+            have = (
+                sorted(p.stem for p in self.folder.glob("*.json")) if self.folder.is_dir() else []
+            )
             which = f"benchmark run {name!r}" if name else "benchmark run"
             raise InvalidInputError(
                 f"no saved {which} for this machine in {self.folder} "
-                f"(saved here: {', '.join(have) or 'none'}; save one with --gpu-benchmark-save=NAME)")
+                f"(saved here: {', '.join(have) or 'none'}; save one with --gpu-benchmark-save=NAME)"
+            )
         try:
             return rounds_from_doc(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError) as e:

@@ -39,15 +39,17 @@ def nvml_sample(index: int) -> Tuple[Optional[Dict[str, Any]], str]:
             "mem_clock_mhz": int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
         }
         try:
-            sample["max_sm_clock_mhz"] = int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+            sample["max_sm_clock_mhz"] = int(
+                nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)
+            )
         except Exception:
             pass  # optional decoration
-        get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
-        )
+        get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
         sample["reasons"] = int(get_reasons(handle))
         try:
-            sample["temperature_c"] = int(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+            sample["temperature_c"] = int(
+                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            )
         except Exception:
             pass
         return sample, ""
@@ -63,7 +65,10 @@ def throttle_verdict(before: Dict[str, Any], after: Dict[str, Any]) -> Tuple[boo
         bits = [text for bit, text in THROTTLE_BITS.items() if sample.get("reasons", 0) & bit]
         if bits:
             why.append(f"{when}: " + ", ".join(bits))
-    if before.get("sm_clock_mhz") and after.get("sm_clock_mhz", 0) < CLOCK_DROP * before["sm_clock_mhz"]:
+    if (
+        before.get("sm_clock_mhz")
+        and after.get("sm_clock_mhz", 0) < CLOCK_DROP * before["sm_clock_mhz"]
+    ):
         why.append(f"SM clock fell from {before['sm_clock_mhz']} to {after['sm_clock_mhz']} MHz")
     return bool(why), why
 

@@ -32,16 +32,15 @@ on that same stream.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-import warnings
-
 from gpukeeper.base.device_names import DeviceSpec, resolve_device
+from gpukeeper.base.errors import GpuError, InvalidInputError, TimingWarning
 from gpukeeper.frameworks.adapter import CpuBackend, TimerBackend
 from gpukeeper.frameworks.cuda_context_adapter import CoreBackend, core_cuda
 from gpukeeper.frameworks.cupy_adapter import CupyBackend, cupy_cuda
 from gpukeeper.frameworks.torch_adapter import TorchBackend, torch_cuda
-from gpukeeper.base.errors import GpuError, InvalidInputError, TimingWarning
 
 __all__ = [
     "CUDATimer",
@@ -75,7 +74,9 @@ def timing_device(device: Any = None) -> DeviceSpec:
 
 
 # name -> (priority, factory, usable). Highest usable priority wins in select_backend().
-_BACKENDS: Dict[str, Tuple[int, Callable[[DeviceSpec], TimerBackend], Callable[[DeviceSpec], bool]]] = {
+_BACKENDS: Dict[
+    str, Tuple[int, Callable[[DeviceSpec], TimerBackend], Callable[[DeviceSpec], bool]]
+] = {
     "torch": (20, TorchBackend, lambda d: d.is_cuda and torch_cuda() is not None),
     "cupy": (10, CupyBackend, lambda d: d.is_cuda and cupy_cuda() is not None),
     "gpukeeper": (5, CoreBackend, lambda d: d.is_cuda and core_cuda()),
@@ -116,7 +117,9 @@ def select_backend(device: Any = None, backend: Optional[str] = None) -> TimerBa
     if backend is not None:
         entry = _BACKENDS.get(backend)
         if entry is None:
-            raise InvalidInputError(f"unknown timer backend {backend!r}; known: {sorted(_BACKENDS)}")
+            raise InvalidInputError(
+                f"unknown timer backend {backend!r}; known: {sorted(_BACKENDS)}"
+            )
         if not entry[2](spec):
             raise InvalidInputError(f"timer backend {backend!r} cannot time work on {spec}")
         return entry[1](spec)
@@ -225,12 +228,16 @@ class CUDATimer:
         if not isinstance(name, str):
             raise InvalidInputError(f"CUDATimer name must be a string, got {type(name).__name__}")
         if not isinstance(hide_launch_latency, bool):
-            raise InvalidInputError(f"hide_launch_latency must be a bool, got {hide_launch_latency!r}")
+            raise InvalidInputError(
+                f"hide_launch_latency must be a bool, got {hide_launch_latency!r}"
+            )
         self._gate_timeout_ms = check_gate_timeout(gate_timeout_ms)
         self.name = name
         if isinstance(backend, TimerBackend):
             if device is not None:
-                raise InvalidInputError("CUDATimer: pass device= or a TimerBackend instance, not both")
+                raise InvalidInputError(
+                    "CUDATimer: pass device= or a TimerBackend instance, not both"
+                )
             self._backend = backend
         else:
             self._backend = select_backend(device, backend)
@@ -290,7 +297,9 @@ class CUDATimer:
         if not isinstance(hide, bool):
             raise InvalidInputError(f"hides_launch_latency must be a bool, got {hide!r}")
         if self._state == "running":
-            raise InvalidInputError(f"CUDATimer {self.name!r} is running; change hides_launch_latency between measurements")
+            raise InvalidInputError(
+                f"CUDATimer {self.name!r} is running; change hides_launch_latency between measurements"
+            )
         self._set_hiding(hide)
 
     @property
@@ -314,18 +323,26 @@ class CUDATimer:
     def _open_stream(self) -> Any:
         """The measurement's stream, and its gate closed on it when hiding (else no gate):
         the first step of ``start()`` and ``time_call()``."""
-        stream = self._stream_arg if self._stream_arg is not None else self._backend.current_stream()
+        stream = (
+            self._stream_arg if self._stream_arg is not None else self._backend.current_stream()
+        )
         self._stream = stream
         self._elapsed = None
         gates_ = self._gates
-        self._gate = None if gates_ is None else gates_.StreamGate(stream, self._index, self._gate_timeout_ms)
+        self._gate = (
+            None
+            if gates_ is None
+            else gates_.StreamGate(stream, self._index, self._gate_timeout_ms)
+        )
         return stream
 
     def start(self) -> "CUDATimer":
         """Records the start mark on the current stream (or the given one); with
         ``hide_launch_latency``, closes the gate on that stream first."""
         if self._state == "running":
-            raise InvalidInputError(f"CUDATimer {self.name!r} is already running; call stop() first")
+            raise InvalidInputError(
+                f"CUDATimer {self.name!r} is already running; call stop() first"
+            )
         self._host_start = time.perf_counter_ns()
         stream = self._open_stream()
         try:
@@ -371,7 +388,9 @@ class CUDATimer:
         propagate, with the gate opened and no measurement.
         """
         if self._state == "running":
-            raise InvalidInputError(f"CUDATimer {self.name!r} is already running; call stop() first")
+            raise InvalidInputError(
+                f"CUDATimer {self.name!r} is already running; call stop() first"
+            )
         self._state = "idle"
         stream = self._open_stream()
         gate = self._gate
@@ -393,15 +412,21 @@ class CUDATimer:
         h1 = clock()
         self._host_ns = h1 - h0
         self._state = "stopped"
-        return CallTiming(self._reading(raw), (h1 - h0) / 1e6,
-                          None if gate is None else gate.outcome == "opened", result)
+        return CallTiming(
+            self._reading(raw),
+            (h1 - h0) / 1e6,
+            None if gate is None else gate.outcome == "opened",
+            result,
+        )
 
     def _reading(self, raw: float) -> float:
         """Keeps the event pair's reading ``raw`` and returns the measurement: the floor
         subtracted when the gate opened in time (never below zero)."""
         self._raw = raw
         gate = self._gate
-        self._elapsed = max(0.0, raw - self._floor_ms) if gate is not None and gate.outcome == "opened" else raw
+        self._elapsed = (
+            max(0.0, raw - self._floor_ms) if gate is not None and gate.outcome == "opened" else raw
+        )
         return self._elapsed
 
     @property
@@ -413,7 +438,9 @@ class CUDATimer:
                 + ("it is still running" if self._state == "running" else "it was never started")
             )
         if self._elapsed is None:
-            self._reading(self._backend.elapsed_ms(self._start, self._end))  # waits for the stop mark
+            self._reading(
+                self._backend.elapsed_ms(self._start, self._end)
+            )  # waits for the stop mark
             if self._gate is not None and self._gate.outcome == "timed_out":
                 warnings.warn(
                     f"CUDATimer {self.name!r}: the launch latency was not hidden: the gate "
