@@ -1,1 +1,1 @@
-"""A device's memory: who holds it (the reports), the per-device manager, device utilities, FAISS."""
+"""A device's memory: who holds it (reports), the per-device manager, device utilities, FAISS."""

@@ -227,7 +227,10 @@ class GPUMemoryManager:
             f"{'available' if self.cpu_mode else 'free'} / {total:.2f} GB total ({pct:.1f}% used)"
         )
         if self.cpu_mode:
-            return f"CPU mode, no usable GPU ({self.reason}), allocate() is False; host memory: {figures}"
+            return (
+                f"CPU mode, no usable GPU ({self.reason}), allocate() is False; "
+                f"host memory: {figures}"
+            )
         name = self._name()
         return f"{self._label()}{f' ({name})' if name else ''}: {figures}"
 

@@ -7,12 +7,12 @@
 >>> everything.for_device("cuda:1")            # the same, by its device spelling
 >>> DevicesReport.from_dict(everything.to_dict())   # to_json() for text
 
-A :class:`DevicesReport` holds one :class:`~gpukeeper.account.device_account.MemoryReport` per visible
-CUDA device (the single CPU-mode report without CUDA) and the process's identity: host
-name, pid, and, once :mod:`gpukeeper.distributed` fills them in, its rank and world size.
-Its totals carry the names of ``MemoryReport``'s figures and are plain sums; a total is
-``None`` when one device's figure is unknown, since leaving a device out would make the
-total look smaller than it is.
+A :class:`DevicesReport` holds one :class:`~gpukeeper.account.device_account.MemoryReport`
+per visible CUDA device (the single CPU-mode report without CUDA) and the process's
+identity: host name, pid, and, once :mod:`gpukeeper.distributed` fills them in, its rank
+and world size. Its totals carry the names of ``MemoryReport``'s figures and are plain
+sums; a total is ``None`` when one device's figure is unknown, since leaving a device out
+would make the total look smaller than it is.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ _REQUIRED = ("devices", "hostname", "pid", "timestamp")
 class DevicesReport:
     """Who holds the memory of every visible device in this process, with totals.
 
-    ``devices``: one :class:`~gpukeeper.account.device_account.MemoryReport` per visible CUDA device, in
-    device order (in CPU mode, the one host-memory report). ``rank`` and ``world_size``:
-    this process's place in a distributed job, None outside one. All sizes are in bytes;
-    ``None`` means unknown.
+    ``devices``: one :class:`~gpukeeper.account.device_account.MemoryReport` per visible
+    CUDA device, in device order (in CPU mode, the one host-memory report). ``rank`` and
+    ``world_size``: this process's place in a distributed job, None outside one. All sizes
+    are in bytes; ``None`` means unknown.
 
     It is a sequence of its device reports: ``len(r)``, ``r[i]``, ``for d in r``.
     """
@@ -175,8 +175,9 @@ class DevicesReport:
 
     @property
     def peak_allocated_bytes(self) -> Optional[int]:
-        """The sum of each device's :attr:`~gpukeeper.account.device_account.MemoryReport.peak_allocated_bytes`;
-        None when one device has no framework that keeps a peak."""
+        """The sum of each device's
+        :attr:`~gpukeeper.account.device_account.MemoryReport.peak_allocated_bytes`; None
+        when one device has no framework that keeps a peak."""
         return sum_known(r.peak_allocated_bytes for r in self.devices)
 
     @property

@@ -125,10 +125,15 @@ def cuda_status() -> Tuple[int, str]:
     return int(status["device_count"]), ""
 
 
+def _no_current_index() -> Optional[int]:
+    """The source before a framework layer sets one: no framework is asked."""
+    return None
+
+
 # Which device a loaded framework calls current is the framework layer's to say, and it
 # sits above this module: gpukeeper.frameworks sets this source when it is imported (and
 # importing gpukeeper imports it). Until then no framework is asked.
-_current_index_source: Callable[[], Optional[int]] = lambda: None
+_current_index_source: Callable[[], Optional[int]] = _no_current_index
 
 
 def set_current_index_source(source: Callable[[], Optional[int]]) -> None:

@@ -1,4 +1,7 @@
-"""Statements compiled once and run many times in a namespace: what ``gpukeeper timeit`` and ``%gpu_timeit`` time."""
+"""Statements compiled once and run many times in a namespace: what the timeit commands time.
+
+The commands: ``gpukeeper timeit`` and ``%gpu_timeit``.
+"""
 
 from __future__ import annotations
 

@@ -46,7 +46,10 @@ class LeakedArray:
 
     def describe(self) -> str:
         """One line: ``torch Tensor (64, 128) float32, 32.0 KiB on cuda:0, created at ...``."""
-        text = f"{self.framework} {self.kind} {self._shape()} {self.dtype}, {fmt_bytes(self.nbytes)} on {self.device}"
+        text = (
+            f"{self.framework} {self.kind} {self._shape()} {self.dtype}, "
+            f"{fmt_bytes(self.nbytes)} on {self.device}"
+        )
         if self.created_at:
             text += f", created at {self.created_at[0]}"
             if len(self.created_at) > 1:
@@ -272,7 +275,8 @@ class CleanupReport:
         lines.append("  " + self._released_text())
         if self.gc_runs:
             lines.append(
-                f"  garbage collection: {self.gc_runs} run(s), {self.gc_objects} unreachable objects"
+                f"  garbage collection: {self.gc_runs} run(s), "
+                f"{self.gc_objects} unreachable objects"
             )
         lines.append("  " + self.summary())
         for leak in self.leaks:
@@ -334,7 +338,8 @@ def leak_message(report: CleanupReport, tracking: bool, hint: Optional[str] = No
     if report.leaks_found > len(shown):
         lines.append(f"  ... and {report.leaks_found - len(shown)} more (see the report)")
     hints = hint or (
-        "del the names bound in the block, build the model inside a function, or call cleanup_models()"
+        "del the names bound in the block, build the model inside a function, "
+        "or call cleanup_models()"
     )
     if not tracking and report.leaks and hint is None:
         hints += "; GPUContext(track_allocations=True) names the creating lines"

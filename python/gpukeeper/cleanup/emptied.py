@@ -86,7 +86,10 @@ def _torch_function(
         return out
     was = _find_was(args, kwargs)
     if name in ("__repr__", "__format__", "__str__"):
-        return f"<{_describe(was).replace('this tensor', 'a tensor', 1)} emptied by gpukeeper.cleanup_models()>"
+        return (
+            f"<{_describe(was).replace('this tensor', 'a tensor', 1)} "
+            "emptied by gpukeeper.cleanup_models()>"
+        )
     raise EmptiedObjectError(
         f"{_describe(was)} was emptied by cleanup_models(): its memory is gone, so "
         f"{name or func!r} cannot use it; make the tensor again (a view or copy taken "

@@ -62,7 +62,9 @@ def clear_traceback_frames(tb: Optional[TracebackType]) -> None:
         else:
             if _SNAPSHOT_DICT and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
                 try:
-                    frame.f_locals  # re-synced from the cleared frame: the dict empties
+                    # Read only for its side effect: reading f_locals re-syncs the snapshot
+                    # dict from the cleared frame, so the dict empties.
+                    _ = frame.f_locals
                 except Exception:
                     pass
         tb = tb.tb_next

@@ -10,6 +10,9 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+# A synchronization job: the call, the event set when it is done, and its result list.
+_Job = Tuple[Callable[[], Any], threading.Event, list]
+
 
 class SyncWorker:
     """A daemon thread that runs synchronizations for callers who wait at most N seconds.
@@ -19,7 +22,7 @@ class SyncWorker:
     """
 
     def __init__(self) -> None:
-        self._jobs: "queue.SimpleQueue[Optional[Tuple[Callable[[], Any], threading.Event, list]]]" = queue.SimpleQueue()
+        self._jobs: "queue.SimpleQueue[Optional[_Job]]" = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self.timed_out = False

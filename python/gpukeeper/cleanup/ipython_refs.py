@@ -237,7 +237,11 @@ def _after_cell(*_args: Any) -> None:
             _release_caches()
     except Exception as e:
         try:
-            warnings.warn(f"gpukeeper: after the cell: {type(e).__name__}: {e}", RuntimeWarning)
+            # stacklevel=2: the warning points at whoever ran the hook (IPython's event
+            # trigger, after the user's cell), not at this line.
+            warnings.warn(
+                f"gpukeeper: after the cell: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2
+            )
         except Exception:
             pass
 
@@ -259,7 +263,8 @@ def release_ipython_references(shell: Any = None) -> int:
             return 0
     elif not isinstance(getattr(shell, "user_ns", None), dict) or not hasattr(shell, "displayhook"):
         raise InvalidInputError(
-            f"release_ipython_references: shell must be an IPython InteractiveShell, got {type(shell).__name__}"
+            "release_ipython_references: shell must be an IPython InteractiveShell, "
+            f"got {type(shell).__name__}"
         )
     _clear_last_traceback(only_seen=False)
     dropped = _drop_outputs(shell, _holds_device_memory(deferred.armed_ids()), only_history=False)

@@ -180,7 +180,8 @@ def empty_objects(*objs: Any) -> Tuple[int, bool]:
                 sub._gpukeeper_emptied = True
                 sub.forward = _EmptiedCall(
                     label,
-                    "its parameters and buffers no longer hold memory; build or load the model again",
+                    "its parameters and buffers no longer hold memory; "
+                    "build or load the model again",
                 )
             except Exception:
                 pass  # e.g. a TorchScript module refuses new attributes: emptied, unmarked

@@ -130,7 +130,8 @@ OUTLIER_MIN_BYTES = 64 << 20
 def _rows(reports: Sequence[Any]) -> List[RankMemory]:
     if isinstance(reports, (str, bytes)) or not isinstance(reports, Sequence):
         raise InvalidInputError(
-            f"format_rank_table: reports must be a list of DevicesReport or RankMemory, got {type(reports).__name__}"
+            "format_rank_table: reports must be a list of DevicesReport or RankMemory, "
+            f"got {type(reports).__name__}"
         )
     if not reports:
         raise InvalidInputError("format_rank_table: no reports")
@@ -142,7 +143,8 @@ def _rows(reports: Sequence[Any]) -> List[RankMemory]:
             rows.append(RankMemory.from_report(r, rank=i))
         else:
             raise InvalidInputError(
-                f"format_rank_table: reports[{i}] is a {type(r).__name__}, not a DevicesReport or RankMemory"
+                f"format_rank_table: reports[{i}] is a {type(r).__name__}, "
+                "not a DevicesReport or RankMemory"
             )
     return rows
 
@@ -191,5 +193,8 @@ def format_rank_table(reports: Sequence[Union[DevicesReport, RankMemory]]) -> st
         cells.append("-" if odd is None else f"rank {odd.rank}")
     body.append(["outlier", "", ""] + cells)
     world = next((r.world_size for r in rows if r.world_size is not None), None)
-    title = f"gpukeeper memory across ranks ({len(rows)} of {world if world is not None else len(rows)})"
+    title = (
+        f"gpukeeper memory across ranks "
+        f"({len(rows)} of {world if world is not None else len(rows)})"
+    )
     return title + "\n" + text_table(header, body, left=3)

@@ -94,7 +94,8 @@ class RankTiming:
                 len(result.warnings),
             )
         raise InvalidInputError(
-            f"aggregate: result must be a BenchmarkResult or a TrajectoryResult, got {type(result).__name__}"
+            "aggregate: result must be a BenchmarkResult or a TrajectoryResult, "
+            f"got {type(result).__name__}"
         )
 
 
@@ -173,7 +174,8 @@ class RankAggregate:
             text_table(header, body, left=3).rstrip("\n"),
             f"median across ranks: min {self.median_ms['min']:.4f} ms, median "
             f"{self.median_ms['median']:.4f} ms, max {self.median_ms['max']:.4f} ms; slowest rank "
-            f"{self.slowest_rank} ({self.imbalance * 100:.1f} % slower than rank {self.fastest_rank})",
+            f"{self.slowest_rank} ({self.imbalance * 100:.1f} % slower than rank "
+            f"{self.fastest_rank})",
         ]
         if trajectory:
             total = "?" if self.ns_per_day_total is None else f"{self.ns_per_day_total:.3f}"

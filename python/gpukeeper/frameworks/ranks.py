@@ -122,7 +122,8 @@ def check_group(group: Any, what: str) -> Any:
     process_group = getattr(dist, "ProcessGroup", None)
     if process_group is not None and not isinstance(group, process_group):
         raise InvalidInputError(
-            f"{what}: group must be a torch.distributed ProcessGroup or None, got {type(group).__name__}"
+            f"{what}: group must be a torch.distributed ProcessGroup or None, "
+            f"got {type(group).__name__}"
         )
     return group
 

@@ -241,7 +241,8 @@ def _make_index(torch: Any) -> Callable[[Any], int]:
             device = get_index(device, optional=True)  # str, torch.device, torch.cuda.device
         if not 0 <= device < _device_count(torch):
             raise InvalidInputError(
-                f"CUDA device {device} does not exist: PyTorch sees {_device_count(torch)} device(s)"
+                f"CUDA device {device} does not exist: "
+                f"PyTorch sees {_device_count(torch)} device(s)"
             )
         return device
 

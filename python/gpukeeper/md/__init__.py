@@ -21,7 +21,8 @@ The package, one concern a module:
 - :mod:`~gpukeeper.md.events`: GPU event marks every k-th step, the choice of k, and the
   timing method they make;
 - :mod:`~gpukeeper.md.leak`: leak verdicts;
-- :mod:`~gpukeeper.md.trajectory_result`: ``TrajectoryResult``; :mod:`~gpukeeper.md.trajectory_plot`: its figure.
+- :mod:`~gpukeeper.md.trajectory_result`: ``TrajectoryResult``;
+  :mod:`~gpukeeper.md.trajectory_plot`: its figure.
 
 What it shares with ``benchmark_function`` is timing's, so that both decide and read
 alike: where the work runs (:mod:`gpukeeper.timing.plans`), the memory series and the

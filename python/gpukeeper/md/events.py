@@ -1,8 +1,9 @@
-"""GPU lap marks for the MD loop: ``EventMarks`` (one event every k-th step), the choice of k, and its words.
+"""GPU lap marks for the MD loop: ``EventMarks``, the choice of k, and its words.
 
-A mark is an event recorded on the current stream after a step; the GPU time of an
-*interval* is the time from the previous mark (or a fresh origin) to its own. One record
-ends one interval and starts the next, instead of a start/end pair per step.
+``EventMarks`` records one event every k-th step. A mark is an event recorded on the
+current stream after a step; the GPU time of an *interval* is the time from the previous
+mark (or a fresh origin) to its own. One record ends one interval and starts the next,
+instead of a start/end pair per step.
 
 Why not a mark after every step: each record costs the host 1-2 us and the device about
 1.9 us (an H100, ``benchmarks/python/timing_accuracy_bench.py``), which slowed a 100 us

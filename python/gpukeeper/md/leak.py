@@ -1,4 +1,4 @@
-"""Leak verdicts of memory series sampled over a run: ``leak_verdict`` and a run's ``memory_outcome``.
+"""Leak verdicts of memory series sampled over a run: ``leak_verdict``, a run's ``memory_outcome``.
 
 The growth of a series is the least-squares slope of its samples in the *second half*
 of the run, projected over the whole run and compared with a tolerance: a slope, not two

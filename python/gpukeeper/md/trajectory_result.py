@@ -159,7 +159,8 @@ class TrajectoryResult:
             + (f" ({self.timing_method})" if self.timing_method else ""),
             f"  latency  mean {s.mean_ms:.4f} ms  median {s.median_ms:.4f}  std {s.std_ms:.4f}  "
             f"min {s.min_ms:.4f}  max {s.max_ms:.4f}",
-            f"  tail     p95 {s.p95_ms:.4f} ms  p99 {s.p99_ms:.4f} ms  jitter {s.jitter_ms:.4f} ms  "
+            f"  tail     p95 {s.p95_ms:.4f} ms  p99 {s.p99_ms:.4f} ms  "
+            f"jitter {s.jitter_ms:.4f} ms  "
             f"drift {s.drift_ms:+.4f} ms ({s.drift_pct:+.1f}%)",
             f"  outliers {len(s.outlier_steps)} step(s) above {s.outlier_threshold_ms:.4f} ms"
             + (
@@ -223,7 +224,8 @@ class TrajectoryResult:
                 (
                     f"memory ({self.memory_source})",
                     f"initial {fmt_bytes(self.memory_initial_bytes)}, "
-                    f"final {fmt_bytes(self.memory_final_bytes)}, peak {fmt_bytes(self.memory_peak_bytes)}",
+                    f"final {fmt_bytes(self.memory_final_bytes)}, "
+                    f"peak {fmt_bytes(self.memory_peak_bytes)}",
                 ),
                 ("memory slope", f"{self.memory_slope_bytes_per_step or 0.0:+.1f} B/step"),
                 (

@@ -64,7 +64,9 @@ def add_benchmark_options(group: Any) -> None:
         const="",
         default=None,
         metavar="NAME",
-        help="compare each gpu_benchmark result with saved run NAME (default: this machine's latest)",
+        help=(
+            "compare each gpu_benchmark result with saved run NAME (default: this machine's latest)"
+        ),
     )
     group.addoption(
         "--gpu-benchmark-compare-fail",

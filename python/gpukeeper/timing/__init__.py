@@ -7,9 +7,9 @@
   ``register_backend``).
 - ``benchmark_function`` (``benchmark``): warm-up, per-call ``CUDATimer.time_call``
   behind a launch-latency gate (the device time), the loop time of back-to-back calls
-  and the verdict on what bounds a call (``loop_time``), optional L2 flush (``l2``), nvbench-style noise-based
-  stopping (``stopping``), throttle detection (``throttle``); returns a
-  ``BenchmarkResult`` (``benchmark_result``).
+  and the verdict on what bounds a call (``loop_time``), optional L2 flush (``l2``),
+  nvbench-style noise-based stopping (``stopping``), throttle detection (``throttle``);
+  returns a ``BenchmarkResult`` (``benchmark_result``).
 - The measurement core that ``benchmark_function`` and ``benchmark_md_trajectory``
   share: ``plans`` (``Plan``: where the work runs and how it is waited for, with the one
   auto-device rule and the engine warning), ``memory_readers`` (the memory series and the one

@@ -707,7 +707,8 @@ class _Watch:
             self.recompiles = frames_after - (self.frames_before or 0)
             if self.recompiles > 0:
                 run.warnings.append(
-                    f"recompiles seen: torch.compile compiled {self.recompiles} frame(s) while measuring; "
+                    "recompiles seen: torch.compile compiled "
+                    f"{self.recompiles} frame(s) while measuring; "
                     "the times include compilation (warm up with every input shape)"
                 )
 

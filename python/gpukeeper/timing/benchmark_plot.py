@@ -54,7 +54,7 @@ def plot_benchmark(result: Any, path: Optional[PathLike] = None, *, bins: int = 
     ax.set_ylabel("calls" if what != "loop" else "batches")
     ax.locator_params(axis="y", integer=True)  # counts of calls: no half calls on the axis
     ax.set_title(
-        f"{result.name}: {len(times)} {'batches' if what == 'loop' else 'calls'} on {result.device} "
-        f"({(result.work or 'cpu').upper()} work)"
+        f"{result.name}: {len(times)} {'batches' if what == 'loop' else 'calls'} "
+        f"on {result.device} ({(result.work or 'cpu').upper()} work)"
     )
     return finish(fig, path)

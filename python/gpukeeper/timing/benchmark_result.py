@@ -368,7 +368,8 @@ class BenchmarkResult:
             lines.insert(1, f"  timed: {self.timing_method}")
         if self.gpu_times_ms is not None and self._host is not None:
             lines.append(
-                f"  host latency median {duration_text(self._host.median)} (launch + wait of one call)"
+                f"  host latency median {duration_text(self._host.median)} "
+                "(launch + wait of one call)"
             )
             lines.append(f"  launch latency {self.launch_latency} in the GPU times")
         if self.memory_source is not None:
@@ -395,7 +396,8 @@ class BenchmarkResult:
         if self.bound is not None and self.work == "gpu":
             extra += f", bound={self.bound}"
         return (
-            f"BenchmarkResult({self.name!r}, {self.measure} median={s.median:.4f} ms, mean={s.mean:.4f} ms, "
+            f"BenchmarkResult({self.name!r}, {self.measure} median={s.median:.4f} ms, "
+            f"mean={s.mean:.4f} ms, "
             f"std={s.std:.4f} ms, p99={s.p99:.4f} ms, n={s.count}, {self.timing} on "
             f"{self.device}{extra})"
         )

@@ -105,11 +105,12 @@ def run_batches(
     min_batches: int = 10,
     most_calls: int = 100_000,
 ) -> LoopBatches:
-    """The loop time of ``fn(*args, **kwargs)``: a pilot batch sized from ``estimate_ms`` (an upper bound
-    of a call's loop time: its host time when each call was waited for), not kept, then
-    batches sized from the pilot. As many batches as make a quarter of ``n_calls`` calls,
-    and at least ``min_batches``: a batch averages its calls, so fewer of them give as
-    steady a median, and a benchmark of slow calls does not take twice as long.
+    """The loop time of ``fn(*args, **kwargs)``: a pilot batch sized from ``estimate_ms`` (an
+    upper bound of a call's loop time: its host time when each call was waited for), not
+    kept, then batches sized from the pilot. As many batches as make a quarter of
+    ``n_calls`` calls, and at least ``min_batches``: a batch averages its calls, so fewer
+    of them give as steady a median, and a benchmark of slow calls does not take twice as
+    long.
     ``min_time_s`` and ``max_noise`` as for the calls (``StopRule``), on the batches' wall
     time. Under ``ranks`` every rank runs batches of the same size, in step.
     """

@@ -78,7 +78,8 @@ class ProfilerContext:
                     activity = getattr(ProfilerActivity, key)
                 if not isinstance(activity, ProfilerActivity):
                     raise InvalidInputError(
-                        f"profiler activities must be 'cpu', 'cuda' or ProfilerActivity, got {activity!r}"
+                        "profiler activities must be 'cpu', 'cuda' or ProfilerActivity, "
+                        f"got {activity!r}"
                     )
                 if activity == ProfilerActivity.CUDA and not cuda:
                     raise InvalidInputError(

@@ -163,7 +163,8 @@ class Comparison:
         +95.0%..+107.4%), beyond the spread between processes (±3.1% over 5 rounds)``."""
         head = (
             f"{self.verdict}: {self.stat} {self.current_ms:.4g} ms vs {self.baseline_ms:.4g} ms, "
-            f"{self.change:+.1%} (99% interval {self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%})"
+            f"{self.change:+.1%} "
+            f"(99% interval {self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%})"
         )
         if self.spread is None:
             if self.verdict in ("slower", "faster"):
@@ -262,7 +263,8 @@ def _as_rounds(run: Rounds, side: str) -> List[BenchmarkResult]:
     for r in rounds:
         if not isinstance(r, BenchmarkResult):
             raise InvalidInputError(
-                f"compare_runs: the {side}'s rounds are BenchmarkResult objects, got {type(r).__name__}"
+                f"compare_runs: the {side}'s rounds are BenchmarkResult objects, "
+                f"got {type(r).__name__}"
             )
     return list(rounds)
 
@@ -310,7 +312,8 @@ def _log_values(
     values = [fn(r.times_ms) for r in rounds]
     if any(not (v > 0 and math.isfinite(v)) for v in values):
         raise InvalidInputError(
-            f"compare_runs: the {side}'s {stat} must be a positive time in every round, got {values}"
+            f"compare_runs: the {side}'s {stat} must be a positive time in every round, "
+            f"got {values}"
         )
     return [math.log(v) for v in values]
 
@@ -358,7 +361,8 @@ def compare_runs(
     cur = _subsample([t for r in cur_rounds for t in r.times_ms])
     if len(base) < 2 or len(cur) < 2:
         raise InvalidInputError(
-            f"comparing {name!r} needs at least 2 times on each side, got {len(base)} and {len(cur)}"
+            f"comparing {name!r} needs at least 2 times on each side, "
+            f"got {len(base)} and {len(cur)}"
         )
     log_b = _log_values(base_rounds, fn, stat, "baseline")
     log_c = _log_values(cur_rounds, fn, stat, "current run")

@@ -1,5 +1,6 @@
-"""Memory sampled over a measured run: between steps (``StepSampler``) and around it (``MemorySampler``).
+"""Memory sampled over a measured run: between its steps and around it.
 
+``StepSampler`` samples between steps, ``MemorySampler`` around the run.
 Both read the series that :func:`gpukeeper.timing.memory_readers.memory_series` picks, so a
 benchmark's ``memory_source`` and an MD run's leak verdict come from the same memory.
 """

@@ -118,7 +118,8 @@ class RunStore:
         ``InvalidInputError``."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise InvalidInputError(
-                f"a saved run's name is letters, digits, '.', '_' and '-' (at most 100), got {name!r}"
+                "a saved run's name is letters, digits, '.', '_' and '-' (at most 100), "
+                f"got {name!r}"
             )
         return name
 
@@ -174,7 +175,8 @@ class RunStore:
             which = f"benchmark run {name!r}" if name else "benchmark run"
             raise InvalidInputError(
                 f"no saved {which} for this machine in {self.folder} "
-                f"(saved here: {', '.join(have) or 'none'}; save one with --gpu-benchmark-save=NAME)"
+                f"(saved here: {', '.join(have) or 'none'}; "
+                "save one with --gpu-benchmark-save=NAME)"
             )
         try:
             return rounds_from_doc(json.loads(path.read_text()))

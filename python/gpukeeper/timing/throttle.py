@@ -44,7 +44,10 @@ def nvml_sample(index: int) -> Tuple[Optional[Dict[str, Any]], str]:
             )
         except Exception:
             pass  # optional decoration
-        get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        get_reasons = (
+            getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         sample["reasons"] = int(get_reasons(handle))
         try:
             sample["temperature_c"] = int(

@@ -298,7 +298,8 @@ class CUDATimer:
             raise InvalidInputError(f"hides_launch_latency must be a bool, got {hide!r}")
         if self._state == "running":
             raise InvalidInputError(
-                f"CUDATimer {self.name!r} is running; change hides_launch_latency between measurements"
+                f"CUDATimer {self.name!r} is running; "
+                "change hides_launch_latency between measurements"
             )
         self._set_hiding(hide)
 
