@@ -4,62 +4,49 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 class GpuError(Exception):
     """Base class of every gpukeeper error."""
-
 class InvalidInputError(GpuError, ValueError):
     """Bad input; nothing was changed. Also a ValueError."""
-
 class AllocationError(GpuError, MemoryError):
     """Memory could not be had after releasing caches and running reclaim callbacks. Also a
     MemoryError.
     """
-
 class DeviceError(GpuError, RuntimeError):
     """A CUDA call failed; the message names the call, the error code's name and its text."""
 
 def build_info() -> Dict[str, Any]:
     """How the core was built: CUDA or CPU-only, CUDA version, compiler."""
-
 def cuda_status() -> Dict[str, Any]:
     """CUDA at run time: available, device count, driver/runtime versions, and why not."""
-
 def cuda_device_count() -> int:
     """Usable CUDA devices (0 without CUDA)."""
-
 def device_memory_info(device: int) -> Tuple[int, int]:
     """(free, total) bytes of a CUDA device (cudaMemGetInfo)."""
-
 def host_memory_info() -> Tuple[int, int]:
     """(available, total) bytes of host memory."""
 
 # The CUDA driver, asked without creating a context (csrc/bindings/device.cpp).
 CPU_DEVICE: int  # -1: the device id that means the host (Timer, EventLog)
-
 def cuda_driver_loaded() -> Optional[bool]:
     """Whether libcuda.so.1 is mapped into the process (asking loads nothing); None where this
     cannot be asked. Without it no CUDA context exists.
     """
-
 def driver_device_count() -> Optional[int]:
     """Devices the CUDA driver reports (cuInit + cuDeviceGetCount, no context), or None when
     the driver cannot be reached (CPU-only build, no driver, cuInit failed).
     """
-
 def primary_context_active(device: int) -> Optional[bool]:
     """Whether the primary context of CUDA device `device` exists (cuDevicePrimaryCtxGetState;
     creates none). False when libcuda is not loaded; None when the driver cannot be asked or
     has no such device.
     """
-
 def current_context_foreign() -> Optional[int]:
     """The CUDA ordinal of the context current on this thread when it is not its device's
     primary context (one made with cuCtxCreate, e.g. by OpenMM), else None.
     """
-
 def device_pci_bus_id(device: int) -> Optional[str]:
     """The PCI bus id of CUDA device `device` ('0000:65:00.0', cuDeviceGetPCIBusId), or None
     when unknown.
     """
-
 def driver_device_info(device: int) -> Optional[Dict[str, Any]]:
     """The device as the driver describes it without a context: a dict with the keys it
     answered of multiprocessors, sm_clock_max_mhz, memory_clock_max_mhz,
@@ -69,7 +56,6 @@ def driver_device_info(device: int) -> Optional[Dict[str, Any]]:
 
 class Precision:
     """Element type of a buffer; sizes count these elements."""
-
     Fp64: "Precision"
     Fp32: "Precision"
     Fp16: "Precision"
@@ -96,7 +82,6 @@ class Precision:
 
 class PoolStats:
     """A snapshot of one pool's books (bytes and counts)."""
-
     allocated_bytes: int
     allocated_count: int
     requested_bytes: int
@@ -122,7 +107,6 @@ class PoolStats:
 
 class StatCounter:
     """One quantity: current value, peak, and total increase/decrease."""
-
     current: int
     peak: int
     allocated: int
@@ -130,14 +114,12 @@ class StatCounter:
 
 class StatFamily:
     """A quantity in all and per size class."""
-
     all: StatCounter
     small: StatCounter
     large: StatCounter
 
 class PoolHistory:
     """What a pool has done, in PyTorch's memory_stats terms."""
-
     allocated_bytes: StatFamily
     allocations: StatFamily
     requested_bytes: StatFamily
@@ -158,7 +140,6 @@ class PoolHistory:
 
 class BlockSnapshot:
     """One block of a segment."""
-
     address: int
     size: int
     requested: int
@@ -166,7 +147,6 @@ class BlockSnapshot:
 
 class SegmentSnapshot:
     """One segment with its blocks in address order."""
-
     address: int
     size: int
     mapped_bytes: int
@@ -257,12 +237,8 @@ class _MemoryPoolBase:
         """A buffer of `size` elements of `precision` on `device_id`, returned to the pool
         when released, when its `with` block ends, or when it is garbage.
         """
-    def _get_buffer(
-        self, device_id: int, size: int, precision: Any = ..., stream: Any = ...
-    ) -> int: ...
-    def _return_buffer(
-        self, device_id: int, buffer: int, size: int, precision: Any = ...
-    ) -> None: ...
+    def _get_buffer(self, device_id: int, size: int, precision: Any = ..., stream: Any = ...) -> int: ...
+    def _return_buffer(self, device_id: int, buffer: int, size: int, precision: Any = ...) -> None: ...
     def memory_pressure(self, device_id: int) -> Optional[float]:
         """Pressure in [0, 1] (reserved/limit with a limit, else the device's used
         fraction), or None for a device id that does not exist.
@@ -323,12 +299,8 @@ class Timer:
     event only.
     """
     def __init__(
-        self,
-        device: int = ...,
-        stream: Any = ...,
-        *,
-        hide_launch_latency: bool = ...,
-        gate_timeout_ms: float = ...,
+        self, device: int = ..., stream: Any = ..., *, hide_launch_latency: bool = ...,
+        gate_timeout_ms: float = ...
     ) -> None: ...
     def start(self) -> None:
         """Records the start (restarts a used timer); with hide_launch_latency, closes a
@@ -423,32 +395,25 @@ class Event:
 
 def synchronize(device: int = ...) -> None:
     """Waits for all work on a CUDA device (GIL released); DeviceError without one."""
-
 def stream_gates_available() -> bool:
     """Whether StreamGate (and Timer(hide_launch_latency=True)) work here: a CUDA build with
     the gate kernel and a usable device.
     """
-
 def launch_floor_ms(device: int = ..., refresh: bool = ...) -> float:
     """What a gated event pair reads around an empty kernel on this device (ms): the device's
     own cost of a measurement, measured once and cached. DeviceError without gates.
     """
-
 def gate_slot_stats(device: int = ...) -> Dict[str, int]:
     """{'created', 'idle', 'retiring'} gate slots of a device (DeviceError without gates)."""
-
 def event_pool_stats(device: int = ...) -> Dict[str, int]:
     """{'created', 'idle'} events of a device's event pool (GpuError without CUDA)."""
-
 def calibration_kernels_available() -> bool:
     """Whether this build has the calibration kernels (nvcc was found at build time)."""
-
 def spin_kernel(duration_ns: int, stream: Any = ..., out: Optional[int] = ...) -> None:
     """Queues a kernel that spins for duration_ns by %globaltimer on stream (current device);
     does not wait. With out (the device address of two uint64), the kernel writes its first
     and last %globaltimer readings there (ns). DeviceError without the kernels.
     """
-
 def calibrate(
     duration_ns: int, stream: Any = ..., device: int = ..., *, hide_launch_latency: bool = ...
 ) -> Dict[str, Any]:
@@ -461,45 +426,35 @@ def calibrate(
 
 def _torch_malloc_symbols() -> Tuple[str, str]:
     """Names of the allocation functions this module exports for PyTorch."""
-
 def _torch_pool_stats(device: int) -> Optional[PoolStats]:
     """PoolStats of the pool behind PyTorch on a device, or None."""
-
 def _torch_pool_cleanup(device: int) -> int:
     """Releases the cached memory of the torch pools, and of graph pools no graph uses (device
     -1: all devices).
     """
-
 def _torch_pool_devices() -> List[int]:
     """Devices on which PyTorch allocated through gpukeeper."""
-
 def _torch_pool_validate(device: int) -> str: ...
 def _set_torch_reclaim(callback: Optional[Callable[[int], Optional[int]]]) -> None:
-    """Sets the Python callable run (with the bytes needed) when a torch pool is out of memory."""
-
+    """Sets the Python callable run (with the bytes needed) when a torch pool is out of memory.
+    """
 def _link_torch_oom(library_paths: List[str]) -> str:
     """Finds PyTorch's c10::OutOfMemoryError in its loaded libraries at these paths, so that a
     failed allocation raises torch.cuda.OutOfMemoryError. Returns '' or why not.
     """
-
 def _torch_oom_probe(message: str) -> Tuple[str, str]: ...
 def _torch_pool_counter(device: int, which: int) -> int:
     """allocated (0), reserved (1), peak allocated (2) or peak reserved (3) bytes of the pools
     behind PyTorch on a device, its CUDA graphs' private pools included (their peaks add up:
     an upper bound); 0 before its first allocation there.
     """
-
 def _torch_pool_history(device: int) -> PoolHistory:
     """PoolHistory of the pool behind PyTorch on a device (empty if none)."""
-
 def _torch_pool_snapshot(device: int) -> List[SegmentSnapshot]:
     """Segments of the pool behind PyTorch on a device."""
-
 def _torch_pool_reset(device: int, peaks: bool, accumulated: bool) -> None:
     """Resets the peaks and/or the totals of the pool behind PyTorch on a device."""
-
 def _torch_pool_set_fraction(device: int, fraction: float) -> None:
     """Limits the pool behind PyTorch on a device to fraction * the device's memory."""
-
 def _torch_pool_fraction(device: int) -> float:
     """The limit of the pool behind PyTorch as a fraction of the device."""
