@@ -206,7 +206,7 @@ def test_a_later_context_takes_over(host, releases):
     with GPUContext() as ctx:
         second = _buffer(host, 2 * MiB)
     # One arming now, against the first context's (lower) baseline: both are armed.
-    assert len(deferred._armings) == 1
+    assert len(deferred._S.armings) == 1
     assert ctx.report.deferred >= 2 and deferred.armed_ids() >= {id(first), id(second)}
     releases.clear()
     del second

@@ -275,8 +275,8 @@ def test_install_is_idempotent_and_uninstall_restores(clean_guard):
     assert signal.getsignal(signal.SIGTERM) is exit_guard._on_signal
     assert signal.getsignal(signal.SIGINT) is exit_guard._on_signal
     assert install_exit_guard(sync_timeout=3.0) is False  # settings updated, nothing doubled
-    assert exit_guard._guard.sync_timeout == 3.0
-    watcher = exit_guard._guard.watcher
+    assert exit_guard._INSTALLED.guard.sync_timeout == 3.0
+    watcher = exit_guard._INSTALLED.guard.watcher
     assert watcher is not None
     assert uninstall_exit_guard() is True
     assert uninstall_exit_guard() is False
@@ -329,7 +329,7 @@ def test_timed_sync_reports_a_stuck_device(clean_guard, monkeypatch):
     install_exit_guard(sync_timeout=0.2)
     release = threading.Event()
     monkeypatch.setattr(exit_guard.frameworks, "synchronize_all", lambda device=None: release.wait(10))
-    guard = exit_guard._guard
+    guard = exit_guard._INSTALLED.guard
     t0 = time.monotonic()
     assert guard.timed_sync() is False
     assert time.monotonic() - t0 < 1.0

@@ -1,6 +1,7 @@
 """The package's layering rules, read from its source: no import circles between modules,
-and no module outside ``frameworks/`` and ``integrations/`` imports PyTorch, CuPy or JAX
-or reads them from ``sys.modules``."""
+no module outside ``frameworks/`` and ``integrations/`` imports PyTorch, CuPy or JAX or
+reads them from ``sys.modules``, and only ``base/process_life.py`` hooks into the
+process (atexit, fork, signals, profile and monitoring hooks, threads)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,78 @@ def test_no_import_circles():
         if v not in index:
             visit(v)
     assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+# The calls that hook into the process, as ``module.attribute`` (sys.monitoring: any use).
+PROCESS_HOOKS = {
+    ("atexit", "register"),
+    ("atexit", "unregister"),
+    ("os", "register_at_fork"),
+    ("signal", "signal"),
+    ("signal", "set_wakeup_fd"),
+    ("threading", "Thread"),
+    ("sys", "setprofile"),
+    ("threading", "setprofile"),
+    ("sys", "settrace"),
+    ("threading", "settrace"),
+    ("sys", "monitoring"),
+}
+LIFE_MODULE = "gpukeeper.base.process_life"
+
+
+def _process_hooks(path: Path) -> List[Tuple[int, str]]:
+    """(line, what) for each process hook ``path`` makes, however it imported the module
+    (a name in a type annotation makes none)."""
+    hooks = []
+    tree = ast.parse(path.read_text(), str(path))
+    in_annotations = set()
+    for node in ast.walk(tree):
+        notes = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            notes = [a.annotation for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs]
+            notes.append(node.returns)
+        elif isinstance(node, ast.AnnAssign):
+            notes = [node.annotation]
+        for note in notes:
+            if note is not None:
+                in_annotations.update(id(n) for n in ast.walk(note))
+    imported = {}  # local name -> (module, attribute) for ``from m import a``
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for a in node.names:
+                if (node.module, a.name) in PROCESS_HOOKS:
+                    imported[a.asname or a.name] = (node.module, a.name)
+    for node in ast.walk(tree):
+        if id(node) in in_annotations:
+            continue
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if (node.value.id, node.attr) in PROCESS_HOOKS:
+                hooks.append((node.lineno, f"{node.value.id}.{node.attr}"))
+        elif isinstance(node, ast.Attribute) and node.attr == "PyEval_SetProfile":
+            hooks.append((node.lineno, "PyEval_SetProfile"))
+        elif isinstance(node, ast.Name) and node.id in imported:
+            hooks.append((node.lineno, ".".join(imported[node.id])))
+    return hooks
+
+
+def test_only_process_life_hooks_into_the_process():
+    mods = _modules()
+    assert LIFE_MODULE in mods
+    outside = []
+    for name, path in sorted(mods.items()):
+        if name == LIFE_MODULE:
+            continue
+        outside += [f"{path.relative_to(PACKAGE.parent)}:{line}: {what}" for line, what in _process_hooks(path)]
+    assert not outside, "process hooks outside base/process_life.py:\n" + "\n".join(outside)
+
+
+def test_the_hook_rule_sees_each_form(tmp_path):
+    """The reader above finds a hook made through a module or a name imported from it."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import atexit, threading\nfrom os import register_at_fork as raf\n"
+        "atexit.register(print)\nthreading.Thread(target=print)\nraf(after_in_child=print)\n"
+        "worker: threading.Thread\ndef f(t: threading.Thread) -> threading.Thread: ...\n"
+    )
+    found = {what for _, what in _process_hooks(sample)}
+    assert found == {"atexit.register", "threading.Thread", "os.register_at_fork"}

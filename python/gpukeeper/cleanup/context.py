@@ -105,8 +105,9 @@ class GPUContext(contextlib.ContextDecorator):
     finalizers keep nothing alive and never raise; they are disarmed once the memory is
     back, when a later context on the same devices arms its own (it takes over, keeping
     the older baseline), at interpreter exit and in a forked child. The release right
-    after the statement uses a one-shot ``sys.setprofile`` hook in the thread that freed
-    the memory; under another profiler it comes a few milliseconds later, from a timer.
+    after the statement uses a one-shot statement hook (``sys.monitoring`` on Python
+    3.12+, a profile function in the thread that freed the memory before); where that
+    hook is taken by a profiler it comes a few milliseconds later, from a timer.
     ``deferred_release=False`` arms nothing.
 
     ``release_names=True`` (opt-in): at exit, the objects the block bound to new or

@@ -25,10 +25,7 @@ older baseline), at interpreter exit and in a forked child.
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import gc
-import os
 import sys
 import threading
 import time
@@ -39,8 +36,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
+from gpukeeper.base import process_life
 from gpukeeper.base.byte_figures import fmt_bytes
-from gpukeeper.cleanup import stuck
 from gpukeeper.cleanup.cleanup_report import Snapshot
 from gpukeeper.cleanup.frames import frame_locals
 from gpukeeper.cleanup.measure import (
@@ -90,13 +87,28 @@ class _Arming:
         self.first_due: Optional[float] = None
 
 
-_lock = threading.RLock()
-_cond = threading.Condition(_lock)
-_armings: List[_Arming] = []
-_worker: Optional[threading.Thread] = None
-_closing = False
-_atexit_registered = False
-_tls = threading.local()
+class _Releases:
+    """The deferred releases of this process (the one instance is ``_S``).
+
+    ``lock`` guards the rest; ``cond`` (on it) wakes the timer thread. ``armings``: the
+    contexts whose held memory is awaited; ``worker``: the timer thread while armings
+    exist; ``closing``: the interpreter is exiting, nothing more is armed;
+    ``exit_registered``: ``_shutdown`` is registered to run at exit; ``tls``: per thread,
+    the statement the one-shot hook waits for (``pending`` armings, ``trigger`` frame,
+    its ``lasti`` and the ``events`` seen inside it). A forked child starts afresh.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
+        self.armings: List[_Arming] = []
+        self.worker: Optional[threading.Thread] = None
+        self.closing = False
+        self.exit_registered = False
+        self.tls = threading.local()
+
+
+_S = _Releases()
 # Frames of the finalizer machinery, skipped when looking for the statement that freed.
 _SKIP_FILES: Set[str] = set()
 
@@ -176,11 +188,10 @@ def arm(
     number of objects armed and a note for the report. Armings of earlier contexts whose
     locations ``after`` covers are taken over: their baseline is kept (the lower one),
     their objects re-armed here, and they are disarmed."""
-    global _atexit_registered
-    with _lock:
-        if _closing:
+    with _S.lock:
+        if _S.closing:
             return 0, ""
-        taken = [a for a in _armings if a.locations <= set(after)]
+        taken = [a for a in _S.armings if a.locations <= set(after)]
     merged = baseline
     for old in taken:
         merged = _merge(merged, old.baseline)
@@ -211,13 +222,13 @@ def arm(
             f"{fmt_bytes(total)} still held at exit, but no live tensor, array or ManagedBuffer "
             "holding it was found: nothing armed (cleanup_cuda() releases the caches later)"
         )
-    with _lock:
+    with _S.lock:
         for old in taken:
             _disarm(old)
-        _armings.append(arming)
-        if not _atexit_registered:
-            atexit.register(_shutdown)
-            _atexit_registered = True
+        _S.armings.append(arming)
+        if not _S.exit_registered:
+            process_life.at_exit(_shutdown)
+            _S.exit_registered = True
         _ensure_worker()
     return objects, (
         f"{objects} object(s) still held {fmt_bytes(total)} at exit: the caches are released "
@@ -226,14 +237,14 @@ def arm(
 
 
 def _disarm(arming: _Arming) -> None:
-    """Under _lock: detaches every finalizer of ``arming`` and forgets it."""
+    """Under the lock: detaches every finalizer of ``arming`` and forgets it."""
     arming.done = True
     arming.due = arming.first_due = None
     for fin in arming.finalizers:
         fin.detach()
     arming.finalizers.clear()
     try:
-        _armings.remove(arming)
+        _S.armings.remove(arming)
     except ValueError:
         pass
 
@@ -241,25 +252,25 @@ def _disarm(arming: _Arming) -> None:
 def disarm_all() -> int:
     """Detaches every armed finalizer (nothing is released); returns how many armings
     there were."""
-    with _cond:
-        armings = list(_armings)
+    with _S.cond:
+        armings = list(_S.armings)
         for arming in armings:
             _disarm(arming)
-        _cond.notify_all()
+        _S.cond.notify_all()
         return len(armings)
 
 
 def armed_objects() -> int:
     """The number of objects whose death is awaited."""
-    with _lock:
-        return sum(1 for a in _armings for f in a.finalizers if f.alive)
+    with _S.lock:
+        return sum(1 for a in _S.armings for f in a.finalizers if f.alive)
 
 
 def armed_ids() -> Set[int]:
     """``id()`` of each armed object still alive (no reference to them is kept)."""
     ids: Set[int] = set()
-    with _lock:
-        finalizers = [f for a in _armings for f in a.finalizers]
+    with _S.lock:
+        finalizers = [f for a in _S.armings for f in a.finalizers]
     for fin in finalizers:
         info = fin.peek()
         if info is not None:
@@ -274,7 +285,7 @@ def armed_ids() -> Set[int]:
 def _died(arming: _Arming, group: _Group) -> None:
     """The finalizer: one armed object died (its memory is not freed yet)."""
     try:
-        with _lock:
+        with _S.lock:
             if arming.done:
                 return
             group.alive -= 1
@@ -287,171 +298,64 @@ def _died(arming: _Arming, group: _Group) -> None:
             arming.due = min(now + _DEBOUNCE_S, arming.first_due + _MAX_WAIT_S)
             if not _watch_next_call(arming):
                 arming.due = min(arming.due, now + _FALLBACK_S)
-            _cond.notify_all()
+            _S.cond.notify_all()
     except Exception as e:
         _warn("a finalizer", e)
-
-
-class _Sentinel:
-    """What ``sys.getprofile()`` returns while the hook below is installed."""
-
-    def __repr__(self) -> str:
-        return "<gpukeeper deferred-release hook>"
-
-
-_SENTINEL = _Sentinel()
-
-
-def _load_profile_api() -> Any:
-    """``PyEval_SetProfile`` and the hook as a C function, or None (not CPython).
-
-    A C-level profile function, not ``sys.setprofile``: CPython copies a frame's locals
-    into its ``f_locals`` dict before each call of a Python-level one, and that copy
-    would keep alive the very objects the next ``del`` is meant to free."""
-    try:
-        set_profile = ctypes.pythonapi.PyEval_SetProfile
-        set_profile.argtypes = [ctypes.c_void_p, ctypes.py_object]
-        set_profile.restype = None
-        kind = ctypes.CFUNCTYPE(
-            ctypes.c_int, ctypes.c_void_p, ctypes.py_object, ctypes.c_int, ctypes.c_void_p
-        )
-    except Exception:
-        return None
-
-    def hook(_obj: Any, frame: Any, _what: int, _arg: Any) -> int:
-        try:
-            _after_statement()
-        except BaseException:
-            pass  # _after_statement warns itself; a profile function must return 0
-        return 0
-
-    c_hook = kind(hook)
-    return set_profile, c_hook, ctypes.cast(c_hook, ctypes.c_void_p)
-
-
-class _Monitor:
-    """Python 3.12+: ``sys.monitoring`` CALL and LINE events instead of the profile hook.
-
-    There the legacy profile hook is built on monitoring and reports no call of an
-    extension's bound method (``pool.stats(0)``), so the release could come a statement
-    late; monitoring callbacks also get no frame, so no ``f_locals`` copy is made. The
-    events are process-wide: they stay on while any thread waits for its statement."""
-
-    def __init__(self) -> None:
-        mon = sys.monitoring  # type: ignore[attr-defined]
-        self.tool = next((i for i in (4, 3) if mon.get_tool(i) is None), None)
-        if self.tool is None:
-            raise RuntimeError("no free sys.monitoring tool id")
-        mon.use_tool_id(self.tool, "gpukeeper deferred release")
-        events = mon.events
-        mon.register_callback(self.tool, events.CALL, lambda *args: self._event())
-        mon.register_callback(self.tool, events.LINE, lambda *args: self._event())
-        self.events = events.CALL | events.LINE
-        self.watching = 0  # threads waiting for their statement to end
-        self.lock = threading.Lock()
-
-    def _event(self) -> None:
-        if getattr(_tls, "pending", None) is not None:  # only the threads that wait
-            _after_statement()
-
-    def on(self) -> None:
-        with self.lock:
-            self.watching += 1
-            sys.monitoring.set_events(self.tool, self.events)  # type: ignore[attr-defined]
-
-    def off(self) -> None:
-        with self.lock:
-            self.watching = max(0, self.watching - 1)
-            if self.watching == 0:
-                sys.monitoring.set_events(self.tool, 0)  # type: ignore[attr-defined]
-
-
-def _load_monitor() -> Optional[_Monitor]:
-    if sys.version_info < (3, 12) or not hasattr(sys, "monitoring"):
-        return None
-    try:
-        return _Monitor()
-    except Exception:
-        return None  # every tool id taken: the timer releases instead
-
-
-# Both are made at the first death that needs them, not at import: a monitoring tool id
-# is a process-wide resource that an unused cleanup must not take from profilers.
-_monitor: Optional[_Monitor] = None
-_profile_api: Any = None
-_hooks_loaded = False
-
-
-def _load_hooks() -> None:
-    global _monitor, _profile_api, _hooks_loaded
-    if _hooks_loaded:
-        return
-    _hooks_loaded = True
-    _monitor = _load_monitor()
-    if _monitor is None and sys.version_info < (3, 12):
-        _profile_api = _load_profile_api()
-
-
-def _set_hook(on: bool) -> None:
-    if _monitor is not None:
-        _monitor.on() if on else _monitor.off()
-        return
-    set_profile, _c_hook, address = _profile_api
-    if on:
-        set_profile(address, _SENTINEL)
-    else:
-        set_profile(None, None)
 
 
 def _watch_next_call(arming: _Arming) -> bool:
     """Checks ``arming`` at the first call this thread makes once the statement that
     killed the object has ended (its memory is freed by then); False when that cannot be
     watched (another profiler is installed, or this is not CPython)."""
-    _load_hooks()
-    if _monitor is None and _profile_api is None:
+    hook = process_life.statement_hook(_on_hook_event)
+    if not hook.available:
         return False
-    pending = getattr(_tls, "pending", None)
-    if _monitor is None:
-        current = sys.getprofile()
-        if pending is not None and current is _SENTINEL:
-            if arming not in pending:
-                pending.append(arming)
-            return True
-        if current is not None and current is not _SENTINEL:
-            _tls.pending = _tls.trigger = None  # replaced by another profiler
-            return False
-    elif pending is not None:
+    tls = _S.tls
+    pending = getattr(tls, "pending", None)
+    if hook.taken_by_other():
+        tls.pending = tls.trigger = None  # replaced by another profiler
+        return False
+    if pending is not None and hook.on_here():
         if arming not in pending:
             pending.append(arming)
         return True
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename in _SKIP_FILES:
         frame = frame.f_back
-    _tls.pending = [arming]
-    _tls.trigger = frame
-    _tls.lasti = frame.f_lasti if frame is not None else -1
-    _tls.events = 0
-    _set_hook(True)
+    tls.pending = [arming]
+    tls.trigger = frame
+    tls.lasti = frame.f_lasti if frame is not None else -1
+    tls.events = 0
+    hook.on()
     return True
+
+
+def _on_hook_event() -> None:
+    """The statement hook's callback. With monitoring, every thread's events arrive
+    here: only a thread that waits for its statement acts."""
+    if getattr(_S.tls, "pending", None) is not None:
+        _after_statement()
 
 
 def _after_statement() -> None:
     """The one-shot hook: waits until the statement that killed the object moved on,
     then checks the armings that died there."""
+    tls = _S.tls
+    hook = process_life.statement_hook(_on_hook_event)
     try:
-        trigger = _tls.trigger
-        if trigger is not None and trigger.f_lasti == _tls.lasti and _tls.events < _MAX_EVENTS:
-            _tls.events += 1
+        trigger = tls.trigger
+        if trigger is not None and trigger.f_lasti == tls.lasti and tls.events < _MAX_EVENTS:
+            tls.events += 1
             return  # still inside that statement: the memory may not be freed yet
-        pending = _tls.pending or []
-        _tls.pending = _tls.trigger = None
-        _set_hook(False)
+        pending = tls.pending or []
+        tls.pending = tls.trigger = None
+        hook.off()
         for arming in pending:
             _check(arming, timer=False)
     except Exception as e:
-        if getattr(_tls, "pending", None) is not None:
-            _tls.pending = _tls.trigger = None
-            _set_hook(False)
+        if getattr(tls, "pending", None) is not None:
+            tls.pending = tls.trigger = None
+            hook.off()
         _warn("the release after a deletion", e)
 
 
@@ -463,25 +367,25 @@ def _still_held(arming: _Arming) -> bool:
 def _check(arming: _Arming, timer: bool) -> None:
     """Releases for good when the held memory is gone; on the timer, releases what the
     deaths so far freed and keeps waiting for the rest."""
-    with _lock:
+    with _S.lock:
         if arming.done:
             return
         final = arming.groups_alive == 0
     if not final:
         final = not _still_held(arming)
     if final:
-        with _cond:
+        with _S.cond:
             if arming.done:
                 return
             _disarm(arming)
-            _cond.notify_all()  # the timer thread may stop
+            _S.cond.notify_all()  # the timer thread may stop
     elif not timer:
         return  # the timer, already set by the death, releases what was freed
     _release_caches(arming)
 
 
 def _release_caches(arming: _Arming) -> None:
-    if stuck.device_stuck():
+    if process_life.device_stuck():
         return  # a synchronization never came back: waiting again would hang
     try:
         devices = devices_in_use(arming.fixed)
@@ -495,29 +399,24 @@ def _release_caches(arming: _Arming) -> None:
 
 
 def _ensure_worker() -> None:
-    """Under _lock: the timer thread runs while armings exist."""
-    global _worker
-    if _worker is None:
-        _worker = threading.Thread(
-            target=_run_worker, name="gpukeeper-deferred-release", daemon=True
-        )
-        _worker.start()
+    """Under the lock: the timer thread runs while armings exist."""
+    if _S.worker is None:
+        _S.worker = process_life.start_thread("gpukeeper-deferred-release", _run_worker)
 
 
 def _run_worker() -> None:
-    global _worker
     while True:
-        with _cond:
+        with _S.cond:
             while True:
-                if _closing or not _armings:
-                    _worker = None
+                if _S.closing or not _S.armings:
+                    _S.worker = None
                     return
-                dues = [a.due for a in _armings if a.due is not None]
+                dues = [a.due for a in _S.armings if a.due is not None]
                 now = time.monotonic()
                 if dues and min(dues) <= now:
                     break
-                _cond.wait(min(dues) - now if dues else None)
-            ready = [a for a in _armings if a.due is not None and a.due <= now]
+                _S.cond.wait(min(dues) - now if dues else None)
+            ready = [a for a in _S.armings if a.due is not None and a.due <= now]
             for arming in ready:
                 arming.due = arming.first_due = None
         for arming in ready:
@@ -533,29 +432,24 @@ def _run_worker() -> None:
 
 def _shutdown() -> None:
     """At interpreter exit: nothing is released any more (the exit guard does that)."""
-    global _closing
-    with _cond:
-        _closing = True
-        for arming in list(_armings):
+    with _S.cond:
+        _S.closing = True
+        for arming in list(_S.armings):
             _disarm(arming)
-        _cond.notify_all()
+        _S.cond.notify_all()
 
 
 def _after_fork_in_child() -> None:
-    """A child must not release on its parent's behalf (nor touch CUDA after fork)."""
-    global _lock, _cond, _worker, _tls
-    _lock = threading.RLock()
-    _cond = threading.Condition(_lock)
-    _worker = None
-    _tls = threading.local()
-    if _monitor is not None and _monitor.watching:
-        _monitor.watching = 0
-        _monitor.lock = threading.Lock()
-        sys.monitoring.set_events(_monitor.tool, 0)  # type: ignore[attr-defined]
-    for arming in list(_armings):
+    """A child must not release on its parent's behalf (nor touch CUDA after fork): its
+    finalizers are detached, and the locks and the timer thread start afresh."""
+    armings = list(_S.armings)
+    _S.lock = threading.RLock()
+    _S.cond = threading.Condition(_S.lock)
+    _S.worker = None
+    _S.tls = threading.local()
+    for arming in armings:
         _disarm(arming)
 
 
 _SKIP_FILES.update({_died.__code__.co_filename, weakref.finalize.__call__.__code__.co_filename})
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+process_life.after_fork_in_child(_after_fork_in_child)

@@ -3,7 +3,6 @@ at interpreter exit and on SIGINT/SIGTERM, without ever hanging there on a stuck
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 import sys
@@ -13,11 +12,9 @@ import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 from gpukeeper import frameworks
+from gpukeeper.base import process_life
 from gpukeeper.base.errors import InvalidInputError, LeakWarning
-
-# A module, not its names: run asks this module whether the device is stuck, so each
-# imports the other as a module (in either order).
-from gpukeeper.cleanup import run, stuck
+from gpukeeper.cleanup import run
 from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
 from gpukeeper.cleanup.guard_threads import SignalWatcher, SyncWorker, Watchdog
 from gpukeeper.cleanup.measure import devices_in_use, measure
@@ -126,21 +123,29 @@ class _ExitGuard:
                 pass
 
 
-_guard: Optional[_ExitGuard] = None
-_guard_lock = threading.RLock()
+class _Installed:
+    """The exit guard in effect in this process (``guard``, None without one); ``lock``
+    makes install and uninstall atomic."""
+
+    def __init__(self) -> None:
+        self.guard: Optional[_ExitGuard] = None
+        self.lock = threading.RLock()
+
+
+_INSTALLED = _Installed()
 
 
 def _device_stuck() -> bool:
-    guard = _guard
+    guard = _INSTALLED.guard
     return guard is not None and guard.worker.stuck
 
 
-stuck.set_probe(_device_stuck)
+process_life.set_stuck_probe(_device_stuck)
 
 
 def _on_signal(signum: int, frame: Any) -> None:
     """The exit guard's handler for SIGINT and SIGTERM."""
-    guard = _guard
+    guard = _INSTALLED.guard
     previous = guard.previous.get(signum, signal.SIG_DFL) if guard is not None else signal.SIG_DFL
     user_handler = callable(previous) and previous is not signal.default_int_handler
     if guard is not None and not guard.forked:
@@ -204,7 +209,7 @@ def _keep_sigint_exit_status() -> None:
         except Exception:
             pass
     try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        process_life.set_signal_handler(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     except (ValueError, OSError):
         pass  # not the main thread, or no kill: Python's own exit status stands
@@ -213,7 +218,8 @@ def _keep_sigint_exit_status() -> None:
 def _after_fork_in_child() -> None:
     """A forked child (e.g. a DataLoader worker) behaves as if no guard were installed:
     the guard's threads did not survive the fork and its pipe belongs to the parent."""
-    guard = _guard
+    _INSTALLED.lock = threading.RLock()
+    guard = _INSTALLED.guard
     if guard is None:
         return
     guard.forked = True
@@ -221,15 +227,11 @@ def _after_fork_in_child() -> None:
         guard.watcher.forget_after_fork()
         guard.watcher = None
     for s, previous in guard.previous.items():
-        try:
-            if signal.getsignal(s) is _on_signal:
-                signal.signal(s, previous if previous is not None else signal.SIG_DFL)
-        except (ValueError, OSError):
-            pass  # not the main thread after all: _on_signal then falls back to defaults
+        # Off the main thread this fails quietly: _on_signal then falls back to defaults.
+        process_life.restore_signal_handler(s, _on_signal, previous)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+process_life.after_fork_in_child(_after_fork_in_child)
 
 
 def install_exit_guard(
@@ -276,14 +278,14 @@ def install_exit_guard(
     the main thread; from another thread only the atexit part is installed (with a
     RuntimeWarning).
     """
-    global _guard
     wanted = _check_settings(sync_timeout, exit_timeout, tolerance_bytes, signals)
-    with _guard_lock:
-        if _guard is not None and not _guard.forked:
-            _guard.sync_timeout = float(sync_timeout)
-            _guard.exit_timeout = None if exit_timeout is None else float(exit_timeout)
-            _guard.warn = bool(warn)
-            _guard.tolerance_bytes = tolerance_bytes
+    with _INSTALLED.lock:
+        current = _INSTALLED.guard
+        if current is not None and not current.forked:
+            current.sync_timeout = float(sync_timeout)
+            current.exit_timeout = None if exit_timeout is None else float(exit_timeout)
+            current.warn = bool(warn)
+            current.tolerance_bytes = tolerance_bytes
             return False
         guard = _ExitGuard(
             float(sync_timeout),
@@ -292,7 +294,7 @@ def install_exit_guard(
             tolerance_bytes,
             wanted,
         )
-        stale = _guard  # a guard inherited through fork: its handlers are still installed
+        stale = current  # a guard inherited through fork: its handlers are still installed
         if threading.current_thread() is threading.main_thread():
             _install_handlers(guard, stale, wanted)
         elif wanted:
@@ -302,8 +304,8 @@ def install_exit_guard(
                 RuntimeWarning,
                 stacklevel=2,
             )
-        atexit.register(guard.at_exit)
-        _guard = guard
+        process_life.at_exit(guard.at_exit)
+        _INSTALLED.guard = guard
         return True
 
 
@@ -361,7 +363,7 @@ def _install_handlers(
         if previous is signal.SIG_IGN:
             continue  # ignored on purpose: keep it so
         guard.previous[s] = previous
-        signal.signal(s, _on_signal)
+        process_life.set_signal_handler(s, _on_signal)
     forced = {
         int(s): guard.exit_timeout
         for s in guard.previous
@@ -381,17 +383,15 @@ def _install_handlers(
 def uninstall_exit_guard() -> bool:
     """Removes the exit guard: previous signal handlers and wakeup fd back, atexit hook
     and helper threads gone. Returns False when no guard was installed."""
-    global _guard
-    with _guard_lock:
-        guard = _guard
+    with _INSTALLED.lock:
+        guard = _INSTALLED.guard
         if guard is None:
             return False
-        _guard = None
-        atexit.unregister(guard.at_exit)
+        _INSTALLED.guard = None
+        process_life.cancel_at_exit(guard.at_exit)
         if threading.current_thread() is threading.main_thread():
             for s, previous in guard.previous.items():
-                if signal.getsignal(s) is _on_signal:
-                    signal.signal(s, previous if previous is not None else signal.SIG_DFL)
+                process_life.restore_signal_handler(s, _on_signal, previous)
             if guard.watcher is not None:
                 guard.watcher.restore()
         elif guard.watcher is not None:
@@ -403,5 +403,5 @@ def uninstall_exit_guard() -> bool:
 
 def exit_guard_installed() -> bool:
     """Whether ``install_exit_guard()`` is in effect in this process."""
-    guard = _guard
+    guard = _INSTALLED.guard
     return guard is not None and not guard.forked

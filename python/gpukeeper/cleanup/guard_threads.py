@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from gpukeeper.base import process_life
 
 # A synchronization job: the call, the event set when it is done, and its result list.
 _Job = Tuple[Callable[[], Any], threading.Event, list]
@@ -26,8 +27,7 @@ class SyncWorker:
         self._idle = threading.Event()
         self._idle.set()
         self.timed_out = False
-        self._thread = threading.Thread(target=self._run, name="gpukeeper-sync", daemon=True)
-        self._thread.start()
+        self._thread = process_life.start_thread("gpukeeper-sync", self._run)
 
     def _run(self) -> None:
         while True:
@@ -82,8 +82,7 @@ class Watchdog:
         self._entries: List[Tuple[float, float, int, Optional[int], int]] = []
         self._stopped = False
         self.handled: Dict[int, int] = {}
-        self._thread = threading.Thread(target=self._run, name="gpukeeper-watchdog", daemon=True)
-        self._thread.start()
+        self._thread = process_life.start_thread("gpukeeper-watchdog", self._run)
 
     def arm(
         self, status: int, timeout: float, signum: Optional[int] = None, token: int = 0
@@ -146,13 +145,12 @@ class SignalWatcher:
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
         try:
-            self._previous = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+            self._previous = process_life.set_wakeup_fd(self._write, warn_on_full_buffer=False)
         except (ValueError, OSError):
             os.close(self._read)
             os.close(self._write)
             raise
-        self._thread = threading.Thread(target=self._run, name="gpukeeper-signals", daemon=True)
-        self._thread.start()
+        self._thread = process_life.start_thread("gpukeeper-signals", self._run)
 
     def _run(self) -> None:
         try:
@@ -187,9 +185,9 @@ class SignalWatcher:
     def restore(self) -> None:
         """Gives the wakeup fd back (main thread) and stops the thread."""
         try:
-            current = signal.set_wakeup_fd(self._previous)
+            current = process_life.set_wakeup_fd(self._previous)
             if current != self._write:
-                signal.set_wakeup_fd(current)  # someone replaced ours since: leave theirs
+                process_life.set_wakeup_fd(current)  # someone replaced ours since: leave theirs
         except (ValueError, OSError):
             pass
         self.stop()
@@ -198,7 +196,7 @@ class SignalWatcher:
         """In a forked child the pipe is shared with the parent: let go of it silently
         (a child's signals must not arm the parent's watchdog)."""
         try:
-            signal.set_wakeup_fd(self._previous)
+            process_life.set_wakeup_fd(self._previous)
         except (ValueError, OSError):
             pass
         for fd in (self._read, self._write):

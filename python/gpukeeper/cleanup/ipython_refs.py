@@ -30,7 +30,8 @@ from typing import Any, List, Optional, Set
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
 from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.cleanup import deferred, stuck
+from gpukeeper.base.process_life import device_stuck
+from gpukeeper.cleanup import deferred
 from gpukeeper.cleanup.frames import clear_traceback_frames
 
 _HISTORY_NAME = re.compile(r"_+|_\d+")
@@ -110,7 +111,7 @@ def _clear_last_traceback(only_seen: bool) -> bool:
 
 
 def _release_caches() -> None:
-    if stuck.device_stuck():
+    if device_stuck():
         return
     frameworks.synchronize_all(None)
     frameworks.release_all_caches(None)

@@ -7,8 +7,8 @@ from typing import Any, Dict, List, Set, Tuple
 from gpukeeper import frameworks
 from gpukeeper._core import ManagedBuffer
 from gpukeeper.base.errors import EmptiedObjectError, InvalidInputError
+from gpukeeper.base.process_life import device_stuck
 from gpukeeper.cleanup.emptied import is_emptied, mark_emptied
-from gpukeeper.cleanup.stuck import device_stuck
 
 
 class _EmptiedCall:

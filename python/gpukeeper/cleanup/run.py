@@ -7,9 +7,7 @@ import gc
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-# A module, not its names: the exit guard runs this cleanup and this cleanup asks the guard
-# whether the device is stuck, so each imports the other as a module (in either order).
-from gpukeeper.cleanup import stuck
+from gpukeeper.base.process_life import device_stuck
 from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray, Snapshot
 from gpukeeper.cleanup.measure import (
     devices_in_use,
@@ -95,7 +93,7 @@ def _synchronize(
     notes: List[str],
 ) -> Tuple[bool, Optional[BaseException]]:
     """(synchronized, the error synchronizing raised)."""
-    if stuck.device_stuck():
+    if device_stuck():
         notes.append(
             "an earlier synchronization timed out and has not finished: the device is presumed "
             "hung, so nothing was synchronized or released (either would block)"

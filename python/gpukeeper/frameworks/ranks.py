@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from gpukeeper.base import process_life
 from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
@@ -252,8 +252,7 @@ def shutdown_process_group(timeout_s: float, abort: bool = False) -> Optional[st
         except Exception as e:  # an ending process reports and goes on
             outcome.append(f"process group teardown failed: {type(e).__name__}: {e}")
 
-    worker = threading.Thread(target=teardown, name="gpukeeper-pg-teardown", daemon=True)
-    worker.start()
+    worker = process_life.start_thread("gpukeeper-pg-teardown", teardown)
     worker.join(timeout_s)
     if worker.is_alive():
         return (

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Callable, List, Optional, Tuple
 
+from gpukeeper.base import process_life
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, TimerBackend
@@ -138,8 +138,7 @@ def _forget_initialized_torch() -> None:
     _initialized_torch = None
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_initialized_torch)
+process_life.after_fork_in_child(_forget_initialized_torch)
 
 
 def torch_in_use() -> Any:
