@@ -7,7 +7,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Literal, Optional
 
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.device_names import resolve_device
@@ -211,7 +211,7 @@ class GPUContext(contextlib.ContextDecorator):
         frames.append(_Frame(devices, baseline, started, tracker, names))
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         frames = getattr(self._local, "frames", None)
         if not frames:
             raise InvalidInputError(

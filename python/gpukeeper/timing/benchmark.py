@@ -552,8 +552,9 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
             t = step()
             if t is None:
                 continue
-            reason = add(t)
-            if reason is not None:
+            stopped = add(t)
+            if stopped is not None:
+                reason = stopped
                 break
     samples.stop_reason = reason
     samples.total_s = stop.wall_s()
