@@ -88,10 +88,11 @@ def _clear_frames(exc: BaseException) -> None:
     it chains to): they hold the failed attempt's tensors. Line numbers stay for the
     traceback; frames still running (ours) are skipped by ``clear_frames``."""
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def release_for_retry(collect: bool = False) -> int:

@@ -166,11 +166,12 @@ class BenchmarkSession:
             compare_runs(base, current, threshold=self.threshold), name=key
         )
         self.comparisons.append(comparison)
-        if regression(comparison, self.threshold):
+        threshold = self.threshold
+        if threshold is not None and regression(comparison, threshold):
             return (
                 f"gpu_benchmark: {key} is slower than saved run {self.compare_with!r} beyond "
                 f"the spread between processes and by more than "
-                f"{self.threshold.fraction:.1%}: " + comparison.describe()  # type: ignore[union-attr]
+                f"{threshold.fraction:.1%}: " + comparison.describe()
             )
         return None
 
