@@ -42,6 +42,7 @@ import traceback
 from typing import Any, Callable, Optional, TypeVar
 
 from gpukeeper import frameworks
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["retry_on_oom", "is_oom_error", "release_for_retry"]
@@ -112,8 +113,7 @@ def release_for_retry(collect: bool = False) -> int:
 
 
 def _check_options(retries: Any, fallback: Any) -> int:
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise InvalidInputError(f"retries must be an int >= 0, got {retries!r}")
+    check_int(retries, "retries", 0)
     if fallback is not None and not callable(fallback):
         raise InvalidInputError(f"fallback must be callable or None, got {type(fallback).__name__}")
     return retries
