@@ -121,7 +121,7 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
         device=device,
         name=name,
         total_bytes=int(total),
-        free_bytes=int(free),  # type: ignore[arg-type]
+        free_bytes=int(free),
         memory_source=source,
         frameworks=framework_memory,
         process_bytes=process_bytes,
@@ -197,12 +197,8 @@ def _device_memory(device: int, nvml, handle, notes: List[str]):
 
 def _this_process_reading(device: int, pid: int, processes, reserved_known, nvml, nvml_reason):
     if processes is None:
-        process_bytes, this_process, others = (
-            None,
-            ("unknown: " + (nvml_reason if nvml is None else "NVML gave no process list")),
-            [],
-        )
-        return process_bytes, this_process, others
+        reason = nvml_reason if nvml is None else "NVML gave no process list"
+        return None, "unknown: " + reason, []
     mine = [p for p in processes if p.pid == pid]
     others = [p for p in processes if p.pid != pid]
     if mine and mine[0].used_bytes is not None and mine[0].used_bytes < (reserved_known or 0):

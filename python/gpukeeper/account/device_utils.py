@@ -32,6 +32,7 @@ import gpukeeper._core as _core
 from gpukeeper import frameworks
 from gpukeeper.base import host_memory as host
 from gpukeeper.base import nvml
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.device_names import DeviceSpec, resolve_device
 from gpukeeper.base.errors import DeviceError, InvalidInputError
 from gpukeeper.base.host_memory import process_rss_bytes
@@ -403,10 +404,8 @@ def warmup_cuda(device: Any = None, *, matmul_size: int = 1024, iterations: int 
     creates the context through gpukeeper's core (a small device allocation). Does
     nothing in CPU mode. Returns the seconds spent.
     """
-    if isinstance(matmul_size, bool) or not isinstance(matmul_size, int) or matmul_size <= 0:
-        raise InvalidInputError(f"matmul_size must be a positive int, got {matmul_size!r}")
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 0:
-        raise InvalidInputError(f"iterations must be an int >= 0, got {iterations!r}")
+    check_int(matmul_size, "matmul_size", 1)
+    check_int(iterations, "iterations", 0)
     index = _resolve(device).index
     if index is None:
         return 0.0

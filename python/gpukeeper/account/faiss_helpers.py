@@ -144,7 +144,7 @@ def calculate_faiss_temp_memory(
 
 def _import_faiss() -> Any:
     try:
-        import faiss  # type: ignore[import-not-found]
+        import faiss
     except ImportError as exc:
         raise FaissUnavailableError(
             f"faiss is not installed ({exc}); install faiss-gpu (or faiss-cpu for CPU indexes)"

@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 
 from gpukeeper.account.device_account import MemoryReport, framework_rows
 from gpukeeper.base import device_names
+from gpukeeper.base.arg_checks import check_optional_int
 from gpukeeper.base.byte_figures import bytes_text, figure_table, sum_known
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.html_table import html_fields, html_table
@@ -62,13 +63,7 @@ class DevicesReport:
         ):
             raise InvalidInputError("DevicesReport devices must be a list of MemoryReport")
         for name in ("rank", "world_size"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
-                raise InvalidInputError(
-                    f"DevicesReport {name} must be None or an int >= 0, got {value!r}"
-                )
+            check_optional_int(getattr(self, name), f"DevicesReport {name}", 0)
         if self.world_size == 0:
             raise InvalidInputError("DevicesReport world_size must be at least 1")
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:

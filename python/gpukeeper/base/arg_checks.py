@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 
 from gpukeeper.base.errors import InvalidInputError
 
-__all__ = ["check_fraction", "check_int", "check_positive"]
+__all__ = ["check_fraction", "check_int", "check_optional_int", "check_positive"]
 
 
 def check_int(value: Any, what: str, minimum: int) -> int:
@@ -16,6 +16,16 @@ def check_int(value: Any, what: str, minimum: int) -> int:
     ``what`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidInputError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_optional_int(value: Any, what: str, minimum: int) -> Optional[int]:
+    """``check_int`` that also lets None through (for settings where None means "not
+    given"); the message says that None is allowed."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or value < minimum
+    ):
+        raise InvalidInputError(f"{what} must be None or an int >= {minimum}, got {value!r}")
     return value
 
 

@@ -42,12 +42,12 @@ def fmt_bytes(n: Optional[int]) -> str:
     if n is None:
         return "?"
     sign = "-" if n < 0 else ""
-    n = abs(n)
+    size: float = abs(n)  # an int until divided: bytes print without a decimal
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{sign}{n} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    return f"{sign}{n} B"  # unreachable
+        if size < 1024 or unit == "GiB":
+            return f"{sign}{size} {unit}" if unit == "B" else f"{sign}{size:.1f} {unit}"
+        size /= 1024
+    return f"{sign}{size} B"  # unreachable
 
 
 def bytes_text(n: Optional[int]) -> str:

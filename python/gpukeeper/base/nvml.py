@@ -72,7 +72,7 @@ class Nvml:
 
     def _load(self) -> Tuple[Any, str]:
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml
         except ImportError as exc:
             return None, f"unavailable: {exc} ({INSTALL_HINT})"
         try:

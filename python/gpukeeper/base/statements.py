@@ -64,9 +64,9 @@ class Statement:
         if self.as_function is not None:
             return FunctionType(self.as_function, namespace)
         body, last = self.body, self.last
-        if body is None and last is None:
-            return lambda: None
         if body is None:
+            if last is None:
+                return lambda: None
             return lambda: eval(last, namespace)
         if last is None:
 
@@ -106,8 +106,10 @@ def compile_statement(
     tree = ast.parse(code, filename) if isinstance(code, str) else code
     nodes = list(tree.body)
     last: Optional[CodeType] = None
-    if nodes and isinstance(nodes[-1], ast.Expr):
-        last = compiler(ast.Expression(nodes.pop().value), filename, "eval")
+    final = nodes[-1] if nodes else None
+    if isinstance(final, ast.Expr):
+        nodes.pop()
+        last = compiler(ast.Expression(final.value), filename, "eval")
     body = compiler(ast.Module(nodes, type_ignores=[]), filename, "exec") if nodes else None
     return Statement(body, last, _as_function(tree, filename, compiler))
 
@@ -144,7 +146,9 @@ def _function_code(nodes: list, filename: str, compiler: Compiler) -> CodeType:
             # The wrapper takes the statement's first line, so that no traceback line
             # points at a line the user did not write.
             ast.copy_location(node, nodes[0])
-    module.body[0].body = nodes  # type: ignore[attr-defined]
+    function = module.body[0]
+    assert isinstance(function, ast.FunctionDef)
+    function.body = nodes
     outer = compiler(ast.fix_missing_locations(module), filename, "exec")
     return next(c for c in outer.co_consts if isinstance(c, CodeType) and c.co_name == _FUNCTION)
 

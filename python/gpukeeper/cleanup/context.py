@@ -7,8 +7,9 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Literal, Optional
 
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.device_names import resolve_device
 from gpukeeper.base.errors import InvalidInputError, LeakWarning, MemoryLeakError
@@ -166,21 +167,13 @@ class GPUContext(contextlib.ContextDecorator):
         for name, flag in flags:
             if not isinstance(flag, bool):
                 raise InvalidInputError(f"GPUContext: {name} must be True or False, got {flag!r}")
-        if (
-            isinstance(tolerance_bytes, bool)
-            or not isinstance(tolerance_bytes, int)
-            or tolerance_bytes < 0
-        ):
-            raise InvalidInputError(
-                f"GPUContext: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}"
-            )
+        check_int(tolerance_bytes, "GPUContext: tolerance_bytes", 0)
         if collect not in (None, True, False):
             raise InvalidInputError(
                 f"GPUContext: collect must be None, True or False, got {collect!r}"
             )
-        for name, value in (("max_listed", max_listed), ("stack_depth", stack_depth)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidInputError(f"GPUContext: {name} must be an int >= 0, got {value!r}")
+        check_int(max_listed, "GPUContext: max_listed", 0)
+        check_int(stack_depth, "GPUContext: stack_depth", 0)
         self.device = device
         self.warn_on_leak = bool(warn_on_leak)
         self.raise_on_leak = bool(raise_on_leak)
@@ -212,7 +205,7 @@ class GPUContext(contextlib.ContextDecorator):
         frames.append(_Frame(devices, baseline, started, tracker, names))
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         frames = getattr(self._local, "frames", None)
         if not frames:
             raise InvalidInputError(

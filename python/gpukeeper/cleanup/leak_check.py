@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import List, Optional
 
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.cleanup.cleanup_report import CleanupReport, Snapshot
 from gpukeeper.cleanup.measure import devices_in_use, held_above, measure
@@ -42,14 +43,7 @@ class LeakCheck:
     def __init__(
         self, tolerance_bytes: int = 0, *, track_allocations: bool = False, max_listed: int = 20
     ) -> None:
-        if (
-            isinstance(tolerance_bytes, bool)
-            or not isinstance(tolerance_bytes, int)
-            or tolerance_bytes < 0
-        ):
-            raise InvalidInputError(
-                f"LeakCheck: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}"
-            )
+        check_int(tolerance_bytes, "LeakCheck: tolerance_bytes", 0)
         if not isinstance(track_allocations, bool):
             raise InvalidInputError(
                 f"LeakCheck: track_allocations must be True or False, got {track_allocations!r}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import gpukeeper._core as _core
@@ -34,7 +35,7 @@ def _user_stack(depth: int) -> Tuple[str, ...]:
     """The innermost ``depth`` frames outside torch, CuPy and gpukeeper."""
     internal = _INTERNAL_DIRS or _internal_dirs()
     out: List[str] = []
-    frame = sys._getframe(2)
+    frame: Optional[FrameType] = sys._getframe(2)
     while frame is not None and len(out) < depth:
         code = frame.f_code
         name = code.co_filename
@@ -47,18 +48,21 @@ def _user_stack(depth: int) -> Tuple[str, ...]:
 _dispatch_mode_class: Any = None
 
 
-def _recorder_class() -> Any:
-    """A TorchDispatchMode that records where each new storage was made (made once)."""
+def _recorder_class(torch_types: Tuple[type, type]) -> Any:
+    """A TorchDispatchMode that records where each new storage was made (made once), from
+    what ``frameworks.torch_dispatch_mode()`` gives."""
     global _dispatch_mode_class
     if _dispatch_mode_class is None:
-        tensor_type, TorchDispatchMode = frameworks.torch_dispatch_mode()
+        tensor_type, TorchDispatchMode = torch_types
 
         class _Recorder(TorchDispatchMode):  # type: ignore[misc, valid-type]
             def __init__(self, tracker: "AllocationTracker") -> None:
                 super().__init__()
                 self.tracker = tracker
 
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
                 out = func(*args, **(kwargs or {}))
                 # Views and in-place ops make no new storage: only the others are recorded
                 # (a storage's address, reused later by the allocator, is overwritten then).
@@ -108,10 +112,11 @@ class AllocationTracker:
 
     def start(self) -> None:
         _internal_dirs()
-        _core._set_buffer_hook(self.record_buffer)
+        _core._set_buffer_hook(self.record_buffer)  # type: ignore[attr-defined]  # missing from _core.pyi
         self.frameworks.add("gpukeeper")
-        if frameworks.torch_dispatch_mode() is not None:
-            mode = _recorder_class()(self)
+        torch_types = frameworks.torch_dispatch_mode()
+        if torch_types is not None:
+            mode = _recorder_class(torch_types)(self)
             mode.__enter__()
             self._mode = mode
             self.frameworks.add("torch")
@@ -136,7 +141,7 @@ class AllocationTracker:
 
     def stop(self) -> None:
         if "gpukeeper" in self.frameworks:
-            _core._set_buffer_hook(None)
+            _core._set_buffer_hook(None)  # type: ignore[attr-defined]  # missing from _core.pyi
         if self._hook is not None:
             try:
                 self._hook.__exit__(None, None, None)

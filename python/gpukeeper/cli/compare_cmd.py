@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, List
 
 from gpukeeper.cli.output import (
     FAILED,
@@ -29,6 +29,9 @@ from gpukeeper.cli.output import (
     plain,
     write_json,
 )
+
+if TYPE_CHECKING:  # imported when the command runs: the CLI starts without the timing code
+    from gpukeeper.timing.benchmark_result import BenchmarkResult
 
 __all__ = ["add_parser", "load_results"]
 
@@ -61,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_results(path: str) -> Dict[str, List["object"]]:
+def load_results(path: str) -> Dict[str, List[BenchmarkResult]]:
     """``{name: [round, ...]}`` (``BenchmarkResult`` objects) from a saved run or a single
     result (one round); ``UserError`` naming the file for anything else."""
     from gpukeeper.timing.benchmark_result import BenchmarkResult
@@ -75,7 +78,7 @@ def load_results(path: str) -> Dict[str, List["object"]]:
         raise UserError(f"{path}: not JSON ({e})") from None
     try:
         if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), dict):
-            return rounds_from_doc(doc)  # type: ignore[return-value]
+            return rounds_from_doc(doc)
         if isinstance(doc, dict) and "times_ms" in doc:
             result = BenchmarkResult.from_dict(doc)
             return {result.name or Path(path).stem: [result]}
@@ -101,10 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if not common:
         raise UserError(f"{args.old} and {args.new} share no benchmark name")
     try:
-        comparisons = [
-            compare_runs(old[k], new[k], stat, threshold=threshold)  # type: ignore[arg-type]
-            for k in common
-        ]
+        comparisons = [compare_runs(old[k], new[k], stat, threshold=threshold) for k in common]
     except InvalidInputError as e:
         raise UserError(str(e)) from None
     regressions = [c for c in comparisons if regression(c, threshold)]

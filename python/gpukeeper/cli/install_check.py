@@ -12,12 +12,13 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any, Callable, Dict, Iterator, List
 
 import gpukeeper._core as _core
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.runtime import build_info, cuda_available
-from gpukeeper.pool.memory_pool import MemoryPool, Precision
+from gpukeeper.pool.memory_pool import MemoryPool, PoolStats, Precision
 from gpukeeper.timing.timer import CUDATimer
 
 __all__ = ["CheckResult", "run_checks"]
@@ -84,6 +85,13 @@ def _check_runtime(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
     return f"{status.device_count} CUDA device(s), driver {status.driver_version}", data
 
 
+def _stats(pool: MemoryPool, kind: str) -> PoolStats:
+    stats = pool.stats(0)
+    if stats is None:
+        raise _Failed(f"{kind}: the pool has no device 0")
+    return stats
+
+
 def _check_pool(kind: str, expandable: Any = "auto") -> "tuple[str, Dict[str, Any]]":
     pool = MemoryPool(kind, expandable=expandable)
     sizes = [64, 16 << 10, 256 << 10, 2 << 20]  # fp32 elements: 256 B .. 8 MiB
@@ -98,7 +106,7 @@ def _check_pool(kind: str, expandable: Any = "auto") -> "tuple[str, Dict[str, An
         _expect(end <= start, f"{kind}: live buffers overlap")
     for buf, pattern in buffers:
         _expect(buf.to_bytes() == pattern, f"{kind}: data written was not read back")
-    stats = pool.stats(0)
+    stats = _stats(pool, kind)
     expected = sum(-(-b.nbytes // 256) * 256 for b, _ in buffers)
     _expect(
         stats.allocated_bytes == expected,
@@ -109,9 +117,9 @@ def _check_pool(kind: str, expandable: Any = "auto") -> "tuple[str, Dict[str, An
     segments = sorted({"expandable" if seg.expandable else "fixed" for seg in pool.snapshot(0)})
     for buf, _ in buffers:
         buf.release()
-    before = pool.stats(0)
+    before = _stats(pool, kind)
     again = [pool.get_managed_buffer(0, count, Precision.Fp32) for count in sizes]
-    after = pool.stats(0)
+    after = _stats(pool, kind)
     _expect(
         after.cache_misses == before.cache_misses and after.reserved_bytes == before.reserved_bytes,
         f"{kind}: freed blocks were not reused (new segments were allocated)",
@@ -125,10 +133,10 @@ def _check_pool(kind: str, expandable: Any = "auto") -> "tuple[str, Dict[str, An
         pass
     problems = pool.validate(0)
     _expect(problems == "", f"{kind}: pool books inconsistent: {problems}")
-    stats = pool.stats(0)
+    stats = _stats(pool, kind)
     _expect(stats.allocated_bytes == 0, f"{kind}: {stats.allocated_bytes} bytes still allocated")
     released = pool.emergency_cleanup(0)
-    _expect(pool.stats(0).reserved_bytes == 0, f"{kind}: reserved bytes left after cleanup")
+    _expect(_stats(pool, kind).reserved_bytes == 0, f"{kind}: reserved bytes left after cleanup")
     data = {
         "hits": stats.cache_hits,
         "misses": stats.cache_misses,
@@ -154,8 +162,13 @@ def _check_cleanup() -> "tuple[str, Dict[str, Any]]":
         cycle.append(cycle)  # only the garbage collector can free this
         del kept, cycle
     report = ctx.report
-    _expect(pool.stats(0).allocated_bytes == 0, "a buffer in a reference cycle survived GPUContext")
-    _expect(pool.stats(0).reserved_bytes == 0, "GPUContext left the pool's cache reserved")
+    if report is None:
+        raise _Failed("GPUContext left no report")
+    _expect(
+        _stats(pool, kind).allocated_bytes == 0,
+        "a buffer in a reference cycle survived GPUContext",
+    )
+    _expect(_stats(pool, kind).reserved_bytes == 0, "GPUContext left the pool's cache reserved")
     _expect(not report.leaked, f"GPUContext reported a leak: {report.summary()}")
     return f"{kind} buffer in a reference cycle freed and released on exit", {
         "released_bytes": report.released_bytes,
@@ -275,7 +288,7 @@ def run_checks(require_gpu: bool = False) -> Iterator[CheckResult]:
     if status:
         kinds += ["device", "async", "pinned"]
     for kind in kinds:
-        yield _timed(f"pool[{kind}]", lambda kind=kind: _check_pool(kind))
+        yield _timed(f"pool[{kind}]", partial(_check_pool, kind))
     expandable_kind = "device" if status else "host"
     yield _timed(f"pool[{expandable_kind}+exp]", lambda: _check_pool(expandable_kind, True))
     yield _timed("cleanup", _check_cleanup)

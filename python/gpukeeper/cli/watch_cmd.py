@@ -69,8 +69,9 @@ def _device_table(report: Any) -> Any:
         show_edge=False,
         expand=False,
     )
-    for column, justify in (("holder", "left"), ("what", "left"), ("bytes", "right")):
-        table.add_column(column, justify=justify)
+    table.add_column("holder", justify="left")
+    table.add_column("what", justify="left")
+    table.add_column("bytes", justify="right")
     for name, mem in report.frameworks.items():
         table.add_row(
             "this process",

@@ -80,7 +80,8 @@ class CupyAdapter(FrameworkAdapter):
             # CuPy's default pool is per device; its counters read the current device's.
             return FrameworkMemory("cupy", int(pool.used_bytes()), int(pool.total_bytes()))
 
-    def release(self, devices: List[int]) -> int:
+    def release(self, devices: Optional[List[int]]) -> int:
+        assert devices is not None, "not whole_process: the registry passes the devices"
         cupy = cupy_cuda()
         if cupy is None:
             return 0
@@ -94,7 +95,8 @@ class CupyAdapter(FrameworkAdapter):
         cupy.get_default_pinned_memory_pool().free_all_blocks()
         return released
 
-    def synchronize(self, devices: List[int]) -> None:
+    def synchronize(self, devices: Optional[List[int]]) -> None:
+        assert devices is not None, "not whole_process: the registry passes the devices"
         cupy = cupy_cuda()
         if cupy is None:
             return

@@ -34,7 +34,9 @@ def jax_gpu_devices() -> List[Any]:
 def _jax_arrays(value: Any) -> Iterator[Any]:
     """The JAX arrays among the leaves of ``value`` (any pytree), none without JAX."""
     jax = sys.modules.get("jax")
-    array_type = getattr(jax, "Array", None) if jax is not None else None
+    if jax is None:
+        return
+    array_type = getattr(jax, "Array", None)
     if array_type is None:
         return
     try:
@@ -142,7 +144,7 @@ class JaxAdapter(FrameworkAdapter):
         reserved = stats.get("pool_bytes", stats.get("bytes_reserved", allocated))
         return FrameworkMemory("jax", allocated, reserved)
 
-    def release(self, devices: List[int]) -> int:
+    def release(self, devices: Optional[List[int]]) -> int:
         jax = sys.modules.get("jax")
         if jax is None or not jax_gpu_devices():
             return 0
@@ -152,7 +154,7 @@ class JaxAdapter(FrameworkAdapter):
             pass
         return 0
 
-    def synchronize(self, devices: List[int]) -> None:
+    def synchronize(self, devices: Optional[List[int]]) -> None:
         jax = sys.modules.get("jax")
         if jax is None or not jax_gpu_devices():
             return

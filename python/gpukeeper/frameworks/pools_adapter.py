@@ -4,6 +4,7 @@ and host figures and its release."""
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 import gpukeeper._core as _core
@@ -43,7 +44,7 @@ def register_pool(pool: Any) -> None:
     known = _refs.get(key)
     if known is not None and known() is pool:
         return
-    _refs[key] = weakref.ref(pool, lambda ref, key=key: _forget(key, ref))
+    _refs[key] = weakref.ref(pool, partial(_forget, key))
     _ref_tuple = tuple(_refs.values())
 
 
@@ -52,7 +53,7 @@ def live_pools() -> List[Any]:
     its ``MemoryPool`` because a buffer of it is still alive (an ``_Orphan`` each): the
     memory such a buffer holds stays in the account."""
     pools: List[Any] = [pool for pool in (ref() for ref in _ref_tuple) if pool is not None]
-    orphans = _core._orphaned_pools()
+    orphans = _core._orphaned_pools()  # type: ignore[attr-defined]  # missing from _core.pyi
     if orphans:
         pools += [_Orphan(p) for p in orphans]
     return pools

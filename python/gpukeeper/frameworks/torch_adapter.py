@@ -38,9 +38,9 @@ def loaded_torch() -> Any:
 def import_torch() -> Any:
     """PyTorch, imported now if it is not yet: for features whose point is PyTorch itself
     (its profiler). Raises ImportError when it is not installed."""
-    torch = loaded_torch()
-    if torch is not None:
-        return torch
+    loaded = loaded_torch()
+    if loaded is not None:
+        return loaded
     import torch
 
     return torch
@@ -253,7 +253,8 @@ class TorchAdapter(FrameworkAdapter):
             allocated, reserved = _counts(torch, device)
         return FrameworkMemory("torch", allocated, reserved)
 
-    def release(self, devices: List[int]) -> int:
+    def release(self, devices: Optional[List[int]]) -> int:
+        assert devices is not None, "not whole_process: the registry passes the devices"
         torch = torch_in_use()
         if torch is None:
             return 0
@@ -287,7 +288,8 @@ class TorchAdapter(FrameworkAdapter):
             return None
         return _peak(torch, device)
 
-    def synchronize(self, devices: List[int]) -> None:
+    def synchronize(self, devices: Optional[List[int]]) -> None:
+        assert devices is not None, "not whole_process: the registry passes the devices"
         torch = torch_in_use()
         if torch is None:
             return

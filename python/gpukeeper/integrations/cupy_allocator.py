@@ -113,8 +113,9 @@ def use_cupy_allocator(pool: Optional[MemoryPool] = None) -> MemoryPool:
         try:
             buf = pool.get_managed_buffer(device, rounded, Precision.Uint8, stream)
         except AllocationError as exc:
-            used = pool.stats(device).allocated_bytes
-            raise oom_type(size, used, pool.stats(device).limit_bytes, str(exc)) from None
+            stats = pool.stats(device)
+            assert stats is not None  # the pool has just refused a request on this device
+            raise oom_type(size, stats.allocated_bytes, stats.limit_bytes, str(exc)) from None
         except InvalidInputError as exc:
             if size <= _MAX_REQUEST:
                 raise

@@ -178,7 +178,7 @@ def snapshot_dict(segments_by_device: Dict[int, List[Any]]) -> Dict[str, Any]:
     segments = []
     for device in sorted(segments_by_device):
         for seg in segments_by_device[device]:
-            blocks = []
+            blocks: List[Dict[str, Any]] = []
             allocated = requested = 0
             for b in seg.blocks:
                 if b.allocated:

@@ -52,8 +52,9 @@ def compile_cell(shell: Any, cell: str, first_line: int = 2) -> CellCode:
     source = "\n" * (first_line - 1) + _source(shell, cell)
     tree, filename = _parse(shell, source, raw=source)
     last: Optional[CodeType] = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        expr = ast.Expression(tree.body.pop().value)
-        last = shell.compile(expr, filename, "eval")
+    final = tree.body[-1] if tree.body else None
+    if isinstance(final, ast.Expr):
+        tree.body.pop()
+        last = shell.compile(ast.Expression(final.value), filename, "eval")
     body = shell.compile(ast.Module(tree.body, []), filename, "exec")
     return CellCode(body, last)

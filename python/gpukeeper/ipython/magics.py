@@ -101,7 +101,7 @@ class TimeitSettings:
 
 
 def _timeit_settings(magic: str, opts: Dict[str, Value]) -> TimeitSettings:
-    device = device_option(magic, opts.get("d"))  # type: ignore[arg-type]
+    device = device_option(magic, opts.get("d"))
     spec = _usage(magic, lambda: timing_device(device))
     return TimeitSettings(
         n_calls=positive_int(magic, "-n", opts["n"]) if "n" in opts else 100,
@@ -213,7 +213,9 @@ class GPUKeeperMagics(Magics):
         if timed.empty:
             raise UsageError(f"{magic}: no statement to time (only comments or blank lines)")
         prepare = _compile_timed(self.shell, magic, "setup", setup, 1)
-        namespace = self.shell.user_ns
+        shell = self.shell
+        assert shell is not None  # IPython gives a registered magic its shell
+        namespace = shell.user_ns
         failure = None
         try:
             prepare.function(namespace)()
@@ -276,11 +278,13 @@ class GPUKeeperMagics(Magics):
         code = compile_cell(self.shell, cell)
         # Restarted, as torch.cuda.reset_peak_memory_stats does: the peak shown is the cell's.
         reset_peaks(devices_in_use(None))
-        buffers = BufferWatch(self.shell.user_ns)
+        shell = self.shell
+        assert shell is not None  # IPython gives a registered magic its shell
+        buffers = BufferWatch(shell.user_ns)
         started = time.perf_counter()
         try:
             with ctx:
-                value = code.run(self.shell.user_ns)
+                value = code.run(shell.user_ns)
         finally:
             if ctx.report is not None:  # None only when entering the context failed
                 _show_cell(ctx.report, buffers, ctx.tolerance_bytes, time.perf_counter() - started)

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.timing import stats as tstats
 
@@ -88,8 +89,7 @@ def _check_verdict_args(
             f"leak_verdict needs two equally long series of at least 2 samples, got "
             f"{len(steps)} steps and {len(values)} values"
         )
-    if not isinstance(n_steps, int) or isinstance(n_steps, bool) or n_steps < 1:
-        raise InvalidInputError(f"n_steps must be an int >= 1, got {n_steps!r}")
+    check_int(n_steps, "n_steps", 1)
     if (
         isinstance(tolerance_mb, bool)
         or not isinstance(tolerance_mb, (int, float))

@@ -128,16 +128,16 @@ def warm_up(
     t_tail = 0
     it = iter(cyc)
     for j in range(steps):
-        if j == steps - tail:
-            settle()  # type: ignore[misc]
+        if j == steps - tail and settle is not None:
+            settle()
             t_tail = pc()
         x = next(it)
         t0 = pc()
         out = model(x)
         host_ns.append(pc() - t0)
     step_ns = 0.0
-    if tail:
-        settle()  # type: ignore[misc]
+    if tail and settle is not None:
+        settle()
         step_ns = (pc() - t_tail) / tail
     return WarmUp(out, host_ns, step_ns)
 

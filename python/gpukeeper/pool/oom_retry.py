@@ -42,6 +42,7 @@ import traceback
 from typing import Any, Callable, Optional, TypeVar
 
 from gpukeeper import frameworks
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["retry_on_oom", "is_oom_error", "release_for_retry"]
@@ -88,10 +89,11 @@ def _clear_frames(exc: BaseException) -> None:
     it chains to): they hold the failed attempt's tensors. Line numbers stay for the
     traceback; frames still running (ours) are skipped by ``clear_frames``."""
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def release_for_retry(collect: bool = False) -> int:
@@ -111,8 +113,7 @@ def release_for_retry(collect: bool = False) -> int:
 
 
 def _check_options(retries: Any, fallback: Any) -> int:
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise InvalidInputError(f"retries must be an int >= 0, got {retries!r}")
+    check_int(retries, "retries", 0)
     if fallback is not None and not callable(fallback):
         raise InvalidInputError(f"fallback must be callable or None, got {type(fallback).__name__}")
     return retries

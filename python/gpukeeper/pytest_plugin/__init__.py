@@ -187,8 +187,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         if probe is not None:
             session.rows.append(probe.finish(item.nodeid))
     report = check.finish() if check is not None else None
-    if report is not None:
-        failure = leak_failure(item, check, report)  # type: ignore[arg-type]
+    if check is not None and report is not None:
+        failure = leak_failure(item, check, report)
         if failure is not None:
             item.add_report_section("call", LEAK_SECTION, report.table())
             pytest.fail(failure, pytrace=False)

@@ -166,11 +166,12 @@ class BenchmarkSession:
             compare_runs(base, current, threshold=self.threshold), name=key
         )
         self.comparisons.append(comparison)
-        if regression(comparison, self.threshold):
+        threshold = self.threshold
+        if threshold is not None and regression(comparison, threshold):
             return (
                 f"gpu_benchmark: {key} is slower than saved run {self.compare_with!r} beyond "
                 f"the spread between processes and by more than "
-                f"{self.threshold.fraction:.1%}: " + comparison.describe()  # type: ignore[union-attr]
+                f"{threshold.fraction:.1%}: " + comparison.describe()
             )
         return None
 
@@ -201,9 +202,9 @@ class BenchmarkSession:
         self.comparisons = [c for c in self.comparisons if c.name not in keys]
         try:
             if self.baseline is None:  # every result came from xdist workers
-                self.open_store()
-                self.baseline = self.store.load_rounds(self.compare_with or None)  # type: ignore[union-attr]
-                self.compare_with = self.compare_with or self.store.latest()  # type: ignore[union-attr]
+                store = self.open_store()
+                self.baseline = store.load_rounds(self.compare_with or None)
+                self.compare_with = self.compare_with or store.latest()
             for key in keys:
                 failure = self._compare(key, [self.results[key]] + self.later_rounds.get(key, []))
                 if failure is not None:
@@ -216,10 +217,11 @@ class BenchmarkSession:
         """Every benchmark's rounds: this process's result, then the further rounds."""
         return {key: [r] + self.later_rounds.get(key, []) for key, r in self.results.items()}
 
-    def open_store(self) -> None:
+    def open_store(self) -> RunStore:
         """The store, for a controller whose results all came from xdist workers."""
         if self.store is None:
             self.store = RunStore(self.root, machine_info())
+        return self.store
 
     def save(self) -> None:
         """Saves the results as ``--gpu-benchmark-save`` says (nothing to save: nothing
@@ -229,11 +231,8 @@ class BenchmarkSession:
             return
         if self.save_as is None or not self.results:
             return
-        self.open_store()
-        self.saved_path = self.store.save(
-            self.save_as,
-            self.all_rounds(),  # type: ignore[union-attr]
-            append=self.append,
+        self.saved_path = self.open_store().save(
+            self.save_as, self.all_rounds(), append=self.append
         )
 
     def export(self) -> Dict[str, Any]:
@@ -275,7 +274,7 @@ def _parse_count(value: Any, option: str, minimum: int) -> int:
 
 def make_gpu_benchmark(session: BenchmarkSession, key: str) -> Callable[..., BenchmarkResult]:
     """The fixture's value for the test ``key``: call it once."""
-    used = []
+    used: List[bool] = []
 
     def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BenchmarkResult:
         if used:

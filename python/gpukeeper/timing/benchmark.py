@@ -552,8 +552,9 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
             t = step()
             if t is None:
                 continue
-            reason = add(t)
-            if reason is not None:
+            stopped = add(t)
+            if stopped is not None:
+                reason = stopped
                 break
     samples.stop_reason = reason
     samples.total_s = stop.wall_s()
@@ -784,7 +785,7 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         warmup=opts.warmup,
         l2_flush=run.flusher is not None and run.flusher.nbytes > 0,
         launch_latency=("hidden" if hidden else "included") if on_gpu else "n/a",
-        gpu_floor_ms=timer.floor_ms if hidden else None,  # type: ignore[union-attr]
+        gpu_floor_ms=timer.floor_ms if timer is not None and hidden else None,
         stop_reason=samples.stop_reason,
         total_time_s=samples.total_s + (loop.total_s if loop is not None else 0.0),
         memory_before_bytes=memory.before,

@@ -11,6 +11,7 @@ import os
 from typing import Any, Iterable, List, Optional, Union
 
 from gpukeeper import frameworks
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import GpuError, InvalidInputError
 
 __all__ = ["ProfilerContext"]
@@ -88,8 +89,7 @@ class ProfilerContext:
                 chosen.append(activity)
             if not chosen:
                 raise InvalidInputError("activities must name at least one of 'cpu', 'cuda'")
-        if isinstance(row_limit, bool) or not isinstance(row_limit, int) or row_limit <= 0:
-            raise InvalidInputError(f"row_limit must be a positive int, got {row_limit!r}")
+        check_int(row_limit, "row_limit", 1)
         if sort_by is not None and not isinstance(sort_by, str):
             raise InvalidInputError(f"sort_by must be a column name, got {sort_by!r}")
         self.activities = chosen

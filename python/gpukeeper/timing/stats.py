@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, Iterable, List, Sequence
 
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
@@ -217,10 +218,8 @@ class NoiseCriterion:
             raise InvalidInputError(
                 f"max_noise must be a positive fraction (0.005 = 0.5 %), got {max_noise!r}"
             )
-        if not isinstance(min_samples, int) or min_samples < 2:
-            raise InvalidInputError(f"min_samples must be an int >= 2, got {min_samples!r}")
-        if not isinstance(window, int) or window < 4:
-            raise InvalidInputError(f"window must be an int >= 4, got {window!r}")
+        check_int(min_samples, "min_samples", 2)
+        check_int(window, "window", 4)
         self.max_noise = float(max_noise)
         self.min_samples = min_samples
         self.min_time = float(min_time)
