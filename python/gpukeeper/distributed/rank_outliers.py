@@ -97,7 +97,7 @@ def pick_outlier(
 
     With three known figures or more: among the ranks beyond the median in that direction,
     the furthest from it; of equal figures the lowest rank. None when no rank is beyond
-    the median, i.e. when at least half the ranks share the worst figure.
+    the median: all figures equal, or more than half the ranks share the worst one.
 
     With two: their median lies halfway and cannot tell, so the worse one is named
     (``how`` is :data:`MAX_OF_TWO`, which a table should say); None when they are equal.
