@@ -231,8 +231,9 @@ class DevicesReport:
     def to_dict(self) -> Dict[str, Any]:
         """The report as JSON-ready builtins: the process's identity, ``mode``, each
         device's ``MemoryReport.to_dict()`` under ``"devices"`` and the totals under
-        ``"total"`` (derived: ``from_dict`` recomputes them)."""
-        return {
+        ``"total"`` (derived: ``from_dict`` recomputes them), and ``"other_devices"`` when
+        it is known (a report of ``scope="rank"``)."""
+        data: Dict[str, Any] = {
             "rank": self.rank,
             "world_size": self.world_size,
             "hostname": self.hostname,
@@ -240,9 +241,11 @@ class DevicesReport:
             "timestamp": self.timestamp,
             "mode": self.mode,
             "devices": [r.to_dict() for r in self.devices],
-            "other_devices": self.other_devices,
             "total": self._totals(),
         }
+        if self.other_devices is not None:  # only a rank's report has it: others keep their keys
+            data["other_devices"] = self.other_devices
+        return data
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """``to_dict()`` as JSON text."""
