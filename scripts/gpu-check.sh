@@ -18,7 +18,7 @@
 #               under the torch hook) in its own process session, which outlives the call
 #   soak-wait   waits for it and keeps its table and JSON
 #   distributed on a machine of two GPUs: test_distributed.py (its NCCL cases under
-#               torchrun) and test_multi_gpu.py, then distributed_gather_bench.py with NCCL
+#               torchrun, one rank per GPU) and test_multi_gpu.py, then distributed_gather_bench.py with NCCL
 #   traces      records allocation traces (benchmarks/python/record_traces.py) of the workloads
 #               in GPUKEEPER_TRACE_WORKLOADS (default twostream); they come back in the tar
 #   replay      what one page move costs, call by call (page_move_bench), then the recorded
@@ -240,14 +240,20 @@ if want distributed; then
   step "many GPUs: torchrun with NCCL, one process over two devices"
   mkdir -p "$OUT/bench"
   nvidia-smi topo -m > "$LOG/topology.txt" 2>&1
-  "$PY" -m pytest tests/python/test_distributed.py tests/python/test_multi_gpu.py -q -p no:cacheprovider -rs \
+  # The NCCL cases run with one rank per GPU of the machine (at least 2).
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true); [ "${ngpu:-0}" -ge 2 ] || ngpu=2
+  GPUKEEPER_TEST_WORLD_SIZE=$ngpu "$PY" -m pytest tests/python/test_distributed.py \
+    tests/python/test_rank_outliers.py tests/python/test_multi_gpu.py -q -p no:cacheprovider -rs \
     2>&1 | tee "$LOG/pytest-distributed.txt"
-  rc=${PIPESTATUS[0]}; summary "pytest distributed + multi-GPU: $(tail -1 "$LOG/pytest-distributed.txt") (rc=$rc)"
+  rc=${PIPESTATUS[0]}; summary "pytest distributed + multi-GPU ($ngpu ranks): $(tail -1 "$LOG/pytest-distributed.txt") (rc=$rc)"
   [ "$rc" = 0 ] || status=1
-  (cd benchmarks/python && "$PY" distributed_gather_bench.py --backend nccl --ranks 2 \
-    --json "$OUT/bench/distributed_gather_nccl.json") 2>&1 | tee "$LOG/gather-nccl.txt"
-  rc=${PIPESTATUS[0]}; summary "gather bench (NCCL, 2 ranks): rc=$rc"
-  grep -E "^│" "$LOG/gather-nccl.txt" >> "$OUT/summary.txt"; [ "$rc" = 0 ] || status=1
+  for n in $(printf "2\n%s\n" "$ngpu" | sort -nu); do
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node="$n" \
+      benchmarks/python/distributed_gather_bench.py --out "$OUT/bench" 2>&1 | tee "$LOG/gather-nccl-$n.txt"
+    rc=${PIPESTATUS[0]}; summary "gather bench (NCCL, $n ranks): rc=$rc"
+    grep -E "^(what|full|summary|bare|report|aggregate)" "$LOG/gather-nccl-$n.txt" >> "$OUT/summary.txt"
+    [ "$rc" = 0 ] || status=1
+  done
 fi
 
 if want traces; then

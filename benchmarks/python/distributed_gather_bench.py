@@ -1,134 +1,176 @@
 #!/usr/bin/env python3
-"""What gathering memory reports across ranks costs (issue 14).
+"""What gathering memory reports and timings across ranks costs, under torchrun.
 
-For each world size, N processes join a process group (gloo on the CPU, or NCCL with one
-GPU per rank) and time, on rank 0, after a barrier:
+    torchrun --standalone --nproc-per-node=N benchmarks/python/distributed_gather_bench.py --out DIR
 
-  full, to rank 0        gather_memory_reports()                 every rank's DevicesReport
-  summary, to rank 0     gather_memory_reports(summary=True)     a RankMemory per rank
+Every rank joins one process group (NCCL with one GPU per rank where there are N GPUs,
+else gloo on the CPU; ``--backend`` chooses) and times each row below many times. Before
+each call the ranks meet (an ``all_reduce`` of one integer, waited for on the host), then
+every rank takes the wall clock around the call (and, for NCCL, until its device is
+done). A call's time is the slowest rank's: what a job waits for. The table gives the
+median of those over ``--reps`` calls, and rank 0's own median beside it.
+
+  full, to rank 0        gather_memory_reports()                       pickled reports
   full, to all           gather_memory_reports(dst=None)
-  report only            gpukeeper.memory_report() on each rank  (the local part)
-  torch gather_object    dist.gather_object of a same-sized dict (the transport alone)
+  summary, to rank 0     gather_memory_reports(summary=True)           one int64 row a rank
+  summary, to all        gather_memory_reports(summary=True, dst=None)
+  summary transport      the summary's all_gather alone (a row made beforehand)
+  bare all_gather        dist.all_gather_single of the same bytes, tensors made beforehand
+  report, scope=rank     memory_report(scope="rank"): the local part of a gather
+  report, scope=visible  memory_report(): every visible device
+  aggregate              aggregate(result): a RankTiming per rank, to every rank
 
-and the payload per rank (pickled bytes). Medians over the repetitions; the gather's
-cost is then split into the local report and the transport, and the growth with N is
-what docs/performance.md extrapolates to 1 000 ranks.
-
-  python distributed_gather_bench.py [--ranks 2 4 8] [--reps 50] [--backend gloo|nccl] [--json PATH]
+and the ratios of the summary rows to the bare all_gather. Rank 0 prints the table and
+writes DIR/distributed_gather_{backend}_{N}ranks.json (environment block from bench_env).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import pickle
-import platform
-import socket
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
-from bench_env import cpu_name
+import torch
+import torch.distributed as dist
+from bench_env import environment
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _time(fn, reps: int, barrier) -> float:
-    """Median microseconds of ``fn`` on this rank, each call after a barrier."""
-    samples = []
-    for _ in range(reps):
-        barrier()
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
-    return statistics.median(samples)
+import gpukeeper
+from gpukeeper import distributed as gkd
+from gpukeeper.distributed.rank_memory import VECTOR_LENGTH, RankMemory
+from gpukeeper.frameworks import ranks
 
 
-def _rank_main(rank: int, world: int, port: int, backend: str, reps: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    import torch
-    import torch.distributed as dist
-
-    import gpukeeper
-    from gpukeeper import distributed as gkd
-
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        keep = torch.ones(1 << 20, device="cuda")  # a context and a tensor, as in training
-    else:
-        keep = torch.ones(1 << 20)
-    dist.init_process_group(backend, rank=rank, world_size=world)
-    barrier = dist.barrier
-    full = gpukeeper.memory_report().to_dict()
-    summary = gkd.RankMemory.from_report(gpukeeper.memory_report(), rank=rank).to_dict()
-    rows: Dict[str, float] = {}
-    for _ in range(3):  # warm-up: first collectives set up connections
-        gkd.gather_memory_reports()
-    rows["full, to rank 0"] = _time(lambda: gkd.gather_memory_reports(), reps, barrier)
-    rows["summary, to rank 0"] = _time(lambda: gkd.gather_memory_reports(summary=True), reps, barrier)
-    rows["full, to all"] = _time(lambda: gkd.gather_memory_reports(dst=None), reps, barrier)
-    rows["report only"] = _time(lambda: gpukeeper.memory_report(), reps, barrier)
-    out_list = [None] * world if rank == 0 else None
-    rows["torch gather_object"] = _time(lambda: dist.gather_object(full, out_list, dst=0), reps, barrier)
-    if rank == 0:
-        Path(out).write_text(json.dumps({
-            "ranks": world, "backend": backend, "reps": reps, "median_us": rows,
-            "payload_bytes": {"full": len(pickle.dumps(full)), "summary": len(pickle.dumps(summary))},
-        }))
-    del keep
-    dist.destroy_process_group()
-
-
-def _environment(backend: str) -> Dict[str, Any]:
-    import torch
-
-    import gpukeeper
-
-    env = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "torch": torch.__version__,
-           "gpukeeper": gpukeeper.__version__, "cpu": cpu_name(), "cores": os.cpu_count(), "backend": backend}
-    if backend == "nccl":
-        env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return env
+def _backend(choice: str, world: int) -> str:
+    if choice != "auto":
+        return choice
+    usable = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    return "nccl" if usable and dist.is_nccl_available() else "gloo"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--reps", type=int, default=50)
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON")
+    parser.add_argument("--reps", type=int, default=200, help="calls timed per row")
+    parser.add_argument("--warmup", type=int, default=10, help="calls before timing, per row")
+    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
     args = parser.parse_args()
-    import torch.multiprocessing as mp
-    from rich.console import Console
-    from rich.table import Table
+    world = int(os.environ["WORLD_SIZE"])
+    backend = _backend(args.backend, world)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", torch.cuda.current_device())
+        keep = torch.ones(1 << 20, device=device)  # a context and a tensor, as in training
+    else:
+        device = torch.device("cpu")
+        keep = torch.ones(1 << 20)
+    dist.init_process_group(backend)
+    rank = dist.get_rank()
+    flag = torch.zeros(1, dtype=torch.int64, device=device)
 
-    results: List[Dict[str, Any]] = []
-    for world in args.ranks:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "rank0.json")
-            mp.start_processes(_rank_main, args=(world, _free_port(), args.backend, args.reps, out),
-                               nprocs=world, join=True, start_method="spawn")
-            results.append(json.loads(Path(out).read_text()))
-    names = list(results[0]["median_us"])
-    table = Table(title=f"gather_memory_reports, {args.backend}: median us on rank 0 ({args.reps} reps)")
-    table.add_column("what")
-    for r in results:
-        table.add_column(f"{r['ranks']} ranks", justify="right")
-    for name in names:
-        table.add_row(name, *(f"{r['median_us'][name]:,.0f}" for r in results))
-    table.add_row("payload per rank, full (B)", *(f"{r['payload_bytes']['full']:,}" for r in results))
-    table.add_row("payload per rank, summary (B)", *(f"{r['payload_bytes']['summary']:,}" for r in results))
-    Console().print(table)
-    if args.json is not None:
-        args.json.write_text(json.dumps({"environment": _environment(args.backend), "results": results}, indent=2))
+    def meet() -> None:
+        dist.all_reduce(flag)
+        flag.item()  # on the host: every rank is past the barrier
+
+    def done() -> None:
+        if backend == "nccl":
+            torch.cuda.synchronize()
+
+    vector = RankMemory.from_report(gpukeeper.memory_report(scope="rank")).to_vector()
+    bare_in = torch.tensor(vector, dtype=torch.int64, device=device)
+    bare_out = torch.empty(world * VECTOR_LENGTH, dtype=torch.int64, device=device)
+    flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    result = gpukeeper.BenchmarkResult(name="step", times_ms=[1.0 + 0.01 * rank, 1.1, 1.2])
+
+    rows: Dict[str, Callable[[], Any]] = {
+        "full, to rank 0": lambda: gkd.gather_memory_reports(),
+        "full, to all": lambda: gkd.gather_memory_reports(dst=None),
+        "summary, to rank 0": lambda: gkd.gather_memory_reports(summary=True),
+        "summary, to all": lambda: gkd.gather_memory_reports(summary=True, dst=None),
+        "summary transport": lambda: ranks.all_gather_int64(vector, None, None),
+        "bare all_gather": lambda: flat(bare_out, bare_in),
+        "report, scope=rank": lambda: gpukeeper.memory_report(scope="rank"),
+        "report, scope=visible": lambda: gpukeeper.memory_report(),
+        "aggregate": lambda: gkd.aggregate(result),
+    }
+    mine: Dict[str, List[float]] = {}
+    for name, fn in rows.items():
+        for _ in range(args.warmup):  # first collectives set up connections
+            meet()
+            fn()
+            done()
+        samples = []
+        for _ in range(args.reps):
+            meet()
+            t0 = time.perf_counter_ns()
+            fn()
+            done()
+            samples.append((time.perf_counter_ns() - t0) / 1e3)
+        mine[name] = samples
+    everyone: List[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        out = _summarise(everyone, args, backend, world)
+        out["payload_bytes"] = {
+            "full (pickled report)": len(pickle.dumps(gpukeeper.memory_report().to_dict())),
+            "summary (int64 row)": 8 * VECTOR_LENGTH,
+        }
+        out["environment"] = environment(gpukeeper, torch, None)
+        out["environment"].update(backend=backend, ranks=world, cores=os.cpu_count())
+        if backend == "nccl":
+            out["environment"]["gpus"] = [
+                torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
+            ]
+        out["command"] = "torchrun --standalone --nproc-per-node=%d %s" % (world, " ".join(sys.argv))
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"distributed_gather_{backend}_{world}ranks.json"
+        path.write_text(json.dumps(out, indent=2))
+        _print(out, path)
+    del keep
+    dist.destroy_process_group()
     return 0
+
+
+def _summarise(everyone: List[Dict[str, List[float]]], args: Any, backend: str, world: int):
+    table: Dict[str, Dict[str, float]] = {}
+    for name in everyone[0]:
+        slowest = [max(per[name][i] for per in everyone) for i in range(args.reps)]
+        table[name] = {
+            "median_us": statistics.median(slowest),
+            "p90_us": sorted(slowest)[int(0.9 * (len(slowest) - 1))],
+            "rank0_median_us": statistics.median(everyone[0][name]),
+        }
+    bare = table["bare all_gather"]["median_us"]
+    ratios = {
+        f"{name} / bare all_gather": table[name]["median_us"] / bare
+        for name in ("summary, to all", "summary, to rank 0", "summary transport")
+    }
+    return {"backend": backend, "ranks": world, "reps": args.reps, "rows": table, "ratios": ratios}
+
+
+def _print(out: Dict[str, Any], path: Path) -> None:
+    title = (
+        f"gather across ranks: {out['ranks']} ranks, {out['backend']}, "
+        f"median of {out['reps']} calls (slowest rank per call), microseconds"
+    )
+    print(title)
+    width = max(len(n) for n in out["rows"]) + 2
+    print(f"{'what':<{width}}{'median':>10}{'p90':>10}{'rank 0':>10}")
+    for name, row in out["rows"].items():
+        print(
+            f"{name:<{width}}{row['median_us']:>10.1f}{row['p90_us']:>10.1f}"
+            f"{row['rank0_median_us']:>10.1f}"
+        )
+    for name, ratio in out["ratios"].items():
+        print(f"{name}: {ratio:.2f}x")
+    for name, size in out["payload_bytes"].items():
+        print(f"payload per rank, {name}: {size} B")
+    print(f"written: {path}")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,17 @@
     python -m torch.distributed.run --standalone --nproc_per_node=N distributed_child.py SCENARIO OUT [BACKEND]
 
 Each rank writes what it saw to OUT/rank{R}.json; the test reads them. Scenarios:
-``api`` (every function of gpukeeper.distributed), ``sigterm`` (the exit guard when the
-launcher ends the job while one rank waits in a collective). BACKEND: gloo (default, CPU
+``api`` (every function of gpukeeper.distributed), ``outliers`` (each rank holds the
+MiB that GPUKEEPER_TEST_HOLD_MIB lists for it, and times the ms GPUKEEPER_TEST_MS lists:
+which rank do the tables name), ``sigterm`` (the exit guard when the launcher ends the
+job while one rank waits in a collective). BACKEND: gloo (default, CPU
 tensors) or nccl (one GPU per rank, CUDA tensors).
 """
 
 import atexit
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -28,7 +31,7 @@ DEVICE = "cpu"
 
 def api(out: Path) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
-    seen: dict = {"rank": rank, "world": world}
+    seen: dict = {"rank": rank, "world": world, "backend": str(dist.get_backend())}
     info = gkd.rank_info()
     seen["rank_info"] = [info.rank, info.world_size, info.source]
 
@@ -42,6 +45,8 @@ def api(out: Path) -> dict:
         seen["reports"] = reports
     summaries = gkd.gather_memory_reports(dst=None, summary=True)
     seen["summaries"] = [[s.rank, s.pid, type(s).__name__] for s in summaries]
+    seen["summary_devices"] = [[s.devices, s.other_devices, s.hostname] for s in summaries]
+    seen["hostname"] = socket.gethostname()
     seen["summary_table"] = gkd.format_rank_table(summaries)
     pair = dist.new_group([0, 1])
     if rank in (0, 1):
@@ -113,6 +118,32 @@ def api(out: Path) -> dict:
     return seen
 
 
+def outliers(out: Path) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hold = [int(v) for v in os.environ["GPUKEEPER_TEST_HOLD_MIB"].split(",")][rank]
+    ms = [float(v) for v in os.environ["GPUKEEPER_TEST_MS"].split(",")][rank]
+    if DEVICE == "cpu":  # CPU mode counts gpukeeper's host pools as the frameworks' memory
+        pool = gpukeeper.MemoryPool("host")
+        held = pool.get_managed_buffer(0, max(hold, 1) << 20, gpukeeper.Precision.Uint8)
+    else:
+        held = torch.empty(hold << 20, dtype=torch.uint8, device=DEVICE)
+    seen: dict = {"rank": rank, "world": world}
+    full = gkd.gather_memory_reports()
+    summaries = gkd.gather_memory_reports(summary=True, dst=None)
+    seen["summary_table"] = gkd.format_rank_table(summaries)
+    seen["summary_allocated"] = [s.allocated for s in summaries]
+    if rank == 0:
+        seen["table"] = gkd.format_rank_table(full)
+    # A planted timing: the loop is not what is tested here, the rule over ranks is.
+    result = gpukeeper.BenchmarkResult(name="planted", times_ms=[ms - 0.01, ms, ms + 0.01])
+    agg = gkd.aggregate(result)
+    seen["aggregate"] = {"outlier_rank": agg.outlier_rank, "outlier_how": agg.outlier_how,
+                         "slowest_rank": agg.slowest_rank, "text": agg.table()}
+    del held
+    dist.barrier()
+    return seen
+
+
 def sigterm(out: Path) -> dict:
     rank = dist.get_rank()
     # Registered before the guard, so it runs after the guard's exit-time cleanup: the
@@ -138,7 +169,7 @@ def main() -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         DEVICE = f"cuda:{torch.cuda.current_device()}"
     dist.init_process_group(backend)
-    seen = {"api": api, "sigterm": sigterm}[scenario](out)
+    seen = {"api": api, "outliers": outliers, "sigterm": sigterm}[scenario](out)
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen, default=str))
     dist.destroy_process_group()
 

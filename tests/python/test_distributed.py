@@ -25,10 +25,11 @@ CHILD = Path(__file__).with_name("distributed_child.py")
 MiB = 1 << 20
 
 
-def torchrun(n: int, scenario: str, out: Path, backend: str = "gloo", timeout: float = 120, **popen):
+def torchrun(n: int, scenario: str, out: Path, backend: str = "gloo", timeout: float = 120,
+             extra_env=None, **popen):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
            str(CHILD), scenario, str(out), backend]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
     if popen:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 **popen)
@@ -42,11 +43,15 @@ def _gpus() -> int:
         return 0
 
 
-NCCL = pytest.mark.skipif(_gpus() < 2 or not dist.is_nccl_available(), reason="needs 2 GPUs and NCCL")
+#: Ranks of the NCCL cases, one GPU each: 2 unless GPUKEEPER_TEST_WORLD_SIZE says more
+#: (GPUKEEPER_TEST_WORLD_SIZE=4 on a machine of four GPUs).
+NCCL_RANKS = int(os.environ.get("GPUKEEPER_TEST_WORLD_SIZE", "2"))
+NCCL = pytest.mark.skipif(_gpus() < NCCL_RANKS or not dist.is_nccl_available(),
+                          reason=f"needs {NCCL_RANKS} GPUs and NCCL")
 
 
-@pytest.fixture(scope="module", params=[(2, "gloo"), (4, "gloo"), pytest.param((2, "nccl"), marks=NCCL)],
-                ids=["2-ranks-gloo", "4-ranks-gloo", "2-ranks-nccl"])
+@pytest.fixture(scope="module", params=[(2, "gloo"), (4, "gloo"), pytest.param((NCCL_RANKS, "nccl"), marks=NCCL)],
+                ids=["2-ranks-gloo", "4-ranks-gloo", f"{NCCL_RANKS}-ranks-nccl"])
 def api_run(request, tmp_path_factory):
     n, backend = request.param
     out = tmp_path_factory.mktemp(f"dist{n}{backend}")
@@ -78,6 +83,18 @@ def test_summaries_gathered_to_every_rank(api_run):
         assert all(row[2] == "RankMemory" for row in s["summaries"])
 
 
+def test_summaries_describe_each_ranks_own_device(api_run):
+    n, _, seen = api_run
+    rows = seen[0]["summary_devices"]
+    for r, (devices, others, hostname) in enumerate(rows):
+        assert hostname == seen[r]["hostname"]  # the host name survives the int64 row
+        if seen[r]["backend"] == "nccl":  # one GPU per rank: each row is its rank's device only
+            assert devices == [r], rows
+            assert others == [], f"rank {r} holds memory on other devices: {rows}"
+        else:  # CPU mode: the host report; gloo on a GPU machine: the current device
+            assert len(devices) <= 1 and (devices or others is None), rows
+
+
 def test_subgroup_gathers_to_its_destination(api_run):
     _, _, seen = api_run
     assert seen[0]["pair"] is None
@@ -88,7 +105,7 @@ def test_rank_table_has_every_rank_and_the_spread(api_run):
     n, _, seen = api_run
     lines = seen[0]["table"].splitlines()
     assert lines[0] == f"gpukeeper memory across ranks ({n} of {n})"
-    first_cells = [line.split()[0] for line in lines[3:]]
+    first_cells = [line.split()[0] for line in lines[3:] if not line.startswith("* ")]
     assert first_cells == [str(r) for r in range(n)] + ["min", "max", "sum", "outlier"]
 
 

@@ -23,6 +23,7 @@ from gpukeeper.account.device_account import MemoryReport
 from gpukeeper.account.process_account import DevicesReport
 from gpukeeper.base import device_names as devices
 from gpukeeper.base import host_memory as host
+from gpukeeper.base.arg_checks import check_choice
 from gpukeeper.base.byte_figures import bytes_text, sum_known
 from gpukeeper.base.nvml import (
     NVML,
@@ -34,6 +35,7 @@ from gpukeeper.base.nvml import (
     nvml_status,
     process_name,
     text,
+    this_process_memory,
 )
 from gpukeeper.frameworks import FrameworkMemory
 from gpukeeper.frameworks.ranks import current_rank
@@ -246,15 +248,19 @@ def _holds_context(device: int) -> bool:
 
 
 @overload
-def memory_report(device: None = None, *, use_nvml: bool = True) -> "DevicesReport": ...
+def memory_report(
+    device: None = None, *, use_nvml: bool = True, scope: str = "visible"
+) -> "DevicesReport": ...
 
 
 @overload
-def memory_report(device: Any, *, use_nvml: bool = True) -> MemoryReport: ...
+def memory_report(
+    device: Any, *, use_nvml: bool = True, scope: str = "visible"
+) -> MemoryReport: ...
 
 
 def memory_report(
-    device: Any = None, *, use_nvml: bool = True
+    device: Any = None, *, use_nvml: bool = True, scope: str = "visible"
 ) -> "Union[MemoryReport, DevicesReport]":
     """Who holds the memory of every visible device, or of one.
 
@@ -269,16 +275,34 @@ def memory_report(
 
     ``use_nvml=False`` skips NVML (faster; no process split, no other processes).
 
-    Raises ``InvalidInputError`` for a malformed or nonexistent device, or a CUDA device
-    where CUDA is unusable; a missing or failing NVML never raises (the ``nvml`` field
-    says why).
+    ``scope`` (with ``device=None`` only): ``"visible"`` (the default) covers every visible
+    device. ``"rank"``, for one rank of a distributed job (a process group, or a
+    launcher's RANK/WORLD_SIZE), covers only the device the rank drives (the current
+    device), and the report's ``other_devices`` lists the other devices this process
+    holds memory on (a primary context there, as the driver tells without creating one;
+    NVML's process list where the driver cannot be asked; None when neither can tell).
+    Outside a distributed job, or without CUDA, ``"rank"`` is ``"visible"``.
+
+    Raises ``InvalidInputError`` for a malformed or nonexistent device, a CUDA device
+    where CUDA is unusable, or an unknown ``scope``; a missing or failing NVML never
+    raises (the ``nvml`` field says why).
     """
+    check_choice(scope, "memory_report: scope", ("visible", "rank"))
     if device is None:
         info = current_rank()
+        others: Optional[List[int]] = None
+        count = devices.cuda_status()[0] if scope == "rank" and info is not None else 0
+        if count > 0:
+            own = min(devices.current_cuda_index(), count - 1)
+            reports = [_cuda_report(own, use_nvml)]
+            others = _other_devices(own, count, use_nvml)
+        else:
+            reports = _every_device(use_nvml)
         return DevicesReport(
-            devices=_every_device(use_nvml),
+            devices=reports,
             rank=None if info is None else info.rank,
             world_size=None if info is None else info.world_size,
+            other_devices=others,
         )
     spec = devices.resolve_device(device)
     if spec.index is None:
@@ -290,6 +314,29 @@ def memory_reports(*, use_nvml: bool = True) -> List[MemoryReport]:
     """The per-device list: ``list(memory_report())``, one :class:`MemoryReport` per
     visible CUDA device (one CPU-mode report without CUDA), without the totals."""
     return _every_device(use_nvml)
+
+
+def _other_devices(own: int, count: int, use_nvml: bool) -> Optional[List[int]]:
+    """The devices besides ``own`` on which this process holds memory, or None when that
+    cannot be told. Holding memory on a device takes a context there, and the frameworks
+    all use the primary one: the driver answers that in microseconds for every device,
+    where NVML's process list takes tens to hundreds of microseconds a device (eight of
+    them would be most of a rank's report), so NVML is asked only where the driver
+    cannot be. A context that no framework made (``cuCtxCreate``) on another device is
+    not seen here."""
+    found = []
+    for d in range(count):
+        if d == own:
+            continue
+        active = frameworks.primary_context_active(d)
+        if active is None:
+            reading = this_process_memory(d) if use_nvml else None
+            if reading is None or reading.listed is None:
+                return None
+            active = reading.listed
+        if active:
+            found.append(d)
+    return found
 
 
 def _every_device(use_nvml: bool) -> List[MemoryReport]:

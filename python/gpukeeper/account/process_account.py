@@ -44,8 +44,11 @@ class DevicesReport:
 
     ``devices``: one :class:`~gpukeeper.account.device_account.MemoryReport` per visible
     CUDA device, in device order (in CPU mode, the one host-memory report). ``rank`` and
-    ``world_size``: this process's place in a distributed job, None outside one. All sizes
-    are in bytes; ``None`` means unknown.
+    ``world_size``: this process's place in a distributed job, None outside one.
+    ``other_devices``: for a report of only the device a rank drives
+    (``memory_report(scope="rank")``), the other devices this process holds memory on
+    (their figures are not in the report); None when the report covers every visible
+    device, or when that could not be told. All sizes are in bytes; ``None`` means unknown.
 
     It is a sequence of its device reports: ``len(r)``, ``r[i]``, ``for d in r``.
     """
@@ -56,6 +59,7 @@ class DevicesReport:
     hostname: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     timestamp: float = field(default_factory=time.time)
+    other_devices: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.devices, list) or not all(
@@ -66,6 +70,17 @@ class DevicesReport:
             check_optional_int(getattr(self, name), f"DevicesReport {name}", 0)
         if self.world_size == 0:
             raise InvalidInputError("DevicesReport world_size must be at least 1")
+        if self.other_devices is not None and (
+            not isinstance(self.other_devices, list)
+            or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                for d in self.other_devices
+            )
+        ):
+            raise InvalidInputError(
+                "DevicesReport other_devices must be None or a list of device indices, "
+                f"got {self.other_devices!r}"
+            )
         if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
             raise InvalidInputError(
                 f"DevicesReport rank {self.rank} is not below world_size {self.world_size}"
@@ -211,8 +226,9 @@ class DevicesReport:
     def to_dict(self) -> Dict[str, Any]:
         """The report as JSON-ready builtins: the process's identity, ``mode``, each
         device's ``MemoryReport.to_dict()`` under ``"devices"`` and the totals under
-        ``"total"`` (derived: ``from_dict`` recomputes them)."""
-        return {
+        ``"total"`` (derived: ``from_dict`` recomputes them), and ``"other_devices"`` when
+        it is known (a report of ``scope="rank"``)."""
+        data: Dict[str, Any] = {
             "rank": self.rank,
             "world_size": self.world_size,
             "hostname": self.hostname,
@@ -222,6 +238,9 @@ class DevicesReport:
             "devices": [r.to_dict() for r in self.devices],
             "total": self._totals(),
         }
+        if self.other_devices is not None:  # only a rank's report has it: others keep their keys
+            data["other_devices"] = self.other_devices
+        return data
 
     def to_json(self, indent: Optional[int] = 2) -> str:
         """``to_dict()`` as JSON text."""
@@ -258,6 +277,7 @@ class DevicesReport:
             hostname=data["hostname"],
             pid=data["pid"],
             timestamp=data["timestamp"],
+            other_devices=data.get("other_devices"),
         )
 
     # ----------------------------------------------------------------- text and HTML
@@ -276,6 +296,11 @@ class DevicesReport:
             parts.append(f"{len(self.devices)} CUDA device{'s' if len(self.devices) != 1 else ''}")
         else:
             parts.append("CPU mode")
+        if self.other_devices:
+            held = ", ".join(str(d) for d in self.other_devices)
+            parts.append(
+                f"also holds memory on device{'s' if len(self.other_devices) > 1 else ''} {held}"
+            )
         return "gpukeeper memory report of the process: " + ", ".join(parts)
 
     def _total_parts(self) -> Tuple[str, List[Tuple[str, str, str]]]:

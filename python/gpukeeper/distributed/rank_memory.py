@@ -7,18 +7,26 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from gpukeeper.account.account_reader import memory_report
 from gpukeeper.account.process_account import DevicesReport
+from gpukeeper.base.arg_checks import check_choice
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.text_table import text_table
+from gpukeeper.distributed.rank_outliers import TWO_RANKS_NOTE, pick_outlier
 from gpukeeper.frameworks import ranks
 
-__all__ = ["RankMemory", "format_rank_table", "gather_memory_reports"]
+__all__ = [
+    "HOSTNAME_BYTES",
+    "VECTOR_LENGTH",
+    "RankMemory",
+    "format_rank_table",
+    "gather_memory_reports",
+    "outlier",
+]
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,9 @@ class RankMemory:
     driver; ``peak``: the most allocated since the frameworks' peaks were last reset;
     ``context``: the CUDA context and libraries (this process's device memory as NVML
     sees it, minus what the frameworks reserved); ``process``: NVML's figure for the
-    process (RSS in CPU mode).
+    process (RSS in CPU mode). ``devices``: the devices the totals cover (empty in CPU
+    mode); ``other_devices``: other devices this process holds memory on when the report
+    covered only the rank's own device (``scope="rank"``), None when not asked or unknown.
     """
 
     rank: int
@@ -43,6 +53,7 @@ class RankMemory:
     peak: Optional[int]
     context: Optional[int]
     process: Optional[int]
+    other_devices: Optional[List[int]] = None
 
     @classmethod
     def from_report(cls, report: DevicesReport, rank: Optional[int] = None) -> "RankMemory":
@@ -63,10 +74,90 @@ class RankMemory:
             peak=report.peak_allocated_bytes,
             context=report.context_and_libraries_bytes,
             process=report.process_bytes,
+            other_devices=None if report.other_devices is None else list(report.other_devices),
         )
 
     def to_dict(self) -> Dict[str, Any]:
+        """The fields as JSON-ready builtins."""
         return asdict(self)
+
+    def to_vector(self) -> List[int]:
+        """The summary as :data:`VECTOR_LENGTH` int64s, the row a summary gather carries.
+
+        Layout: a format mark, rank, world size, pid, a mask of ``devices``, a mask of
+        ``other_devices``, the five sizes, the host name's length in bytes and its first
+        :data:`HOSTNAME_BYTES` bytes (UTF-8) packed 8 to a word. Unknown values are -1
+        (sizes, world size) and a mask of -1 is None. Device indices 0-62 travel; a
+        larger one is left out of the masks (the sizes still count it).
+        """
+        name = self.hostname.encode("utf-8")
+        packed = name[:HOSTNAME_BYTES].ljust(HOSTNAME_BYTES, b"\0")
+        words = [
+            int.from_bytes(packed[i : i + 8], "little", signed=True)
+            for i in range(0, HOSTNAME_BYTES, 8)
+        ]
+        sizes = [self.allocated, self.reserved, self.peak, self.context, self.process]
+        return [
+            _VECTOR_MARK,
+            self.rank,
+            _UNKNOWN if self.world_size is None else self.world_size,
+            self.pid,
+            _mask(self.devices),
+            _UNKNOWN if self.other_devices is None else _mask(self.other_devices),
+            *(_UNKNOWN if v is None else int(v) for v in sizes),
+            len(name),
+            *words,
+        ]
+
+    @classmethod
+    def from_vector(cls, row: Sequence[int]) -> "RankMemory":
+        """Reads back :meth:`to_vector`. A host name longer than :data:`HOSTNAME_BYTES`
+        bytes comes back cut there (at a character boundary). Raises ``InvalidInputError``
+        for a row of another length or without the format mark."""
+        if len(row) != VECTOR_LENGTH or row[0] != _VECTOR_MARK:
+            raise InvalidInputError(
+                f"RankMemory.from_vector: not a summary row (want {VECTOR_LENGTH} int64s "
+                f"starting with {_VECTOR_MARK}, got {len(row)} starting with "
+                f"{row[0] if len(row) else None})"
+            )
+        _, rank, world, pid, devices, others = row[:6]
+        sizes = [None if v == _UNKNOWN else int(v) for v in row[6:11]]
+        length = int(row[11])
+        packed = b"".join(int(w).to_bytes(8, "little", signed=True) for w in row[12:])
+        hostname = packed[: min(length, HOSTNAME_BYTES)].decode("utf-8", errors="ignore")
+        return cls(
+            rank=int(rank),
+            world_size=None if world == _UNKNOWN else int(world),
+            hostname=hostname,
+            pid=int(pid),
+            devices=_unmask(devices),
+            allocated=sizes[0],
+            reserved=sizes[1],
+            peak=sizes[2],
+            context=sizes[3],
+            process=sizes[4],
+            other_devices=None if others == _UNKNOWN else _unmask(others),
+        )
+
+
+#: Bytes of the host name a summary row carries (Linux's HOST_NAME_MAX is 64, so a
+#: Linux host name travels whole); a longer one arrives cut to this many bytes.
+HOSTNAME_BYTES = 64
+#: int64s in a summary row: 12 words of figures, then the host name.
+VECTOR_LENGTH = 12 + HOSTNAME_BYTES // 8
+# Marks a row as this layout ("gk" and a version), so a row of another layout fails
+# loudly instead of reading as figures.
+_VECTOR_MARK = 0x676B_0001
+_UNKNOWN = -1
+_MASK_BITS = 63  # bit 63 would make the word negative, and -1 means unknown
+
+
+def _mask(devices: Sequence[int]) -> int:
+    return sum(1 << d for d in set(devices) if 0 <= d < _MASK_BITS)
+
+
+def _unmask(mask: int) -> List[int]:
+    return [d for d in range(_MASK_BITS) if mask >> d & 1]
 
 
 def gather_memory_reports(
@@ -75,23 +166,32 @@ def gather_memory_reports(
     *,
     summary: bool = False,
     use_nvml: bool = True,
+    scope: str = "rank",
 ) -> Optional[List[Union[DevicesReport, RankMemory]]]:
     """Every rank's memory report, in rank order, on the destination rank.
 
     A collective over ``group`` (None: the default group): every rank of it must call.
     ``dst``: the global rank that receives the list (the others get None); None gives it
-    to every rank. Each report is :func:`gpukeeper.memory_report` over all the devices its
-    rank sees, tagged with the rank (``DevicesReport.rank``).
+    to every rank. Each report is :func:`gpukeeper.memory_report` tagged with its rank
+    (``DevicesReport.rank``).
 
-    ``summary=True`` gathers one :class:`RankMemory` per rank instead: a fixed handful of
-    totals, so the bytes on the wire do not grow with the devices, frameworks and
-    processes a rank sees (what a job of thousands of ranks wants).
+    ``scope="rank"`` (the default): each rank reports the device it drives (its current
+    CUDA device, ``torch.cuda.set_device(local_rank)``), and ``other_devices`` lists any
+    other device it holds memory on (a stray context on device 0 is the usual one).
+    ``scope="visible"``: each rank reports every device it sees, as a single process's
+    ``memory_report()`` does. In CPU mode both give the host report.
 
-    torch.distributed carries the objects (``gather_object``; ``all_gather_object`` for
-    ``dst=None``): with NCCL they travel through the current CUDA device, so set it
-    (``torch.cuda.set_device(local_rank)``) first, as for any collective. Raises
-    ``InvalidInputError`` without a process group, for a group that is not a
-    ``ProcessGroup``, or for a ``dst`` outside the job or the group.
+    ``summary=True`` gathers one :class:`RankMemory` per rank instead: a fixed row of
+    :data:`VECTOR_LENGTH` int64s, carried by one tensor ``all_gather``, so the bytes on the
+    wire do not grow with the devices, frameworks and processes a rank sees, and nothing
+    is pickled. The host name travels cut to :data:`HOSTNAME_BYTES` bytes.
+
+    Full reports travel through torch.distributed's ``gather_object``
+    (``all_gather_object`` for ``dst=None``). With NCCL every collective here runs on the
+    current CUDA device, so set it (``torch.cuda.set_device(local_rank)``) first, as for
+    any collective. Raises ``InvalidInputError`` without a process group, for a group that
+    is not a ``ProcessGroup``, for a ``dst`` outside the job or the group, or for an
+    unknown ``scope``.
     """
     what = "gather_memory_reports"
     group = ranks.check_group(group, what)
@@ -100,13 +200,14 @@ def gather_memory_reports(
         raise InvalidInputError(f"{what}: summary must be a bool, got {summary!r}")
     if not isinstance(use_nvml, bool):
         raise InvalidInputError(f"{what}: use_nvml must be a bool, got {use_nvml!r}")
-    report = memory_report(use_nvml=use_nvml)  # tagged with this rank
-    payload: Any = RankMemory.from_report(report).to_dict() if summary else report.to_dict()
-    gathered = ranks.gather_objects(payload, group, dst)
+    check_choice(scope, f"{what}: scope", ("rank", "visible"))
+    report = memory_report(use_nvml=use_nvml, scope=scope)  # tagged with this rank
+    if summary:
+        rows = ranks.all_gather_int64(RankMemory.from_report(report).to_vector(), group, dst)
+        return None if rows is None else [RankMemory.from_vector(row) for row in rows]
+    gathered = ranks.gather_objects(report.to_dict(), group, dst)
     if gathered is None:
         return None
-    if summary:
-        return [RankMemory(**d) for d in gathered]
     return [DevicesReport.from_dict(d) for d in gathered]
 
 
@@ -120,9 +221,10 @@ _COLUMNS = (
     ("process", "process"),
 )
 
-#: A rank is the outlier of a column when it is this far from the median of the others
-#: (and at least OUTLIER_MIN_BYTES away): ranks of one job usually differ by a few
-#: percent at most, a leak or an imbalance by much more.
+#: A rank is the outlier of a column when it is above the median of the ranks by this
+#: fraction of the median and at least OUTLIER_MIN_BYTES (with two ranks: above the other
+#: rank): ranks of one job usually differ by a few percent at most, a leak or an
+#: imbalance by much more.
 OUTLIER_FRACTION = 0.10
 OUTLIER_MIN_BYTES = 64 << 20
 
@@ -150,25 +252,31 @@ def _rows(reports: Sequence[Any]) -> List[RankMemory]:
 
 
 def outlier(rows: Sequence[RankMemory], column: str) -> Optional[RankMemory]:
-    """The rank furthest from the median of ``column`` when it stands out
-    (``OUTLIER_FRACTION`` of the median and ``OUTLIER_MIN_BYTES``), else None."""
-    known = [r for r in rows if getattr(r, column) is not None]
-    if len(known) < 2:
-        return None
-    mid = statistics.median(getattr(r, column) for r in known)
-    far = max(known, key=lambda r: abs(getattr(r, column) - mid))
-    gap = abs(getattr(far, column) - mid)
-    if gap >= OUTLIER_MIN_BYTES and gap >= OUTLIER_FRACTION * abs(mid):
-        return far
-    return None
+    """The rank that holds the most of ``column`` when it stands out, else None: the rule
+    of :func:`gpukeeper.distributed.pick_outlier` (direction high), with the thresholds
+    ``OUTLIER_FRACTION`` of the median and ``OUTLIER_MIN_BYTES``. With two ranks it is the
+    larger one; :func:`format_rank_table` marks that."""
+    by_rank = {r.rank: r for r in rows}
+    pick = pick_outlier(
+        {r.rank: getattr(r, column) for r in rows},
+        direction="high",
+        min_gap=OUTLIER_MIN_BYTES,
+        min_fraction=OUTLIER_FRACTION,
+    )
+    return None if pick is None else by_rank[pick.rank]
 
 
 def format_rank_table(reports: Sequence[Union[DevicesReport, RankMemory]]) -> str:
     """One table of memory across ranks: a row per rank (allocated, reserved, peak,
     context and the process's own figure, NVML's or in CPU mode its RSS, in totals over
-    the rank's devices), then min, max and sum of each column,
-    and the outlier rank of each column: the one furthest from the median, named when it
-    is at least 10 % and 64 MiB away from it ("-" when no rank stands out).
+    the rank's devices), then min, max and sum of each column, and the outlier rank of
+    each column ("-" when no rank stands out).
+
+    The outlier is the rank holding the most, above the median by at least 10 % of it and
+    64 MiB; a rank far below the others is never named. With two ranks the median lies
+    halfway and cannot tell, so the larger one is named (10 % and 64 MiB above the other),
+    marked ``*`` and explained under the table. The devices cell lists the devices the
+    row covers and, as ``(+ 0)``, other devices the rank holds memory on.
 
     ``reports``: what :func:`gather_memory_reports` returned (either kind), or any list
     of ``DevicesReport`` (ranks taken from the reports, else their positions).
@@ -178,6 +286,8 @@ def format_rank_table(reports: Sequence[Union[DevicesReport, RankMemory]]) -> st
     body = []
     for r in sorted(rows, key=lambda r: r.rank):
         devices = ",".join(str(d) for d in r.devices) or "cpu"
+        if r.other_devices:
+            devices += " (+ " + ",".join(str(d) for d in r.other_devices) + ")"
         body.append(
             [str(r.rank), r.hostname, devices] + [fmt_bytes(getattr(r, col)) for col, _ in _COLUMNS]
         )
@@ -188,13 +298,23 @@ def format_rank_table(reports: Sequence[Union[DevicesReport, RankMemory]]) -> st
             cells.append("?" if any(v is None for v in values) else fmt_bytes(pick(values)))
         body.append([label, "", ""] + cells)
     cells = []
+    of_two = False
     for col, _ in _COLUMNS:
         odd = outlier(rows, col)
-        cells.append("-" if odd is None else f"rank {odd.rank}")
+        mark = "*" if odd is not None and _known_count(rows, col) == 2 else ""
+        of_two = of_two or bool(mark)
+        cells.append("-" if odd is None else f"rank {odd.rank}{mark}")
     body.append(["outlier", "", ""] + cells)
     world = next((r.world_size for r in rows if r.world_size is not None), None)
     title = (
         f"gpukeeper memory across ranks "
         f"({len(rows)} of {world if world is not None else len(rows)})"
     )
-    return title + "\n" + text_table(header, body, left=3)
+    text = title + "\n" + text_table(header, body, left=3)
+    if of_two:
+        text = text.rstrip("\n") + "\n* " + TWO_RANKS_NOTE + "\n"
+    return text
+
+
+def _known_count(rows: Sequence[RankMemory], column: str) -> int:
+    return sum(getattr(r, column) is not None for r in rows)

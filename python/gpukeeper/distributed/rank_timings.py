@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.text_table import text_table
+from gpukeeper.distributed.rank_outliers import TWO_RANKS_NOTE, pick_outlier
 from gpukeeper.frameworks import ranks
 from gpukeeper.md.trajectory_result import TrajectoryResult
 from gpukeeper.timing.benchmark_result import BenchmarkResult
@@ -24,6 +25,11 @@ from gpukeeper.timing.benchmark_result import BenchmarkResult
 __all__ = ["RankAggregate", "RankTiming", "aggregate"]
 
 Result = Union[BenchmarkResult, TrajectoryResult]
+
+#: A rank's median must be this fraction above the median of the ranks' medians to be
+#: named the outlier: ranks running the same code differ by a few percent from noise
+#: alone, and naming one of them would send a reader after nothing.
+OUTLIER_FRACTION = 0.05
 
 
 def _finite(x: Optional[float]) -> Optional[float]:
@@ -110,6 +116,13 @@ class RankAggregate:
     ``ns_per_day_per_replica`` (one replica per rank) and ``ns_per_day_total`` (their
     sum: the ensemble's throughput; None when a rank has no ns/day). ``rank``: the rank
     this object lives on (None when aggregated outside a process group).
+
+    ``outlier_rank``: the slow rank that stands out, by the rule of
+    :func:`gpukeeper.distributed.pick_outlier`: with three ranks or more the slowest when
+    its median is at least ``OUTLIER_FRACTION`` (5 %) above the median of the ranks'
+    medians, None when no rank is; with two ranks the slower one (5 % slower than the
+    other), since their median cannot tell. ``outlier_how`` says which
+    (``"above the median"`` or ``"max of 2 ranks"``; None without an outlier).
     """
 
     kind: str
@@ -123,6 +136,8 @@ class RankAggregate:
     ns_per_day_total: Optional[float] = None
     rank: Optional[int] = None
     warnings: List[str] = field(default_factory=list)
+    outlier_rank: Optional[int] = None
+    outlier_how: Optional[str] = None
 
     @property
     def world_size(self) -> int:
@@ -176,12 +191,35 @@ class RankAggregate:
             f"{self.median_ms['median']:.4f} ms, max {self.median_ms['max']:.4f} ms; slowest rank "
             f"{self.slowest_rank} ({self.imbalance * 100:.1f} % slower than rank "
             f"{self.fastest_rank})",
+            self._outlier_line(),
         ]
         if trajectory:
             total = "?" if self.ns_per_day_total is None else f"{self.ns_per_day_total:.3f}"
             lines.append(f"ensemble: {total} ns/day in total over {self.world_size} replicas")
         lines.extend(f"warning: {w}" for w in self.warnings)
         return "\n".join(lines) + "\n"
+
+    def _outlier_line(self) -> str:
+        if self.outlier_rank is None:
+            return (
+                f"outlier: none (no rank's median is {OUTLIER_FRACTION * 100:.0f} % above "
+                "the median across ranks)"
+            )
+        if self.outlier_how == "max of 2 ranks":
+            return f"outlier: rank {self.outlier_rank}* (* {TWO_RANKS_NOTE})"
+        above = self.per_rank_median(self.outlier_rank) / self.median_ms["median"] - 1.0
+        return (
+            f"outlier: rank {self.outlier_rank} ({above * 100:.1f} % above the median across ranks)"
+        )
+
+    def per_rank_median(self, rank: int) -> float:
+        """The median time (ms) of ``rank``; ``InvalidInputError`` for a rank not here."""
+        for t in self.per_rank:
+            if t.rank == rank:
+                return t.median_ms
+        raise InvalidInputError(
+            f"RankAggregate: no rank {rank!r} (ranks: {[t.rank for t in self.per_rank]})"
+        )
 
     def __str__(self) -> str:
         return self.table()
@@ -199,6 +237,9 @@ def _combine(timings: Sequence[RankTiming], rank: Optional[int]) -> RankAggregat
     if len(names) > 1:
         warnings.append(f"the ranks timed differently named functions: {names}")
     medians = [t.median_ms for t in timings]
+    pick = pick_outlier(
+        {t.rank: t.median_ms for t in timings}, direction="high", min_fraction=OUTLIER_FRACTION
+    )
     slowest = max(timings, key=lambda t: t.median_ms)
     fastest = min(timings, key=lambda t: t.median_ms)
     imbalance = slowest.median_ms / fastest.median_ms - 1.0 if fastest.median_ms > 0 else math.inf
@@ -217,6 +258,8 @@ def _combine(timings: Sequence[RankTiming], rank: Optional[int]) -> RankAggregat
         imbalance=imbalance,
         rank=rank,
         warnings=warnings,
+        outlier_rank=None if pick is None else pick.rank,
+        outlier_how=None if pick is None else pick.how,
     )
     if kind == "trajectory":
         per = [t.ns_per_day for t in out.per_rank]

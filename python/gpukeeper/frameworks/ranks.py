@@ -1,6 +1,6 @@
 """torch.distributed as gpukeeper sees it: this process's rank, the group a caller names,
-and the few collectives gpukeeper makes (a joint decision, gathering Python objects,
-tearing a process group down without hanging).
+and the few collectives gpukeeper makes (a joint decision, gathering Python objects or rows
+of integers, tearing a process group down without hanging).
 
 torch.distributed is the engine; nothing here opens a socket or a file of its own.
 Like the other adapters this module never imports torch: a process that has not
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 from gpukeeper.base import process_life
 from gpukeeper.base.errors import InvalidInputError
@@ -20,6 +20,7 @@ from gpukeeper.base.errors import InvalidInputError
 __all__ = [
     "RankInfo",
     "RankStep",
+    "all_gather_int64",
     "check_dst",
     "check_group",
     "current_rank",
@@ -189,6 +190,37 @@ def gather_objects(obj: Any, group: Any, dst: Optional[int]) -> Optional[List[An
     out_or_none = [None] * size if me == dst else None
     dist.gather_object(obj, out_or_none, dst=dst, group=group)
     return out_or_none
+
+
+def all_gather_int64(
+    values: Sequence[int], group: Any, dst: Optional[int]
+) -> Optional[List[List[int]]]:
+    """Every rank's row of ``len(values)`` int64s, in group-rank order: on ``dst`` (a
+    global rank) only, None elsewhere; on every rank when ``dst`` is None. A collective
+    over ``group``; every rank must give a row of the same length.
+
+    One tensor ``all_gather`` (on the current CUDA device for NCCL, the CPU otherwise): a
+    row of fixed size needs neither pickling nor the size exchange that
+    ``gather_object`` makes first, so it costs one small collective. For ``dst`` the rows
+    travel to every rank too (at this size a gather is no cheaper), and only ``dst``
+    waits for them and reads them back to the host.
+    """
+    dist = loaded_dist()
+    torch = sys.modules["torch"]
+    size = int(dist.get_world_size(group))
+    device = _collective_device(dist, group)
+    row = torch.tensor([int(v) for v in values], dtype=torch.int64).to(device)
+    out = torch.empty(size * row.numel(), dtype=torch.int64, device=device)
+    # all_gather_single is the current name (torch 2.13 deprecates all_gather_into_tensor);
+    # both take a flat output of world x row; the list form is for torch versions with neither.
+    flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+    if flat is not None:
+        flat(out, row, group=group)
+    else:
+        dist.all_gather(list(out.view(size, -1).unbind(0)), row, group=group)
+    if dst is not None and int(dist.get_rank()) != dst:
+        return None
+    return out.view(size, -1).tolist()  # to the host: waits for the collective
 
 
 def check_dst(dst: Any, group: Any, what: str) -> Optional[int]:
