@@ -78,7 +78,7 @@ def test_bad_input_is_typed():
         gkd.pick_outlier({0: 1.0, 1: 2.0}, direction="up")
     with pytest.raises(InvalidInputError, match="mapping"):
         gkd.pick_outlier([1.0, 2.0])
-    with pytest.raises(InvalidInputError, match="ranks must be ints"):
+    with pytest.raises(InvalidInputError, match="a rank must be an int >= 0"):
         gkd.pick_outlier({"0": 1.0})
     with pytest.raises(InvalidInputError, match="number or None"):
         gkd.pick_outlier({0: "1"})

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 __all__ = [
     "LIFE",
@@ -76,7 +76,8 @@ class StatementHook:
             pass  # the callback reports its own failures; a hook must never raise
 
     def _load_monitoring(self) -> None:
-        mon = sys.monitoring
+        # Python 3.12+ only, while mypy checks the package as 3.10.
+        mon = sys.monitoring  # type: ignore[attr-defined]
         tool = next((i for i in (4, 3) if mon.get_tool(i) is None), None)
         if tool is None:
             return  # every free tool id taken by profilers: the callers fall back
@@ -85,6 +86,7 @@ class StatementHook:
         mon.register_callback(tool, events.CALL, lambda *args: self._fire())
         mon.register_callback(tool, events.LINE, lambda *args: self._fire())
         self.tool = tool
+        self._monitoring: Any = mon
         self._events = events.CALL | events.LINE
         self.mode = "monitoring"
 
@@ -131,7 +133,7 @@ class StatementHook:
         if self.mode == "monitoring":
             with self.lock:
                 self.watching += 1
-                sys.monitoring.set_events(self.tool, self._events)
+                self._monitoring.set_events(self.tool, self._events)
         elif self.mode == "profile":
             self._set_profile(self._address, self._sentinel)
 
@@ -142,7 +144,7 @@ class StatementHook:
             with self.lock:
                 self.watching = max(0, self.watching - 1)
                 if self.watching == 0:
-                    sys.monitoring.set_events(self.tool, 0)
+                    self._monitoring.set_events(self.tool, 0)
         elif self.mode == "profile":
             self._set_profile(None, None)
 
@@ -151,7 +153,7 @@ class StatementHook:
         self.lock = threading.Lock()
         if self.mode == "monitoring" and self.watching:
             self.watching = 0
-            sys.monitoring.set_events(self.tool, 0)
+            self._monitoring.set_events(self.tool, 0)
 
 
 class _ProfileSentinel:
@@ -233,9 +235,9 @@ def start_thread(name: str, target: Callable[[], Any]) -> threading.Thread:
     return thread
 
 
-def set_signal_handler(signum: int, handler: Callable[[int, Any], None]) -> Any:
-    """Installs ``handler`` for ``signum`` (main thread only: ``ValueError`` otherwise)
-    and returns the handler it replaced."""
+def set_signal_handler(signum: int, handler: Union[Callable[[int, Any], Any], int]) -> Any:
+    """Installs ``handler`` (a function, ``SIG_DFL`` or ``SIG_IGN``) for ``signum`` (main
+    thread only: ``ValueError`` otherwise) and returns the handler it replaced."""
     with LIFE.lock:
         previous = signal.signal(signum, handler)
         LIFE.signal_handlers.setdefault(int(signum), previous)

@@ -319,7 +319,7 @@ def _watch_next_call(arming: _Arming) -> bool:
         if arming not in pending:
             pending.append(arming)
         return True
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename in _SKIP_FILES:
         frame = frame.f_back
     tls.pending = [arming]

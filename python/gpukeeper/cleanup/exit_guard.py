@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from gpukeeper import frameworks
 from gpukeeper.base import process_life
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import InvalidInputError, LeakWarning
 from gpukeeper.cleanup import run
 from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
@@ -332,14 +333,7 @@ def _check_settings(
         raise InvalidInputError(
             f"install_exit_guard: exit_timeout must be > 0 seconds or None, got {exit_timeout!r}"
         )
-    if (
-        isinstance(tolerance_bytes, bool)
-        or not isinstance(tolerance_bytes, int)
-        or tolerance_bytes < 0
-    ):
-        raise InvalidInputError(
-            f"install_exit_guard: tolerance_bytes must be an int >= 0, got {tolerance_bytes!r}"
-        )
+    check_int(tolerance_bytes, "install_exit_guard: tolerance_bytes", 0)
     wanted = []
     for s in signals:
         if s not in (signal.SIGINT, signal.SIGTERM) or isinstance(s, bool):

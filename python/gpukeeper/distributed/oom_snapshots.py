@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from gpukeeper import frameworks
 from gpukeeper.account.account_reader import memory_report
+from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import ranks
 from gpukeeper.pool.oom_retry import is_oom_error
@@ -118,10 +119,7 @@ def write_oom_snapshot(
                 "write_oom_snapshot: no directory given and enable_oom_snapshots() was not called"
             )
         directory = settings.directory
-    if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 0:
-        raise InvalidInputError(
-            f"write_oom_snapshot: max_blocks must be an int >= 0, got {max_blocks!r}"
-        )
+    check_int(max_blocks, "write_oom_snapshot: max_blocks", 0)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     with _lock:
@@ -230,14 +228,8 @@ def enable_oom_snapshots(
         raise InvalidInputError(
             f"enable_oom_snapshots: directory must be a path, got {directory!r}"
         )
-    for value, what, minimum in (
-        (max_blocks, "max_blocks", 0),
-        (max_snapshots, "max_snapshots", 1),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise InvalidInputError(
-                f"enable_oom_snapshots: {what} must be an int >= {minimum}, got {value!r}"
-            )
+    check_int(max_blocks, "enable_oom_snapshots: max_blocks", 0)
+    check_int(max_snapshots, "enable_oom_snapshots: max_snapshots", 1)
     if not isinstance(torch_snapshot, bool):
         raise InvalidInputError(
             f"enable_oom_snapshots: torch_snapshot must be a bool, got {torch_snapshot!r}"

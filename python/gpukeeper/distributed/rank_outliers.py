@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from gpukeeper.base.arg_checks import check_choice
+from gpukeeper.base.arg_checks import check_choice, check_int
 from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
@@ -73,8 +73,7 @@ def _known(values: Mapping[int, Optional[float]]) -> List[Tuple[int, float]]:
         )
     known = []
     for rank, value in values.items():
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise InvalidInputError(f"pick_outlier: ranks must be ints, got {rank!r}")
+        check_int(rank, "pick_outlier: a rank", 0)
         if value is None:
             continue  # unknown on that rank: it can neither stand out nor move the median
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):

@@ -13,7 +13,7 @@ import math
 import socket
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union, cast
 
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.text_table import text_table
@@ -290,7 +290,9 @@ def aggregate(result: Union[Result, Sequence[Result]], group: Any = None) -> Ran
     group = ranks.check_group(group, "aggregate")
     info = ranks.current_rank()
     me = info.rank if info is not None else 0
-    mine = RankTiming.of(result, me)  # a bad result fails on its own rank, before the collective
+    # A bad result (another sequence type included) fails on its own rank, before the
+    # collective.
+    mine = RankTiming.of(cast(Result, result), me)
     gathered = ranks.gather_objects(asdict(mine), group, None)
     assert gathered is not None
     return _combine([RankTiming(**d) for d in gathered], me)
