@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU round in one call of the device tool: build, `gpukeeper check`, the C++
+# The whole GPU round: build, `gpukeeper check`, the C++
 # suite (plain and under compute-sanitizer), the Python suite, and the benchmarks. Logs and JSON go to $OUT (or ./gpu-results).
 # Usage: bash scripts/gpu-check.sh [--no-bench | --timing-bench | --plugin-bench]
 #        GPUKEEPER_STEPS="install cpp stress" bash scripts/gpu-check.sh --no-bench
@@ -9,13 +9,13 @@
 #   --timing-bench  and only the timing benchmarks (timing accuracy, trajectory overhead) and the
 #                   timing truth (benchmarks/python/timing_truth_bench.py)
 #   --plugin-bench  and only the pytest plugin's per-test cost
-# GPUKEEPER_STEPS names the steps to run, so that a round longer than one call of the device
-# tool (10 minutes) is split over calls on the same warm machine; the default is all of
+# GPUKEEPER_STEPS names the steps to run, so that a round can be split into runs of at most
+# 10 minutes each on the same machine; the default is all of
 #   install check cpp stress sanitizer pytest bench
-# (pytest-a and pytest-b instead of pytest split the Python suite in two calls)
+# (pytest-a and pytest-b instead of pytest split the Python suite in two runs)
 # and more that run only when named:
 #   soak-start  starts the 10-minute soak (benchmarks/python/soak.py, torch-geometric's SchNet
-#               under the torch hook) in its own process session, which outlives the call
+#               under the torch hook) in its own process session, which outlives the run
 #   soak-wait   waits for it and keeps its table and JSON
 #   distributed on a machine of two GPUs: test_distributed.py (its NCCL cases under
 #               torchrun, one rank per GPU) and test_multi_gpu.py, then distributed_gather_bench.py with NCCL
@@ -43,7 +43,8 @@ mkdir -p "$OUT/logs"
 LOG=$OUT/logs
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-# On the machines of several GPUs NVLink multicast stays off (the lending rules say why);
+# On machines of several GPUs NVLink multicast stays off: on a host whose GPUs are shared,
+# a program using it can put them out of service;
 # tests/python/test_distributed.py then runs its NCCL cases under torchrun, and
 # test_multi_gpu.py its single-process cases over two devices.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -97,8 +98,8 @@ fi
 if want soak-start; then
   step "soak (started in the background)"
   rm -rf "$SOAK_DIR"; mkdir -p "$SOAK_DIR"
-  # setsid: the device tool ends a call's processes when it returns, all but those of a new
-  # process session; soak-wait, in a later call, collects it.
+  # setsid: the soak lives in a process session of its own, so that it outlives this run
+  # when the run's processes are ended; soak-wait, in a later run, collects it.
   (cd /tmp && setsid nohup bash -c '"$1" "$2" --minutes "$3" --model schnet --atoms 256 \
       --json "$4/soak.json" > "$4/soak.txt" 2>&1; echo $? > "$4/rc"' _ \
       "$PY" "$REPO/benchmarks/python/soak.py" "${GPUKEEPER_SOAK_MINUTES:-10}" "$SOAK_DIR" \
@@ -135,8 +136,8 @@ fi
 if want stress && [ -x "$CPP_TESTS" ]; then
   step "full fault stress (${GPUKEEPER_FULL_STRESS_OPS:-10000000} operations per memory kind)"
   # The fault-injection stress at its full size: 8 threads, fixed, expandable and hybrid layouts;
-  # one process per memory kind, side by side (a kind at a time would outlast a call of the
-  # device tool). Each run prints its counts (allocations, refusals, faults).
+  # one process per memory kind, side by side (a kind at a time would take over 10
+  # minutes). Each run prints its counts (allocations, refusals, faults).
   start=$SECONDS; pids=()
   for kind in host device async pinned; do
     GPUKEEPER_STRESS_KINDS=$kind GPUKEEPER_STRESS_OPS=${GPUKEEPER_FULL_STRESS_OPS:-10000000} \
@@ -210,7 +211,7 @@ if want soak-wait; then
   fi
 fi
 
-# The Python suite takes longer than one call on a GPU: pytest-a and pytest-b each run half
+# The Python suite takes over 10 minutes on a GPU: pytest-a and pytest-b each run half
 # of its files (in name order), pytest all of them.
 pytest_half() {  # a | b
   local files=(tests/python/test_*.py) half
@@ -237,7 +238,7 @@ for part in pytest pytest-a pytest-b; do
 done
 
 if want distributed; then
-  step "many GPUs: torchrun with NCCL, one process over two devices"
+  step "many GPUs: torchrun with NCCL, one rank per GPU"
   mkdir -p "$OUT/bench"
   nvidia-smi topo -m > "$LOG/topology.txt" 2>&1
   # The NCCL cases run with one rank per GPU of the machine (at least 2).
