@@ -458,3 +458,28 @@ def _torch_pool_set_fraction(device: int, fraction: float) -> None:
     """Limits the pool behind PyTorch on a device to fraction * the device's memory."""
 def _torch_pool_fraction(device: int) -> float:
     """The limit of the pool behind PyTorch as a fraction of the device."""
+def _torch_pool_set_layout(expandable: Union[bool, str, None]) -> None:
+    """Where the pools behind PyTorch keep blocks, as MemoryPool's `expandable`; only before
+    the first of them is made (InvalidInputError after).
+    """
+def _torch_pool_api() -> int:
+    """Address of the table of pool functions lent to the PyTorch allocator component
+    (torch_ext/pool_api.hpp), and its version.
+    """
+
+_torch_pool_api_version: int
+
+def _link_torch_graph_pools(library_paths: List[str]) -> str:
+    """Gives PyTorch's pluggable allocator (installed already) gpukeeper's graph-pool
+    callbacks, found in its loaded libraries at these paths. Returns '' or why not.
+    """
+def _torch_graph_pools(device: int) -> List[Dict[str, Any]]:
+    """The private graph pools behind PyTorch on a device: id, uses, capturing and books."""
+def _set_buffer_hook(hook: Optional[Callable[[ManagedBuffer], None]]) -> None:
+    """Calls hook(buffer) with each new ManagedBuffer (None: stop). For leak tracking."""
+def _live_buffers() -> List[ManagedBuffer]:
+    """Every ManagedBuffer object alive now, released or not (for leak reports)."""
+def _orphaned_pools() -> List[Any]:
+    """Pools whose MemoryPool is gone but whose blocks are still out (a buffer returned from a
+    function that made its own pool).
+    """

@@ -112,7 +112,7 @@ class AllocationTracker:
 
     def start(self) -> None:
         _internal_dirs()
-        _core._set_buffer_hook(self.record_buffer)  # type: ignore[attr-defined]  # missing from _core.pyi
+        _core._set_buffer_hook(self.record_buffer)
         self.frameworks.add("gpukeeper")
         torch_types = frameworks.torch_dispatch_mode()
         if torch_types is not None:
@@ -141,7 +141,7 @@ class AllocationTracker:
 
     def stop(self) -> None:
         if "gpukeeper" in self.frameworks:
-            _core._set_buffer_hook(None)  # type: ignore[attr-defined]  # missing from _core.pyi
+            _core._set_buffer_hook(None)
         if self._hook is not None:
             try:
                 self._hook.__exit__(None, None, None)

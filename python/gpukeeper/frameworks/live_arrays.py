@@ -189,7 +189,7 @@ def live_buffers(location: str) -> List[LiveArray]:
     import gpukeeper._core as _core
 
     found = []
-    for obj in _core._live_buffers():  # type: ignore[attr-defined]  # missing from _core.pyi
+    for obj in _core._live_buffers():
         try:
             if obj.released:
                 continue

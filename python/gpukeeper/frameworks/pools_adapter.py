@@ -53,7 +53,7 @@ def live_pools() -> List[Any]:
     its ``MemoryPool`` because a buffer of it is still alive (an ``_Orphan`` each): the
     memory such a buffer holds stays in the account."""
     pools: List[Any] = [pool for pool in (ref() for ref in _ref_tuple) if pool is not None]
-    orphans = _core._orphaned_pools()  # type: ignore[attr-defined]  # missing from _core.pyi
+    orphans = _core._orphaned_pools()
     if orphans:
         pools += [_Orphan(p) for p in orphans]
     return pools

@@ -101,7 +101,7 @@ def _link_graph_pools(torch: Any) -> str:
     """Gives PyTorch's pluggable allocator the graph-pool callbacks; '' or why not. Where
     they cannot be set, CUDA graph capture is refused with that reason."""
     paths = _torch_library_paths(torch)
-    why = _core._link_torch_graph_pools(paths)  # type: ignore[attr-defined]  # missing from _core.pyi
+    why = _core._link_torch_graph_pools(paths)
     if why:
         _refuse_graph_capture(torch, why)
     return why
@@ -175,7 +175,7 @@ def use_torch_allocator(
     if route == "component" and why_not:
         raise GpuError(f"use_torch_allocator(route='component'): {why_not}")
     try:
-        _core._torch_pool_set_layout(expandable)  # type: ignore[attr-defined]  # missing from _core.pyi
+        _core._torch_pool_set_layout(expandable)
     except InvalidInputError as exc:
         raise InvalidInputError(f"use_torch_allocator(expandable={expandable!r}): {exc}") from exc
     if not why_not:
@@ -256,7 +256,7 @@ def graph_pools(device: int = 0) -> List[dict]:
     """The private pools of the CUDA graphs PyTorch captured on ``device`` through
     gpukeeper: each a dict with ``id`` (PyTorch's pool id), ``uses`` (graphs holding it),
     ``capturing``, and its bytes (``allocated_bytes``, ``reserved_bytes``, peaks)."""
-    return list(_core._torch_graph_pools(device))  # type: ignore[attr-defined]  # missing from _core.pyi
+    return list(_core._torch_graph_pools(device))
 
 
 def is_active() -> bool:

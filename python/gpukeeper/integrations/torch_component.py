@@ -93,8 +93,8 @@ def install(torch: Any) -> None:
     assert path is not None
     lib = _load(path)
     error = ctypes.create_string_buffer(2048)
-    api = _core._torch_pool_api()  # type: ignore[attr-defined]  # missing from _core.pyi
-    version = _core._torch_pool_api_version  # type: ignore[attr-defined]  # missing from _core.pyi
+    api = _core._torch_pool_api()
+    version = _core._torch_pool_api_version
     rc = lib.gpukeeper_torch_install(api, version, error, len(error))
     if rc != 0:
         raise GpuError(f"use_torch_allocator(): {error.value.decode(errors='replace')}")
