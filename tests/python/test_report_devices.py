@@ -221,7 +221,7 @@ class TwoDevices:
         self.figures: Dict[int, Dict[str, Any]] = {0: {}, 1: {}}
         self.asked: List[int] = []
 
-    def build(self, device: int, use_nvml: bool) -> MemoryReport:
+    def build(self, device: int, use_nvml: bool, *, for_totals: bool = False) -> MemoryReport:
         self.asked.append(device)
         return fake_cuda_report(device, **self.figures[device])
 
@@ -333,3 +333,20 @@ def test_memory_report_from_dict_names_the_missing_key():
     del data["nvml"]
     with pytest.raises(InvalidInputError, match="nvml"):
         MemoryReport.from_dict(data)
+
+
+def test_a_rank_summary_reads_the_same_totals_as_a_full_report():
+    """The summary's lean reading (no host section, names) keeps every total it carries."""
+    torch = pytest.importorskip("torch") if CUDA else None
+    held = torch.ones(1 << 20, device="cuda") if torch is not None else None
+    full = memory_report()
+    lean = report.rank_totals_report(True, "visible")
+    fields = ["frameworks_allocated_bytes", "frameworks_reserved_bytes", "peak_allocated_bytes"]
+    if CUDA:  # NVML's figure of the process; in CPU mode it is the RSS, which moves
+        fields += ["process_bytes", "context_and_libraries_bytes"]
+    for field in fields:
+        assert getattr(lean, field) == getattr(full, field), field
+    assert [d.device for d in lean.devices] == [d.device for d in full.devices]
+    if CUDA:
+        assert all(d.host == {} for d in lean.devices)  # what the summary leaves unread
+    del held

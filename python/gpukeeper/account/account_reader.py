@@ -95,11 +95,16 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
     )
 
 
-def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
+def _cuda_report(device: int, use_nvml: bool, *, for_totals: bool = False) -> MemoryReport:
+    """The device's account. ``for_totals``: only the figures a rank's summary carries
+    are read, for a report that is never shown: no host section, no device name, no
+    names of the other processes (a file each)."""
     notes: List[str] = []
     framework_memory, reserved_known = _framework_section(device, notes)
     nvml, nvml_reason, handle = _nvml_handle(device, use_nvml, notes)
-    name, total, free, source, processes = _device_memory(device, nvml, handle, notes)
+    name, total, free, source, processes = _device_memory(
+        device, nvml, handle, notes, details=not for_totals
+    )
 
     pid = os.getpid()
     process_bytes, this_process, others = _this_process_reading(
@@ -131,7 +136,7 @@ def _cuda_report(device: int, use_nvml: bool) -> MemoryReport:
         this_process=this_process,
         other_processes=others,
         nvml=NVML.status() if use_nvml else nvml_reason,
-        host=_host_section(),
+        host={} if for_totals else _host_section(),
         pid=pid,
         notes=notes,
         primary_context=primary,
@@ -171,28 +176,29 @@ def _nvml_handle(device: int, use_nvml: bool, notes: List[str]):
     return nvml, nvml_reason, handle
 
 
-def _device_memory(device: int, nvml, handle, notes: List[str]):
+def _device_memory(device: int, nvml, handle, notes: List[str], *, details: bool = True):
     name = f"CUDA device {device}"
     total = free = None
     source = "cudaMemGetInfo"
     processes: Optional[List[ProcessMemory]] = None
     if handle is not None:
-        try:
-            name = text(nvml.nvmlDeviceGetName(handle))
-        except Exception:
-            pass
+        if details:
+            try:
+                name = text(nvml.nvmlDeviceGetName(handle))
+            except Exception:
+                pass
         try:
             info = nvml.nvmlDeviceGetMemoryInfo(handle)
             total, free, source = int(info.total), int(info.free), "nvml"
         except Exception as exc:
             notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
-        processes = device_processes(nvml, handle, notes)
+        processes = device_processes(nvml, handle, notes, names=details)
     if total is None:
         # cudaMemGetInfo needs a context: this creates one on `device` if the process has
         # none yet (NVML avoids that, which is why it comes first).
         free, total = _core.device_memory_info(device)
         free, total = int(free), int(total)
-        if name == f"CUDA device {device}":
+        if details and name == f"CUDA device {device}":
             name = frameworks.torch_device_name(device) or name
     return name, total, free, source, processes
 
@@ -289,25 +295,36 @@ def memory_report(
     """
     check_choice(scope, "memory_report: scope", ("visible", "rank"))
     if device is None:
-        info = current_rank()
-        others: Optional[List[int]] = None
-        count = devices.cuda_status()[0] if scope == "rank" and info is not None else 0
-        if count > 0:
-            own = min(devices.current_cuda_index(), count - 1)
-            reports = [_cuda_report(own, use_nvml)]
-            others = _other_devices(own, count, use_nvml)
-        else:
-            reports = _every_device(use_nvml)
-        return DevicesReport(
-            devices=reports,
-            rank=None if info is None else info.rank,
-            world_size=None if info is None else info.world_size,
-            other_devices=others,
-        )
+        return _devices_report(use_nvml, scope, for_totals=False)
     spec = devices.resolve_device(device)
     if spec.index is None:
         return _cpu_report(spec.reason, use_nvml)
     return _cuda_report(spec.index, use_nvml)
+
+
+def rank_totals_report(use_nvml: bool, scope: str) -> DevicesReport:
+    """``memory_report(scope=scope)`` for a rank's summary: the same totals, read without
+    what only a shown report needs: the host section, the device's name and the other
+    processes' names."""
+    return _devices_report(use_nvml, scope, for_totals=True)
+
+
+def _devices_report(use_nvml: bool, scope: str, *, for_totals: bool) -> DevicesReport:
+    info = current_rank()
+    others: Optional[List[int]] = None
+    count = devices.cuda_status()[0] if scope == "rank" and info is not None else 0
+    if count > 0:
+        own = min(devices.current_cuda_index(), count - 1)
+        reports = [_cuda_report(own, use_nvml, for_totals=for_totals)]
+        others = _other_devices(own, count, use_nvml)
+    else:
+        reports = _every_device(use_nvml, for_totals=for_totals)
+    return DevicesReport(
+        devices=reports,
+        rank=None if info is None else info.rank,
+        world_size=None if info is None else info.world_size,
+        other_devices=others,
+    )
 
 
 def memory_reports(*, use_nvml: bool = True) -> List[MemoryReport]:
@@ -339,8 +356,8 @@ def _other_devices(own: int, count: int, use_nvml: bool) -> Optional[List[int]]:
     return found
 
 
-def _every_device(use_nvml: bool) -> List[MemoryReport]:
+def _every_device(use_nvml: bool, *, for_totals: bool = False) -> List[MemoryReport]:
     count, reason = devices.cuda_status()
     if count == 0:
         return [_cpu_report(f"CUDA unavailable: {reason}", use_nvml)]
-    return [_cuda_report(d, use_nvml) for d in range(count)]
+    return [_cuda_report(d, use_nvml, for_totals=for_totals) for d in range(count)]

@@ -242,9 +242,12 @@ def process_name(pid: int) -> Optional[str]:
         return None  # not visible from this PID namespace, or gone
 
 
-def device_processes(nvml: Any, handle: Any, notes: List[str]) -> Optional[List[ProcessMemory]]:
+def device_processes(
+    nvml: Any, handle: Any, notes: List[str], *, names: bool = True
+) -> Optional[List[ProcessMemory]]:
     """Every process NVML lists on the device (compute and graphics), one per pid; None
-    when neither list could be read (the reasons are appended to ``notes``)."""
+    when neither list could be read (the reasons are appended to ``notes``). ``names``
+    False leaves each ``name`` None: reading them costs a file per process."""
     seen: Dict[int, Optional[int]] = {}
     ok = False
     for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
@@ -268,7 +271,9 @@ def device_processes(nvml: Any, handle: Any, notes: List[str]) -> Optional[List[
             seen[pid] = used
     if not ok:
         return None
-    return [ProcessMemory(pid, process_name(pid), used) for pid, used in seen.items()]
+    return [
+        ProcessMemory(pid, process_name(pid) if names else None, used) for pid, used in seen.items()
+    ]
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from gpukeeper.account.account_reader import memory_report
+from gpukeeper.account.account_reader import memory_report, rank_totals_report
 from gpukeeper.account.process_account import DevicesReport
 from gpukeeper.base.arg_checks import check_choice
 from gpukeeper.base.byte_figures import fmt_bytes
@@ -91,11 +92,7 @@ class RankMemory:
         larger one is left out of the masks (the sizes still count it).
         """
         name = self.hostname.encode("utf-8")
-        packed = name[:HOSTNAME_BYTES].ljust(HOSTNAME_BYTES, b"\0")
-        words = [
-            int.from_bytes(packed[i : i + 8], "little", signed=True)
-            for i in range(0, HOSTNAME_BYTES, 8)
-        ]
+        words = _HOST_WORDS.unpack(name[:HOSTNAME_BYTES].ljust(HOSTNAME_BYTES, b"\0"))
         sizes = [self.allocated, self.reserved, self.peak, self.context, self.process]
         return [
             _VECTOR_MARK,
@@ -123,7 +120,7 @@ class RankMemory:
         _, rank, world, pid, devices, others = row[:6]
         sizes = [None if v == _UNKNOWN else int(v) for v in row[6:11]]
         length = int(row[11])
-        packed = b"".join(int(w).to_bytes(8, "little", signed=True) for w in row[12:])
+        packed = _HOST_WORDS.pack(*row[12:])
         hostname = packed[: min(length, HOSTNAME_BYTES)].decode("utf-8", errors="ignore")
         return cls(
             rank=int(rank),
@@ -150,6 +147,8 @@ VECTOR_LENGTH = 12 + HOSTNAME_BYTES // 8
 _VECTOR_MARK = 0x676B_0001
 _UNKNOWN = -1
 _MASK_BITS = 63  # bit 63 would make the word negative, and -1 means unknown
+# The host name's bytes as little-endian int64 words, packed and read in one call.
+_HOST_WORDS = struct.Struct("<%dq" % (HOSTNAME_BYTES // 8))
 
 
 def _mask(devices: Sequence[int]) -> int:
@@ -157,7 +156,12 @@ def _mask(devices: Sequence[int]) -> int:
 
 
 def _unmask(mask: int) -> List[int]:
-    return [d for d in range(_MASK_BITS) if mask >> d & 1]
+    out = []
+    while mask > 0:  # one step per set bit: a rank's row names one device or a few
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
 
 
 def gather_memory_reports(
@@ -201,10 +205,11 @@ def gather_memory_reports(
     if not isinstance(use_nvml, bool):
         raise InvalidInputError(f"{what}: use_nvml must be a bool, got {use_nvml!r}")
     check_choice(scope, f"{what}: scope", ("rank", "visible"))
-    report = memory_report(use_nvml=use_nvml, scope=scope)  # tagged with this rank
     if summary:
-        rows = ranks.all_gather_int64(RankMemory.from_report(report).to_vector(), group, dst)
+        totals = rank_totals_report(use_nvml, scope)  # tagged with this rank
+        rows = ranks.all_gather_int64(RankMemory.from_report(totals).to_vector(), group, dst)
         return None if rows is None else [RankMemory.from_vector(row) for row in rows]
+    report = memory_report(use_nvml=use_nvml, scope=scope)  # tagged with this rank
     gathered = ranks.gather_objects(report.to_dict(), group, dst)
     if gathered is None:
         return None
