@@ -12,14 +12,16 @@ import threading
 
 import pytest
 
+import gpukeeper
 from gpukeeper.base import process_life
 from gpukeeper.base.process_life import LIFE
 
-PYTHON_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+# The gpukeeper this test imported, built core included (an installed one on a GPU machine).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(gpukeeper.__file__))
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(PYTHON_DIR))
+    env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,

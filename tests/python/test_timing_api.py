@@ -558,8 +558,12 @@ def test_benchmark_on_gpu_uses_events() -> None:
     from gpukeeper import frameworks
     alone = frameworks.loaded_frameworks() == ["torch"]
     assert r.l2_flush and r.memory_source == ("torch" if alone else "frameworks")
-    # the peak counter was reset at the start: it holds at least one 256 x 256 fp32 output
-    assert r.memory_peak_bytes >= r.memory_before_bytes + 256 * 256 * 4
+    if alone:
+        # the peak counter was reset at the start: it holds at least one 256 x 256 fp32 output
+        assert r.memory_peak_bytes >= r.memory_before_bytes + 256 * 256 * 4
+    else:
+        # a sum over frameworks keeps no peak, and none is made up
+        assert r.memory_peak_bytes is None
     # the host sees at least the GPU time of each call (it waited for it)
     assert r.host_median_ms >= r.median_ms * 0.9
 

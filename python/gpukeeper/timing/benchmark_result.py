@@ -86,6 +86,9 @@ class BenchmarkResult:
     loaded frameworks; ``"host_rss"``: the process's resident set on the CPU; ``"jax"``:
     JAX's allocator statistics (``bytes_in_use``); ``"nvml_process"``: NVML's figure for
     this process, for work no framework's counters see: an engine's own CUDA context).
+    ``memory_peak_bytes`` is there only where the source keeps a peak (PyTorch's
+    resettable one, JAX's when the run raised it); the sum over several frameworks has
+    none, so it is None then.
     ``memory_delta_gb`` is (after - before) in GiB, as the MD examples read it.
 
     ``launch_latency``: ``"hidden"`` when each call's GPU time was taken behind a gate
