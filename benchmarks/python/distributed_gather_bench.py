@@ -42,6 +42,7 @@ from bench_env import environment
 
 import gpukeeper
 from gpukeeper import distributed as gkd
+from gpukeeper.account.account_reader import rank_totals_report
 from gpukeeper.distributed.rank_memory import VECTOR_LENGTH, RankMemory
 from gpukeeper.frameworks import ranks
 
@@ -92,9 +93,14 @@ def main() -> int:
         "full, to all": lambda: gkd.gather_memory_reports(dst=None),
         "summary, to rank 0": lambda: gkd.gather_memory_reports(summary=True),
         "summary, to all": lambda: gkd.gather_memory_reports(summary=True, dst=None),
+        "summary, to all, no NVML": lambda: gkd.gather_memory_reports(
+            summary=True, dst=None, use_nvml=False
+        ),
         "summary transport": lambda: ranks.all_gather_int64(vector, None, None),
         "bare all_gather": lambda: flat(bare_out, bare_in),
         "report, scope=rank": lambda: gpukeeper.memory_report(scope="rank"),
+        "summary's reading": lambda: rank_totals_report(True, "rank"),
+        "summary's reading, no NVML": lambda: rank_totals_report(False, "rank"),
         "report, scope=visible": lambda: gpukeeper.memory_report(),
         "aggregate": lambda: gkd.aggregate(result),
     }

@@ -209,11 +209,7 @@ def all_gather_int64(
     torch = sys.modules["torch"]
     size = int(dist.get_world_size(group))
     device = _collective_device(dist, group)
-    row = torch.tensor([int(v) for v in values], dtype=torch.int64)
-    if device.type == "cuda":
-        # From page-locked memory the copy is queued, not waited for: the collective
-        # follows it on the same stream, and the read-back below waits for both.
-        row = row.pin_memory().to(device, non_blocking=True)
+    row = torch.tensor([int(v) for v in values], dtype=torch.int64).to(device)
     out = torch.empty(size * row.numel(), dtype=torch.int64, device=device)
     # all_gather_single is the current name (torch 2.13 deprecates all_gather_into_tensor);
     # both take a flat output of world x row; the list form is for torch versions with neither.
