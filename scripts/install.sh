@@ -16,8 +16,7 @@ gk_use_python
 # A machine with an NVIDIA driver but no CUDA toolkit would get a CPU-only core that cannot
 # use its GPU: say what to install before building that.
 # The toolkit of NVIDIA's pip wheels, in this environment, serves too (cmake/pip_cuda_toolkit.cmake).
-pip_nvcc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'] + '/nvidia/cu13/bin/nvcc')")
-if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ] && [ ! -x "$pip_nvcc" ]; then
+if ! gk_has_nvcc; then
   if ls /dev/nvidia0 >/dev/null 2>&1 || ldconfig -p 2>/dev/null | grep -q "libcuda.so.1"; then
     gk_say "this machine has an NVIDIA driver but no CUDA toolkit (nvcc): the core built now is"
     gk_say "CPU-only and will not use the GPU. Install the toolkit from pip into this environment"

@@ -137,3 +137,13 @@ gk_use_python() {
   gk_export "$venv/bin/python" path
   gk_say "using the virtual environment $venv (activate it with: source $venv/bin/activate)"
 }
+
+# Whether a CUDA compiler can be found for the build: on PATH, in /usr/local/cuda, or from
+# NVIDIA's pip wheels in $PY's environment (cmake/pip_cuda_toolkit.cmake uses those).
+gk_has_nvcc() {
+  command -v nvcc >/dev/null 2>&1 && return 0
+  [ -x /usr/local/cuda/bin/nvcc ] && return 0
+  local pip_nvcc
+  pip_nvcc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'] + '/nvidia/cu13/bin/nvcc')")
+  [ -x "$pip_nvcc" ]
+}
