@@ -17,6 +17,7 @@ device order is NVML's (true for identical GPUs, or with ``CUDA_DEVICE_ORDER=PCI
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from dataclasses import dataclass
@@ -242,6 +243,45 @@ def process_name(pid: int) -> Optional[str]:
         return None  # not visible from this PID namespace, or gone
 
 
+# Entries of the buffer one call of NVML's process lists fills; more processes on one
+# device than this take pynvml's two calls instead.
+_LISTED = 64
+
+
+def running_processes(nvml: Any, handle: Any, getter: str) -> List[Any]:
+    """NVML's list ``getter`` (``nvmlDeviceGetComputeRunningProcesses`` or the graphics
+    one) for the device: entries with ``pid`` and ``usedGpuMemory`` (None where NVML
+    cannot tell).
+
+    One driver call with a buffer of :data:`_LISTED` entries. pynvml's wrapper makes two
+    (the count, then the list), and when every rank of a job reads at the same moment
+    those calls queue in the driver. Falls back to the wrapper where pynvml lacks the
+    function table it is built on, or the buffer is too small."""
+    lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
+    entry = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
+    if lookup is None or entry is None:
+        return list(getattr(nvml, getter)(handle))
+    try:
+        fn = lookup(getter + "_v3")
+    except Exception:
+        return list(getattr(nvml, getter)(handle))
+    count = ctypes.c_uint(_LISTED)
+    entries = (entry * _LISTED)()
+    ret = fn(handle, ctypes.byref(count), entries)
+    if ret == nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+        return list(getattr(nvml, getter)(handle))
+    if ret != nvml.NVML_SUCCESS:
+        raise nvml.NVMLError(ret)
+    unknown = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+    out = []
+    for i in range(count.value):
+        info = nvml.nvmlStructToFriendlyObject(entries[i])
+        if info.usedGpuMemory == unknown:
+            info.usedGpuMemory = None
+        out.append(info)
+    return out
+
+
 def device_processes(
     nvml: Any, handle: Any, notes: List[str], *, names: bool = True
 ) -> Optional[List[ProcessMemory]]:
@@ -251,11 +291,10 @@ def device_processes(
     seen: Dict[int, Optional[int]] = {}
     ok = False
     for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-        fn = getattr(nvml, getter, None)
-        if fn is None:
+        if getattr(nvml, getter, None) is None:
             continue
         try:
-            infos = fn(handle)
+            infos = running_processes(nvml, handle, getter)
         except Exception as exc:
             notes.append(f"{getter} failed: {error_text(exc)}")
             continue
