@@ -134,75 +134,23 @@ def benchmark_function(
 ) -> BenchmarkResult:
     """Times ``fn(*args, **kwargs)`` call by call and returns a ``BenchmarkResult``.
 
-    - ``warmup`` calls first (not measured), then a synchronisation: first calls pay for
-      lazy initialisation, kernel compilation and allocator growth.
-    - On a CUDA device (``device`` None picks CUDA when a loaded PyTorch or CuPy can use
-      it) each call is bracketed by events on the current stream and waited for: its
-      *device time* (``gpu_times_ms``), host latencies are kept too. Then the calls run
-      back to back, as in a user's loop, in batches of ``loop_calls`` calls between two
-      synchronisations: the *loop time* per call (``loop_times_ms``, one value a batch).
-      On the CPU both are the host time of each call (``time.perf_counter_ns``).
-    - ``measure``: what the headline statistics (``median_ms``, ``mean_ms``, ...), and so
-      every speedup and comparison, are of: ``"loop"`` (default), the time per call a
-      loop of calls sees; ``"device"``, the device time (launch hidden). The result
-      carries both, the share of the loop the device was busy (``device_busy``) and what
-      bounds the call (``bound``: ``"device"``, ``"launch"``, ``"sync"``, or ``"host"``
-      for CPU work).
-    - ``l2_flush``: overwrite a buffer of exactly the L2 size before each call (GPU only;
-      ignored with a warning on the CPU).
-    - ``hide_launch_latency``: take each call's GPU time behind a gate, so that it is the
-      device's work without the launch latency in front of it (see the module docs).
-      None (default): hide where gpukeeper's gate kernel exists, and fall back to
-      including it, with a warning, for a function that waits for the GPU inside (found
-      by the last warm-up call, or by a measured call, which is then measured again).
-      True: the same, but a build without the gate kernel raises ``GpuError``. False:
-      never. The result's ``launch_latency`` says which it was. ``gate_timeout_ms``
-      overrides the gate timeout (default: 20 x the slowest warm-up call's host time,
-      within 50 ms .. 2 s).
-    - Stopping: ``n_calls`` calls are measured for the device time; the loop time's
-      batches make a quarter of that many calls, at least 10 batches (each rule below
-      applies to each of the two). ``min_time_s`` keeps measuring past them
-      until the measured time adds up to ``min_time_s`` (with a safety stop at
-      10 x ``min_time_s`` + 1 s of wall time). ``max_noise`` (a fraction: 0.005 = 0.5 %)
-      may stop *earlier* than ``n_calls``, never before ``min_time_s`` and 10 calls:
-      nvbench's criterion (``NoiseCriterion``) — the relative std is at most
-      ``max_noise``, or it has converged above it (then the result is flagged noisy).
-    - Clock throttling: NVML clocks and clock-event reasons are read before and after
-      the measured calls (nvidia-ml-py); ``throttled`` is None with a warning when NVML
-      is unavailable.
-    - Memory: the memory of the work measured, read before and after the run (and its
-      peak where the source has one): the loaded frameworks' allocated bytes for their
-      own work (PyTorch's resets its peak counter), JAX's statistics for JAX work, and
-      NVML's figure for this process for an engine's work, for work the caller waits for
-      with ``synchronize``, and wherever the frameworks hold nothing on the device while
-      the process does (an engine's context beside an imported PyTorch); the host RSS
-      for CPU work. ``memory_source`` names it.
-    - torch.compile: frames compiled during the measured calls are counted in
-      ``recompiles`` (only when ``torch._dynamo`` is already loaded).
-    - GPU work without events: a function that returns JAX arrays runs on JAX's own
-      streams; it is GPU work timed on the host clock around ``jax.block_until_ready``
-      on its result, with JAX's memory statistics (``device`` None picks it when JAX has
-      a GPU and PyTorch/CuPy are not usable, or when the warm-up's result holds JAX
-      arrays). With ``device`` None and no framework loaded, a CUDA context in the
-      process (an engine's own, such as OpenMM's) makes it GPU work too, timed on the
-      host clock, its memory NVML's figure for this process. ``synchronize``: a callable
-      that waits for such an engine's work (``lambda: context.getState()``); given, each
-      call is timed up to its return (host clock) and memory comes from NVML. Without
-      it an engine's queued work may be missing from the times (``synchronized`` False,
-      with a warning). ``work``, ``timing_method`` and ``synchronized`` in the result say
-      what was timed and how.
+    After ``warmup`` unmeasured calls it takes two times per call: the *device time*
+    (``n_calls`` calls one by one between events, behind a gate that hides the launch
+    latency; on the CPU the host time) and the *loop time* (the calls back to back in
+    batches, as a loop runs them). ``measure`` (``"loop"`` or ``"device"``) picks the
+    headline that ``median_ms`` and comparisons use; ``bound`` says what sets the pace.
 
-    - ``barrier``: under torch.distributed, a ``ProcessGroup`` (or True for the default
-      group) whose ranks are put in step before each measured call, so that a function
-      with collectives is timed as it runs in training rather than waiting for a late
-      peer. Every rank of the group must call ``benchmark_function`` with the same
-      arguments. The ranks also stop together: each measures until its own stopping rule
-      is met and then keeps stepping (and measuring) until every rank's is, so all call
-      ``fn`` the same number of times. The step is an ``all_reduce`` of one integer
-      followed by a wait on the host, outside the timed region. Combine the ranks'
-      results with :func:`gpukeeper.distributed.aggregate`.
+    ``device`` None picks CUDA when a loaded PyTorch or CuPy can use it, JAX's GPU for JAX
+    results, an engine's CUDA context when no framework is loaded, else the CPU.
+    ``l2_flush`` starts every timed call with a cold L2. ``hide_launch_latency`` (None:
+    where the gate kernel exists, with a warned fallback; True: required; False: never)
+    and ``gate_timeout_ms`` govern the gate. ``min_time_s`` and ``max_noise`` (nvbench's
+    criterion) decide when to stop. ``synchronize`` waits for an engine's work (OpenMM's
+    ``context.getState``). ``barrier`` (a ``ProcessGroup`` or True) steps the ranks of a
+    job together. The result also holds the memory of the work measured, NVML's clock
+    throttling and torch.compile's recompiles; the Timing guide gives each rule in full.
 
-    Exceptions raised by ``fn`` propagate unchanged. Bad arguments raise
+    Exceptions raised by ``fn`` propagate unchanged; bad arguments raise
     ``InvalidInputError``.
     """
     opts = _check_options(
