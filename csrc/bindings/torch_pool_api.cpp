@@ -1,4 +1,4 @@
-// The table of pool functions _core lends to the PyTorch allocator component
+// The table of pool functions _core hands to the PyTorch allocator component
 // (csrc/torch_ext/pool_api.hpp): the same pools and graph pools that the pluggable
 // allocator's two functions use, so that either route sees one set of books.
 #include <pybind11/pybind11.h>
@@ -269,7 +269,7 @@ void init_torch_pool_api(py::module_& m) {
   m.def(
       "_torch_pool_api",
       []() { return reinterpret_cast<std::uintptr_t>(&torch_pool_api()); },
-      "Address of the table of pool functions lent to the PyTorch allocator component "
+      "Address of the table of pool functions handed to the PyTorch allocator component "
       "(torch_ext/pool_api.hpp), and its version.");
   m.attr("_torch_pool_api_version") = torch_api::kVersion;
   // The same functions for Python (PyTorch's memory API on the pluggable route).

@@ -1,5 +1,5 @@
 // The caching pools behind PyTorch, one per device (torch_allocator.cpp), for the other
-// files that serve PyTorch: its graph pools and the table lent to the allocator component.
+// files that serve PyTorch: its graph pools and the table handed to the allocator component.
 #pragma once
 
 #include <memory>

@@ -1,4 +1,4 @@
-// The functions gpukeeper's module (_core) lends to its PyTorch allocator component.
+// The functions gpukeeper's module (_core) hands to its PyTorch allocator component.
 //
 // The component (allocator.cpp and its neighbours) is built against the installed
 // PyTorch's headers and is a CUDAAllocator to PyTorch; the pools behind it live in _core,

@@ -463,7 +463,7 @@ def _torch_pool_set_layout(expandable: Union[bool, str, None]) -> None:
     the first of them is made (InvalidInputError after).
     """
 def _torch_pool_api() -> int:
-    """Address of the table of pool functions lent to the PyTorch allocator component
+    """Address of the table of pool functions handed to the PyTorch allocator component
     (torch_ext/pool_api.hpp), and its version.
     """
 
