@@ -72,7 +72,7 @@ class StatementHook:
     def _fire(self) -> None:
         try:
             self._callback()
-        except BaseException:
+        except Exception:
             pass  # the callback reports its own failures; a hook must never raise
 
     def _load_monitoring(self) -> None:
@@ -102,8 +102,11 @@ class StatementHook:
             return  # not CPython
 
         def hook(_obj: Any, _frame: Any, _what: int, _arg: Any) -> int:
-            self._fire()
-            return 0  # a profile function must return 0
+            try:
+                self._fire()
+            except BaseException:
+                pass  # a C profile function cannot pass an exception on: it returns 0
+            return 0
 
         self._keep = kind(hook)
         self._address = ctypes.cast(self._keep, ctypes.c_void_p)
@@ -175,7 +178,8 @@ class ProcessLife:
             module's own reset: each feature forgets what belongs to its parent.
         signal_handlers: for each signal whose handler gpukeeper set, the handler that
             was there before it.
-        wakeup_fd: the wakeup fd gpukeeper installed (``signal.set_wakeup_fd``), or -1.
+        wakeup_fd: the fd gpukeeper last gave ``signal.set_wakeup_fd`` (its own while the
+            exit guard watches signals, the previous one once it gave that back), or -1.
         threads: the live threads gpukeeper started (all daemons).
         statement_hook: the one-shot hook after a statement, made at its first use and
             not at import, since a monitoring tool id is a process-wide resource that an
@@ -270,6 +274,9 @@ def set_wakeup_fd(fd: int, *, warn_on_full_buffer: bool = True) -> int:
 def statement_hook(callback: Callable[[], None]) -> StatementHook:
     """The process's statement hook, made with ``callback`` at the first call (its one
     user is the deferred release; later calls return the same hook)."""
+    hook = LIFE.statement_hook
+    if hook is not None:
+        return hook  # the hook's events ask for it: no lock once it exists
     with LIFE.lock:
         if LIFE.statement_hook is None:
             LIFE.statement_hook = StatementHook(callback)
