@@ -18,7 +18,14 @@ median of those over ``--reps`` calls, and rank 0's own median beside it.
   bare all_gather        dist.all_gather_single of the same bytes, tensors made beforehand
   report, scope=rank     memory_report(scope="rank"): the local part of a gather
   report, scope=visible  memory_report(): every visible device
-  aggregate              aggregate(result): a RankTiming per rank, to every rank
+  summary's reading      the rank's own reading that a summary gather sends, with and
+                         without NVML
+  NVML ...               NVML's calls under it on the rank's device (NCCL only): the
+                         compute and graphics process lists and the memory info
+  aggregate              aggregate(result): a RankTiming row per rank, to every rank
+  ..., one rank at a time  the reading and NVML's lists with the ranks taking turns (the
+                         others wait at the barrier): against the rows where every rank
+                         calls at once, what concurrent calls cost each other
 
 and the ratios of the summary rows to the bare all_gather. Rank 0 prints the table and
 writes DIR/distributed_gather_{backend}_{N}ranks.json (environment block from bench_env).
@@ -27,6 +34,7 @@ writes DIR/distributed_gather_{backend}_{N}ranks.json (environment block from be
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pickle
@@ -43,7 +51,9 @@ from bench_env import environment
 import gpukeeper
 from gpukeeper import distributed as gkd
 from gpukeeper.account.account_reader import rank_totals_report
+from gpukeeper.base.nvml import NVML, device_handle, running_processes
 from gpukeeper.distributed.rank_memory import VECTOR_LENGTH, RankMemory
+from gpukeeper.distributed.rank_timings import TIMING_VECTOR_LENGTH
 from gpukeeper.frameworks import ranks
 
 
@@ -104,19 +114,41 @@ def main() -> int:
         "report, scope=visible": lambda: gpukeeper.memory_report(),
         "aggregate": lambda: gkd.aggregate(result),
     }
+    # The rank's own reading and NVML's calls under it, every rank at once (as in a
+    # gather) and one rank at a time (the others wait at the barrier): the difference is
+    # what the ranks' concurrent calls cost each other.
+    alone = {name: rows[name] for name in ("summary's reading", "summary's reading, no NVML")}
+    if backend == "nccl":
+        nvml_lib, _why = NVML.get()
+        handle = None if nvml_lib is None else device_handle(nvml_lib, device.index)[0]
+        if handle is not None:
+            for label, getter in (
+                ("NVML compute list", "nvmlDeviceGetComputeRunningProcesses"),
+                ("NVML graphics list", "nvmlDeviceGetGraphicsRunningProcesses"),
+            ):
+                call = functools.partial(running_processes, nvml_lib, handle, getter)
+                rows[label] = call
+                alone[label] = call
+            rows["NVML memory info"] = functools.partial(nvml_lib.nvmlDeviceGetMemoryInfo, handle)
+    for name, fn in alone.items():
+        rows[f"{name}, one rank at a time"] = fn
     mine: Dict[str, List[float]] = {}
     for name, fn in rows.items():
+        turns = name.endswith(", one rank at a time")
         for _ in range(args.warmup):  # first collectives set up connections
             meet()
             fn()
             done()
         samples = []
         for _ in range(args.reps):
-            meet()
-            t0 = time.perf_counter_ns()
-            fn()
-            done()
-            samples.append((time.perf_counter_ns() - t0) / 1e3)
+            for turn in range(world if turns else 1):
+                meet()
+                if turns and turn != rank:
+                    continue
+                t0 = time.perf_counter_ns()
+                fn()
+                done()
+                samples.append((time.perf_counter_ns() - t0) / 1e3)
         mine[name] = samples
     everyone: List[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -125,6 +157,7 @@ def main() -> int:
         out["payload_bytes"] = {
             "full (pickled report)": len(pickle.dumps(gpukeeper.memory_report().to_dict())),
             "summary (int64 row)": 8 * VECTOR_LENGTH,
+            "timing (int64 row)": 8 * TIMING_VECTOR_LENGTH,
         }
         out["environment"] = environment(gpukeeper, torch, None)
         out["environment"].update(backend=backend, ranks=world, cores=os.cpu_count())
@@ -132,7 +165,10 @@ def main() -> int:
             out["environment"]["gpus"] = [
                 torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())
             ]
-        out["command"] = "torchrun --standalone --nproc-per-node=%d %s" % (world, " ".join(sys.argv))
+        out["command"] = "torchrun --standalone --nproc-per-node=%d %s" % (
+            world,
+            " ".join(sys.argv),
+        )
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"distributed_gather_{backend}_{world}ranks.json"
         path.write_text(json.dumps(out, indent=2))

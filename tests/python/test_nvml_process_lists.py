@@ -99,7 +99,7 @@ def test_without_the_function_table_the_wrapper_answers():
 
 def test_a_driver_error_is_raised_as_nvmls():
     fake = FakeNvml([(7, 70)])
-    fake._nvmlGetFunctionPointer = lambda name: (lambda handle, count, entries: 999)
+    fake._nvmlGetFunctionPointer = lambda name: lambda handle, count, entries: 999
     with pytest.raises(FakeNvml.NVMLError):
         nvml.running_processes(fake, None, GETTER)
 
@@ -111,3 +111,45 @@ def test_the_real_nvml_gives_the_wrappers_list():
     fast = nvml.running_processes(lib, handle, GETTER)
     slow = lib.nvmlDeviceGetComputeRunningProcesses(handle)
     assert sorted(i.pid for i in fast) == sorted(i.pid for i in slow)
+
+
+class TwoLists:
+    """pynvml's two list wrappers alone (no function table), counting their calls."""
+
+    def __init__(self, compute: List[Any], graphics: List[Any]) -> None:
+        self.lists = {"compute": compute, "graphics": graphics}
+        self.calls: List[str] = []
+
+    def _read(self, which: str) -> List[Any]:
+        self.calls.append(which)
+        return [SimpleNamespace(pid=p, usedGpuMemory=u) for p, u in self.lists[which]]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> List[Any]:
+        return self._read("compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> List[Any]:
+        return self._read("graphics")
+
+
+def _by_pid(processes: Any) -> dict:
+    return {p.pid: p.used_bytes for p in processes}
+
+
+def test_a_wanted_process_found_in_the_compute_list_skips_the_graphics_list():
+    fake = TwoLists([(10, 5 << 20), (11, 7 << 20)], [(12, 1 << 20), (10, 5 << 20)])
+    got = nvml.device_processes(fake, None, [], names=False, wanted=10)
+    assert fake.calls == ["compute"] and _by_pid(got) == {10: 5 << 20, 11: 7 << 20}
+    # without a wanted pid both lists are read, and a process in both counts once
+    fake.calls.clear()
+    got = nvml.device_processes(fake, None, [], names=False)
+    assert fake.calls == ["compute", "graphics"]
+    assert _by_pid(got) == {10: 5 << 20, 11: 7 << 20, 12: 1 << 20}
+
+
+def test_a_wanted_process_not_in_the_compute_list_or_without_a_figure_reads_both():
+    fake = TwoLists([(11, 7 << 20)], [(10, 3 << 20)])
+    got = nvml.device_processes(fake, None, [], names=False, wanted=10)
+    assert fake.calls == ["compute", "graphics"] and _by_pid(got)[10] == 3 << 20
+    fake = TwoLists([(10, None)], [(10, 3 << 20)])
+    got = nvml.device_processes(fake, None, [], names=False, wanted=10)
+    assert fake.calls == ["compute", "graphics"] and _by_pid(got) == {10: 3 << 20}

@@ -98,7 +98,8 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
 def _cuda_report(device: int, use_nvml: bool, *, for_totals: bool = False) -> MemoryReport:
     """The device's account. ``for_totals``: only the figures a rank's summary carries
     are read, for a report that is never shown: no host section, no device name, no
-    names of the other processes (a file each)."""
+    names of the other processes (a file each), and no graphics process list once the
+    compute list gives this process's figure (``other_processes`` may then be short)."""
     notes: List[str] = []
     framework_memory, reserved_known = _framework_section(device, notes)
     nvml, nvml_reason, handle = _nvml_handle(device, use_nvml, notes)
@@ -192,7 +193,9 @@ def _device_memory(device: int, nvml, handle, notes: List[str], *, details: bool
             total, free, source = int(info.total), int(info.free), "nvml"
         except Exception as exc:
             notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
-        processes = device_processes(nvml, handle, notes, names=details)
+        processes = device_processes(
+            nvml, handle, notes, names=details, wanted=None if details else os.getpid()
+        )
     if total is None:
         # cudaMemGetInfo needs a context: this creates one on `device` if the process has
         # none yet (NVML avoids that, which is why it comes first).

@@ -283,16 +283,23 @@ def running_processes(nvml: Any, handle: Any, getter: str) -> List[Any]:
 
 
 def device_processes(
-    nvml: Any, handle: Any, notes: List[str], *, names: bool = True
+    nvml: Any, handle: Any, notes: List[str], *, names: bool = True, wanted: Optional[int] = None
 ) -> Optional[List[ProcessMemory]]:
     """Every process NVML lists on the device (compute and graphics), one per pid; None
     when neither list could be read (the reasons are appended to ``notes``). ``names``
-    False leaves each ``name`` None: reading them costs a file per process."""
+    False leaves each ``name`` None: reading them costs a file per process.
+
+    ``wanted``: a pid the caller reads for itself alone. When the compute list gives it
+    with a figure, the graphics list is not read (a process in both lists has one figure
+    in each), and the list returned may lack graphics-only processes: one driver call
+    instead of two, which matters when every rank of a job reads at once."""
     seen: Dict[int, Optional[int]] = {}
     ok = False
     for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         if getattr(nvml, getter, None) is None:
             continue
+        if wanted is not None and seen.get(wanted) is not None:
+            break
         try:
             infos = running_processes(nvml, handle, getter)
         except Exception as exc:
@@ -342,10 +349,10 @@ def this_process_memory(device: int, pid: Optional[int] = None) -> ProcessReadin
             None, None, f"no NVML device matched CUDA device {device}: {error_text(exc)}"
         )
     notes: List[str] = []
-    processes = device_processes(nvml, handle, notes)
+    me = os.getpid() if pid is None else pid
+    processes = device_processes(nvml, handle, notes, names=False, wanted=me)
     if processes is None:
         return ProcessReading(None, None, "; ".join(notes) or "NVML gave no process list")
-    me = os.getpid() if pid is None else pid
     mine = [p for p in processes if p.pid == me]
     if mine:
         used = mine[0].used_bytes

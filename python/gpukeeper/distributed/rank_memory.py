@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import struct
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -17,6 +16,12 @@ from gpukeeper.base.arg_checks import check_choice
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.text_table import text_table
+from gpukeeper.distributed.fixed_rows import (
+    HOSTNAME_BYTES,
+    text_word_count,
+    text_words,
+    words_text,
+)
 from gpukeeper.distributed.rank_outliers import TWO_RANKS_NOTE, pick_outlier
 from gpukeeper.frameworks import ranks
 
@@ -91,8 +96,6 @@ class RankMemory:
         (sizes, world size) and a mask of -1 is None. Device indices 0-62 travel; a
         larger one is left out of the masks (the sizes still count it).
         """
-        name = self.hostname.encode("utf-8")
-        words = _HOST_WORDS.unpack(name[:HOSTNAME_BYTES].ljust(HOSTNAME_BYTES, b"\0"))
         sizes = [self.allocated, self.reserved, self.peak, self.context, self.process]
         return [
             _VECTOR_MARK,
@@ -102,8 +105,7 @@ class RankMemory:
             _mask(self.devices),
             _UNKNOWN if self.other_devices is None else _mask(self.other_devices),
             *(_UNKNOWN if v is None else int(v) for v in sizes),
-            len(name),
-            *words,
+            *text_words(self.hostname, HOSTNAME_BYTES),
         ]
 
     @classmethod
@@ -119,9 +121,7 @@ class RankMemory:
             )
         _, rank, world, pid, devices, others = row[:6]
         sizes = [None if v == _UNKNOWN else int(v) for v in row[6:11]]
-        length = int(row[11])
-        packed = _HOST_WORDS.pack(*row[12:])
-        hostname = packed[: min(length, HOSTNAME_BYTES)].decode("utf-8", errors="ignore")
+        hostname = words_text(row[11:], HOSTNAME_BYTES)
         return cls(
             rank=int(rank),
             world_size=None if world == _UNKNOWN else int(world),
@@ -137,18 +137,13 @@ class RankMemory:
         )
 
 
-#: Bytes of the host name a summary row carries (Linux's HOST_NAME_MAX is 64, so a
-#: Linux host name travels whole); a longer one arrives cut to this many bytes.
-HOSTNAME_BYTES = 64
-#: int64s in a summary row: 12 words of figures, then the host name.
-VECTOR_LENGTH = 12 + HOSTNAME_BYTES // 8
+#: int64s in a summary row: 11 words of figures, then the host name.
+VECTOR_LENGTH = 11 + text_word_count(HOSTNAME_BYTES)
 # Marks a row as this layout ("gk" and a version), so a row of another layout fails
 # loudly instead of reading as figures.
 _VECTOR_MARK = 0x676B_0001
 _UNKNOWN = -1
 _MASK_BITS = 63  # bit 63 would make the word negative, and -1 means unknown
-# The host name's bytes as little-endian int64 words, packed and read in one call.
-_HOST_WORDS = struct.Struct("<%dq" % (HOSTNAME_BYTES // 8))
 
 
 def _mask(devices: Sequence[int]) -> int:

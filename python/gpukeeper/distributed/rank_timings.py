@@ -17,12 +17,27 @@ from typing import Any, Dict, List, Optional, Sequence, Union, cast
 
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.text_table import text_table
+from gpukeeper.distributed.fixed_rows import (
+    HOSTNAME_BYTES,
+    float_word,
+    text_word_count,
+    text_words,
+    word_float,
+    words_text,
+)
 from gpukeeper.distributed.rank_outliers import TWO_RANKS_NOTE, pick_outlier
 from gpukeeper.frameworks import ranks
 from gpukeeper.md.trajectory_result import TrajectoryResult
 from gpukeeper.timing.benchmark_result import BenchmarkResult
 
-__all__ = ["RankAggregate", "RankTiming", "aggregate"]
+__all__ = [
+    "DEVICE_BYTES",
+    "NAME_BYTES",
+    "TIMING_VECTOR_LENGTH",
+    "RankAggregate",
+    "RankTiming",
+    "aggregate",
+]
 
 Result = Union[BenchmarkResult, TrajectoryResult]
 
@@ -103,6 +118,86 @@ class RankTiming:
             "aggregate: result must be a BenchmarkResult or a TrajectoryResult, "
             f"got {type(result).__name__}"
         )
+
+    def to_vector(self) -> List[int]:
+        """The figures as :data:`TIMING_VECTOR_LENGTH` int64s, the row ``aggregate`` gathers.
+
+        Layout: a format mark, rank, kind (0 benchmark, 1 trajectory), n, noisy, warnings,
+        the eight times and rates as IEEE-754 bits (None as NaN), then the host name, the
+        name and the device as texts of :data:`HOSTNAME_BYTES`, :data:`NAME_BYTES` and
+        :data:`DEVICE_BYTES` bytes (a longer one arrives cut there).
+        """
+        floats = (
+            self.median_ms,
+            self.mean_ms,
+            self.std_ms,
+            self.min_ms,
+            self.max_ms,
+            self.p95_ms,
+            self.ns_per_day,
+            self.steps_per_s,
+        )
+        return [
+            _TIMING_MARK,
+            self.rank,
+            _KINDS.index(self.kind),
+            self.n,
+            int(self.noisy),
+            self.warnings,
+            *(float_word(v) for v in floats),
+            *text_words(self.hostname, HOSTNAME_BYTES),
+            *text_words(self.name, NAME_BYTES),
+            *text_words(self.device, DEVICE_BYTES),
+        ]
+
+    @classmethod
+    def from_vector(cls, row: Sequence[int]) -> "RankTiming":
+        """Reads back :meth:`to_vector`. Raises ``InvalidInputError`` for a row of another
+        length or without the format mark."""
+        if len(row) != TIMING_VECTOR_LENGTH or row[0] != _TIMING_MARK:
+            raise InvalidInputError(
+                f"RankTiming.from_vector: not a timing row (want {TIMING_VECTOR_LENGTH} "
+                f"int64s starting with {_TIMING_MARK}, got {len(row)} starting with "
+                f"{row[0] if len(row) else None})"
+            )
+        _, rank, kind, n, noisy, warnings = (int(v) for v in row[:6])
+        median, mean, std, low, high, p95, ns_day, steps = (word_float(w) for w in row[6:14])
+        host_end = 14 + text_word_count(HOSTNAME_BYTES)
+        name_end = host_end + text_word_count(NAME_BYTES)
+        return cls(
+            rank=rank,
+            hostname=words_text(row[14:host_end], HOSTNAME_BYTES),
+            kind=_KINDS[kind],
+            name=words_text(row[host_end:name_end], NAME_BYTES),
+            device=words_text(row[name_end:], DEVICE_BYTES),
+            n=n,
+            median_ms=median,
+            mean_ms=mean,
+            std_ms=_finite(std),
+            min_ms=low,
+            max_ms=high,
+            p95_ms=p95,
+            ns_per_day=_finite(ns_day),
+            steps_per_s=_finite(steps),
+            noisy=bool(noisy),
+            warnings=warnings,
+        )
+
+
+_KINDS = ("benchmark", "trajectory")
+#: Bytes of the host name, the timed function's name and the device that a timing row
+#: carries; a longer text arrives cut to this many bytes.
+NAME_BYTES = 128
+DEVICE_BYTES = 64
+#: int64s in a timing row: 14 words of figures, then three texts.
+TIMING_VECTOR_LENGTH = (
+    14
+    + text_word_count(HOSTNAME_BYTES)
+    + text_word_count(NAME_BYTES)
+    + text_word_count(DEVICE_BYTES)
+)
+# "gk", then 1 for timings (memory rows use 0) and the layout's version.
+_TIMING_MARK = 0x676B_1001
 
 
 @dataclass
@@ -293,6 +388,6 @@ def aggregate(result: Union[Result, Sequence[Result]], group: Any = None) -> Ran
     # A bad result (another sequence type included) fails on its own rank, before the
     # collective.
     mine = RankTiming.of(cast(Result, result), me)
-    gathered = ranks.gather_objects(asdict(mine), group, None)
-    assert gathered is not None
-    return _combine([RankTiming(**d) for d in gathered], me)
+    rows = ranks.all_gather_int64(mine.to_vector(), group, None)
+    assert rows is not None
+    return _combine([RankTiming.from_vector(row) for row in rows], me)
