@@ -1268,7 +1268,10 @@ def run_md_openmm(ctx: Context) -> Dict[str, Any]:
     row["gpukeeper"] = {"throughput_source": getattr(res, "throughput_source", None),
                         "timing_method": getattr(res, "timing_method", None),
                         "synchronized": getattr(res, "synchronized", None),
-                        "median_step_ms": res.median_ms, "warnings": list(res.warnings)}
+                        "median_step_ms": res.median_ms, "warnings": list(res.warnings),
+                        "memory_source": res.memory_source,
+                        "memory_sample_every": res.memory_sample_every,
+                        "memory_samples": len(res.memory_steps)}
     return row
 
 
