@@ -33,8 +33,7 @@ from gpukeeper.md import LatencyStats, benchmark_md_trajectory, latency_stats
 from gpukeeper.timing import SampleStats, benchmark_function, summarize
 from gpukeeper.timing.memory_readers import memory_series, reads_nvml
 from gpukeeper.timing.plans import choose_plan, unsynchronized_warning
-from gpukeeper.timing.memory_readers import MemorySeries
-from gpukeeper.timing.sampling import SLOW_READER_NS, MemorySampler, sample_period
+from gpukeeper.timing.sampling import MemorySampler
 from gpukeeper.timing.timer import timing_device
 
 fake_machine = pytest.mark.skipif(
@@ -66,22 +65,6 @@ def test_the_rule() -> None:
     assert reads_nvml("framework", None, 0, GiB)  # the counters see nothing, NVML does
     assert not reads_nvml("events", None, 20 * MiB, GiB)
     assert not reads_nvml("events", None, 0, 0)
-
-
-def test_a_slow_reader_is_sampled_by_its_share_of_the_run_whatever_it_cost_here() -> None:
-    # A reader that costs next to nothing here, 15 000 steps of 25 us: read every few
-    # steps (0.4 us of reading a step) unless it is marked slow, when it counts as
-    # SLOW_READER_NS a read and its reads take about 0.5 % of the run (every 1600th).
-    n, steps = 15_000, [25_000] * 9
-    quick = MemorySeries("counters", lambda: 0, True)
-    assert sample_period([quick], "auto", n, steps) < 100
-    nvml_like = MemorySeries("nvml_process", lambda: 0, False, slow=True)
-    every = sample_period([nvml_like], "auto", n, steps)
-    assert every == -(-SLOW_READER_NS // int(0.005 * 25_000))
-    assert 16 * SLOW_READER_NS > 0.005 * n * 25_000 >= (n // every) * SLOW_READER_NS * 0.9
-    assert sample_period([nvml_like], 7, n, steps) == 7  # a period given is kept
-    # with long steps the reads' share is small: 0.4 us of reading a step at most
-    assert sample_period([nvml_like], "auto", n, [10_000_000] * 9) == SLOW_READER_NS // 400
 
 
 @fake_machine

@@ -50,10 +50,7 @@ class MemorySeries:
     reader, and whether it counts bytes *in use* (an allocator's live bytes: a leak shows
     up at once) or bytes *held* (RSS, a process's device memory: caches and pages the
     allocator keeps move it too). ``peak`` reads the most bytes in use so far, and
-    ``reset_peak`` starts a new peak (True when it could); None where there is none.
-    ``slow``: a read is a driver call whose cost depends on the device's load, so its cost
-    on an idle device says nothing about its cost between busy steps (NVML's process
-    list: tens of microseconds idle, several times that between the steps of an engine)."""
+    ``reset_peak`` starts a new peak (True when it could); None where there is none."""
 
     def __init__(
         self,
@@ -63,10 +60,8 @@ class MemorySeries:
         close: Optional[Callable[[], None]] = None,
         peak: Optional[Callable[[], Optional[int]]] = None,
         reset_peak: Optional[Callable[[], bool]] = None,
-        slow: bool = False,
     ) -> None:
         self.name = name
-        self.slow = slow
         self.read = read
         self.in_use = in_use
         self.close = close or (lambda: None)
@@ -147,9 +142,7 @@ def memory_series(
     if kind == "cpu" or index is None:
         return host_series(), None
     nvml_read, why = nvml.process_memory_reader(index)
-    nvml_own = (
-        MemorySeries("nvml_process", nvml_read, False, slow=True) if nvml_read is not None else None
-    )
+    nvml_own = MemorySeries("nvml_process", nvml_read, False) if nvml_read is not None else None
     if kind == "jax":
         jax = jax_series(index)
         if jax is not None:

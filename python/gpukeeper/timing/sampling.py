@@ -26,8 +26,7 @@ __all__ = [
 #: "auto" keeps the memory reads under this many ns per step (with ~0.2 us for the
 #: timing, the whole bookkeeping stays under 1 us whatever the step costs).
 SAMPLE_BUDGET_NS = 400.0
-#: A memory reader this slow (ns a read) is sampled by its share of the run, not by count;
-#: a reader marked ``slow`` is taken to cost at least this much, whatever it measured.
+#: A memory reader this slow (ns a read) is sampled by its share of the run, not by count.
 SLOW_READER_NS = 200_000
 #: The names benchmark results have always given a series (``BenchmarkResult.memory_source``).
 BENCHMARK_NAMES = {"process_rss": "host_rss"}
@@ -55,17 +54,12 @@ def sample_period(
             s.read()
         costs.append(time.perf_counter_ns() - t0)
     cost = sorted(costs)[2]
-    # NVML's process list reads in tens of microseconds here, on an idle device, and
-    # several times that between an engine's steps, so a reader marked slow counts as at
-    # least SLOW_READER_NS.
-    if any(getattr(s, "slow", False) for s in series):
-        cost = max(cost, SLOW_READER_NS)
     every = max(1, math.ceil(cost / SAMPLE_BUDGET_NS))
     every = min(every, max(1, n // 16))
     # An OpenMM loop of 400 calls ran ~3% slower with 16 NVML reads (ms each): a slow
     # reader gets fewer samples. Faster readers (PyTorch's counters: 45-80 us) keep 16.
     step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
-    if step_ns > 0 and cost >= SLOW_READER_NS and 16 * cost > 0.005 * n * step_ns:
+    if step_ns > 0 and cost > SLOW_READER_NS and 16 * cost > 0.005 * n * step_ns:
         every = max(every, min(max(1, n // 3), math.ceil(cost / (0.005 * step_ns))))
     if align > 1:
         up = -(-every // align) * align
