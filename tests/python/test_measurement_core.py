@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,9 @@ from engine_fakes import (
 from gpukeeper.frameworks import driver as cuda_driver
 from gpukeeper.md import LatencyStats, benchmark_md_trajectory, latency_stats
 from gpukeeper.timing import SampleStats, benchmark_function, summarize
-from gpukeeper.timing.memory_readers import memory_series, reads_nvml
+from gpukeeper.timing.memory_readers import MemorySeries, memory_series, reads_nvml
 from gpukeeper.timing.plans import choose_plan, unsynchronized_warning
-from gpukeeper.timing.sampling import MemorySampler
+from gpukeeper.timing.sampling import MemorySampler, sample_period
 from gpukeeper.timing.timer import timing_device
 
 fake_machine = pytest.mark.skipif(
@@ -65,6 +66,23 @@ def test_the_rule() -> None:
     assert reads_nvml("framework", None, 0, GiB)  # the counters see nothing, NVML does
     assert not reads_nvml("events", None, 20 * MiB, GiB)
     assert not reads_nvml("events", None, 0, 0)
+
+
+def test_short_steps_are_sampled_less_often() -> None:
+    # A read of at least 20 us: within 0.4 us a step when steps take 10 ms (a read every
+    # 50 steps or so), within 0.25 % of a step when they take 25 us (every 320 at least).
+    def read() -> int:
+        end = time.perf_counter_ns() + 20_000
+        while time.perf_counter_ns() < end:
+            pass
+        return 0
+
+    series = [MemorySeries("slow_counter", read, True)]
+    short = sample_period(series, "auto", 16_000, [25_000] * 9)
+    long = sample_period(series, "auto", 16_000, [10_000_000] * 9)
+    assert short >= 320 and 50 <= long < 1000
+    assert sample_period(series, "auto", 160, [25_000] * 9) == 10  # 16 samples at least
+    assert sample_period(series, 7, 16_000, [25_000] * 9) == 7  # a period given is kept
 
 
 @fake_machine

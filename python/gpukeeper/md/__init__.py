@@ -72,9 +72,10 @@ How it measures (and why):
   set size (``memory_source`` ``"process_rss"``, what ``memory_delta_gb`` reports), and
   the in-use counts that exist: glibc's ``mallinfo2()`` (``"malloc_in_use"``) and
   ``tracemalloc`` when it is tracing (``memory_series`` holds them all).
-  ``memory_sample_every="auto"`` keeps the reading's cost under 0.4 us per step (a read
-  every ``ceil(cost / 0.4 us)`` steps, a multiple of the event period with GPU events),
-  with at least 16 samples over the run.
+  ``memory_sample_every="auto"`` keeps the reading's cost under 0.4 us per step and
+  under 0.25% of the warm-up's median step (a read every ``ceil(cost / budget)`` steps,
+  a multiple of the event period with GPU events), with at least 16 samples over the
+  run.
 - **Leak verdict** (:func:`leak_verdict`): the least-squares slope (bytes per step) of
   the samples taken in the *second half* of the measured steps, projected over the run
   and compared with ``leak_tolerance_mb``. A slope, not two end points: one late

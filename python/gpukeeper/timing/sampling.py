@@ -19,13 +19,18 @@ __all__ = [
     "StepSampler",
     "sample_period",
     "SAMPLE_BUDGET_NS",
+    "SAMPLE_SHARE",
     "SLOW_READER_NS",
     "BENCHMARK_NAMES",
 ]
 
 #: "auto" keeps the memory reads under this many ns per step (with ~0.2 us for the
-#: timing, the whole bookkeeping stays under 1 us whatever the step costs).
+#: timing, the whole bookkeeping stays under 1 us whatever the step costs)...
 SAMPLE_BUDGET_NS = 400.0
+#: ...and under this share of a step. 0.4 us is 1.6 % of an MD engine's 25 us step, and
+#: the reads cost such a loop about twice what they cost alone (a 25 us step on the CPU
+#: lost 3-4 % of its throughput to reads every 10-13 steps, 1 % with one every 1000).
+SAMPLE_SHARE = 0.0025
 #: A memory reader this slow (ns a read) is sampled by its share of the run, not by count.
 SLOW_READER_NS = 200_000
 #: The names benchmark results have always given a series (``BenchmarkResult.memory_source``).
@@ -40,8 +45,9 @@ def sample_period(
     align: int = 1,
 ) -> int:
     """Steps between memory samples: as given, or "auto" from the cost of a reading of
-    every series, measured here: a read every ``ceil(cost / 0.4 us)`` steps, with at
-    least 16 samples over the run (fewer, at least 3, when a slow reader such as NVML's
+    every series, measured here: a read every ``ceil(cost / budget)`` steps, the budget
+    being 0.4 us or 0.25 % of the warm-up's median step if less, with at least 16 samples
+    over the run (fewer, at least 3, when a slow reader such as NVML's
     process list would cost more than 0.5% of the run). ``align``: under "auto", the
     period is made a multiple of it (the GPU event interval, so that a sample falls on a
     step that ends an interval anyway) while that keeps 16 samples."""
@@ -54,11 +60,12 @@ def sample_period(
             s.read()
         costs.append(time.perf_counter_ns() - t0)
     cost = sorted(costs)[2]
-    every = max(1, math.ceil(cost / SAMPLE_BUDGET_NS))
+    step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
+    budget = min(SAMPLE_BUDGET_NS, SAMPLE_SHARE * step_ns) if step_ns > 0 else SAMPLE_BUDGET_NS
+    every = max(1, math.ceil(cost / max(budget, 1.0)))
     every = min(every, max(1, n // 16))
     # An OpenMM loop of 400 calls ran ~3% slower with 16 NVML reads (ms each): a slow
     # reader gets fewer samples. Faster readers (PyTorch's counters: 45-80 us) keep 16.
-    step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
     if step_ns > 0 and cost > SLOW_READER_NS and 16 * cost > 0.005 * n * step_ns:
         every = max(every, min(max(1, n // 3), math.ceil(cost / (0.005 * step_ns))))
     if align > 1:
