@@ -153,3 +153,18 @@ def test_a_wanted_process_not_in_the_compute_list_or_without_a_figure_reads_both
     fake = TwoLists([(10, None)], [(10, 3 << 20)])
     got = nvml.device_processes(fake, None, [], names=False, wanted=10)
     assert fake.calls == ["compute", "graphics"] and _by_pid(got) == {10: 3 << 20}
+
+
+def test_the_per_sample_reader_makes_one_driver_call_a_read(monkeypatch):
+    import os
+
+    fake = FakeNvml([(1, 1 << 20), (os.getpid(), 3 << 30)])
+    monkeypatch.setattr(nvml.NVML, "get", lambda: (fake, ""))
+    monkeypatch.setattr(nvml, "device_handle", lambda lib, device: (None, "same index"))
+    read, why = nvml.process_memory_reader(0)
+    assert why == "" and read is not None
+    before = fake.driver_calls
+    assert read() == 3 << 30 and read() == 3 << 30
+    assert fake.driver_calls - before == 2 and fake.wrapper_calls == 0
+    fake.processes = [(1, 1 << 20)]  # no longer listed
+    assert read() == 0

@@ -375,17 +375,16 @@ def process_memory_reader(
 ) -> Tuple[Optional[Callable[[], int]], str]:
     """``(read, "")``: a function returning this process's device memory on ``device``
     (bytes, 0 while it is not listed) from NVML's compute-process list; or ``(None, why)``
-    when NVML cannot tell. One NVML call a read (tens to hundreds of microseconds)."""
+    when NVML cannot tell. One driver call a read (tens to hundreds of microseconds)."""
     reading = this_process_memory(device, pid)
     if reading.listed is None or (reading.listed and reading.used_bytes is None):
         return None, reading.reason or "NVML cannot tell this process's memory"
     nvml, _ = NVML.get()
     handle, _how = device_handle(nvml, device)
     me = os.getpid() if pid is None else pid
-    get = nvml.nvmlDeviceGetComputeRunningProcesses
 
     def read() -> int:
-        for info in get(handle):
+        for info in running_processes(nvml, handle, "nvmlDeviceGetComputeRunningProcesses"):
             if int(info.pid) == me:
                 used = getattr(info, "usedGpuMemory", None)
                 return int(used) if used is not None else 0
