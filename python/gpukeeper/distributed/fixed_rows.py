@@ -60,13 +60,12 @@ def text_words(text: str, nbytes: int) -> List[int]:
 def words_text(words: Sequence[int], nbytes: int) -> str:
     """Reads back :func:`text_words`; a text longer than ``nbytes`` comes back cut, at a
     character boundary."""
-    layout = _text_struct(nbytes)
-    if len(words) != 1 + layout.size // 8:
+    count = text_word_count(nbytes)
+    if len(words) != count:
         raise InvalidInputError(
-            f"fixed_rows: a text of {nbytes} bytes takes {1 + layout.size // 8} words, "
-            f"got {len(words)}"
+            f"fixed_rows: a text of {nbytes} bytes takes {count} words, got {len(words)}"
         )
-    raw = layout.pack(*(int(w) for w in words[1:]))
+    raw = _text_struct(nbytes).pack(*(int(w) for w in words[1:]))
     return raw[: min(int(words[0]), nbytes)].decode("utf-8", errors="ignore")
 
 

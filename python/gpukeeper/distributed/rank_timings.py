@@ -185,8 +185,8 @@ class RankTiming:
 
 
 _KINDS = ("benchmark", "trajectory")
-#: Bytes of the host name, the timed function's name and the device that a timing row
-#: carries; a longer text arrives cut to this many bytes.
+#: Bytes of the timed function's name and of the device that a timing row carries (the
+#: host name takes HOSTNAME_BYTES); a longer text arrives cut to this many bytes.
 NAME_BYTES = 128
 DEVICE_BYTES = 64
 #: int64s in a timing row: 14 words of figures, then three texts.
