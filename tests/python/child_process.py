@@ -1,4 +1,5 @@
-"""Running a test's child script in a fresh interpreter and reading back its JSON result.
+"""Running a test's child script in a fresh interpreter and reading back its JSON result;
+and a check run in a forked child, its answer read back through a pipe.
 
 Several GPU tests run their CUDA work in a child process: a fresh CUDA context, allocator
 hooks installed before torch allocates, and a crash that fails one test rather than the
@@ -11,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 
 def run_json_child(script: Path, *args: str, timeout: float = 300,
@@ -26,3 +27,22 @@ def run_json_child(script: Path, *args: str, timeout: float = 300,
     lines = [line for line in done.stdout.splitlines() if line.strip() and line.startswith(prefix)]
     assert lines, f"child {script.name} printed no result line:\n{done.stdout[-3000:]}"
     return json.loads(lines[-1][len(prefix):])
+
+
+def answer_from_fork(check: Callable[[], bytes]) -> bytes:
+    """Forks; the child writes ``check()`` to a pipe and leaves at once (``os._exit``: no
+    exit hooks, no test teardown), and the parent returns what it wrote. A check that
+    raises gives b"", so the test's assertion on the answer fails."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, check())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        return os.read(read, 4096)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 import pytest
+from child_process import answer_from_fork
 
 import gpukeeper
 from gpukeeper import InvalidInputError
@@ -438,22 +439,15 @@ def test_forked_child_behaves_as_without_guard(clean_guard):
     fd_before = _wakeup_fd()
     install_exit_guard(sync_timeout=1.0)
     assert _wakeup_fd() != fd_before  # the guard's watcher holds it in the parent
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report what it sees, then leave at once
-        try:
-            ok = (
-                not exit_guard_installed()
-                and signal.getsignal(signal.SIGTERM) is clean_guard[signal.SIGTERM]
-                and _wakeup_fd() == fd_before
-            )
-            os.write(w, b"1" if ok else b"0")
-        finally:
-            os._exit(0)
-    os.close(w)
-    seen = os.read(r, 1)
-    os.close(r)
-    os.waitpid(pid, 0)
-    assert seen == b"1"
+
+    def in_child() -> bytes:  # what the child sees
+        ok = (
+            not exit_guard_installed()
+            and signal.getsignal(signal.SIGTERM) is clean_guard[signal.SIGTERM]
+            and _wakeup_fd() == fd_before
+        )
+        return b"1" if ok else b"0"
+
+    assert answer_from_fork(in_child) == b"1"
     assert exit_guard_installed()  # the parent keeps its guard
     assert signal.getsignal(signal.SIGTERM) is exit_guard._on_signal

@@ -11,6 +11,7 @@ import textwrap
 import threading
 
 import pytest
+from child_process import answer_from_fork
 
 import gpukeeper
 from gpukeeper.base import process_life
@@ -61,25 +62,18 @@ def test_a_forked_child_resets_the_state_and_runs_the_fork_hooks():
     stop = threading.Event()
     thread = process_life.start_thread("gpukeeper-test-idle", stop.wait)
     process_life.after_fork_in_child(lambda: seen.append("hook"))
+
+    def in_child() -> bytes:  # what the child sees
+        ok = (
+            seen == ["hook"]
+            and LIFE.threads == []
+            and LIFE.owner_pid == os.getpid()
+            and LIFE.lock.acquire(timeout=1)
+        )
+        return b"ok" if ok else repr((seen, LIFE.threads)).encode()
+
     try:
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: report what it sees, then leave at once
-            try:
-                ok = (
-                    seen == ["hook"]
-                    and LIFE.threads == []
-                    and LIFE.owner_pid == os.getpid()
-                    and LIFE.lock.acquire(timeout=1)
-                )
-                os.write(write, b"ok" if ok else repr((seen, LIFE.threads)).encode())
-            finally:
-                os._exit(0)
-        os.close(write)
-        answer = os.read(read, 4096)
-        os.close(read)
-        os.waitpid(pid, 0)
-        assert answer == b"ok"
+        assert answer_from_fork(in_child) == b"ok"
         assert seen == []  # the parent runs no fork hook
         assert thread in LIFE.live_threads()
         assert LIFE.owner_pid == os.getpid()
