@@ -26,8 +26,10 @@ FEATURES: List[Tuple[str, str]] = [
     ("cudnn_benchmark", "cuDNN benchmark mode (ResNet-18 training)"),
     ("reduce_overhead_inference", "torch.compile reduce-overhead, inference, 2 shapes + branch"),
     ("reduce_overhead_training", "torch.compile reduce-overhead, training"),
-    ("ipc_to_native", "CUDA tensor through torch.multiprocessing to a native child"),
-    ("ipc_to_gpukeeper", "CUDA tensor through torch.multiprocessing to a gpukeeper child"),
+    ("ipc_4mib_to_native", "4 MiB CUDA tensor through torch.multiprocessing to a native child"),
+    ("ipc_4mib_to_gpukeeper", "4 MiB CUDA tensor through torch.multiprocessing to a gpukeeper child"),
+    ("ipc_256mib_to_native", "256 MiB CUDA tensor through torch.multiprocessing to a native child"),
+    ("ipc_256mib_to_gpukeeper", "256 MiB CUDA tensor through torch.multiprocessing to a gpukeeper child"),
     ("memory_history", "memory history with stack frames, snapshot, memory_viz"),
     ("oom_observer", "out-of-memory observer"),
 ]
@@ -53,7 +55,8 @@ def verdict(feature: str, out: Dict) -> str:
         return "fails: " + out.get("error", "?")[:120]
     good = True
     if feature.startswith("ipc"):
-        good = out["second"] == out["first"] and out["first"][0] == out["expected_sum"]
+        good = (out["second"] == out["first"] and out["first"][0] == out["expected_sum"]
+                and out["allocated_after"] == out["allocated_before"])
     elif feature == "memory_history":
         good = out["traces_with_our_frames"] > 0 and out["live_blocks_with_our_frames"] > 0
     elif feature == "oom_observer":

@@ -12,6 +12,7 @@
 #include "bindings.hpp"
 #include "gpukeeper/core/errors.hpp"
 #include "gpukeeper/memory/caching_pool.hpp"
+#include "gpukeeper/memory/cuda_virtual_memory.hpp"
 #include "gpukeeper/memory/graph_pools.hpp"
 #include "torch_ext/pool_api.hpp"
 #include "torch_graph_pools.hpp"
@@ -90,6 +91,21 @@ bool segment_of(void* ptr, int device, void** base, std::size_t* size, bool* exp
     *size = range.size;
     *expandable = range.expandable;
   }
+  return found;
+}
+
+bool share_pages(void* ptr, int device, api::SharedPages* out) {
+  CachingPool::SharedPages pages;
+  bool found = false;
+  if (auto pool = existing_torch_pool(device)) found = pool->share_pages(ptr, pages);
+  if (!found) {
+    if (GraphPools* graphs = torch_graph_pools_if_any(device)) {
+      for (const auto& entry : graphs->all_pools()) {
+        if ((found = entry.second->share_pages(ptr, pages))) break;
+      }
+    }
+  }
+  if (found) *out = api::SharedPages{pages.first_page, pages.page_size, std::move(pages.fds)};
   return found;
 }
 
@@ -247,6 +263,8 @@ const api::Api& torch_pool_api() {
     a.deallocate = deallocate;
     a.largest_free = largest_free;
     a.segment_of = segment_of;
+    a.share_pages = share_pages;
+    a.import_pages = import_shared_pages;
     a.history = history;
     a.reset = reset;
     a.release_cache = release_cache;

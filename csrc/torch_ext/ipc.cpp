@@ -1,21 +1,28 @@
-// CUDA IPC for the component: the handle of a block's segment to send to another process,
-// and the mapping of a handle received from one (torch.multiprocessing's CUDA tensors).
+// CUDA IPC for the component: the handle of a block to send to another process, and the
+// mapping of a handle received from one (torch.multiprocessing's CUDA tensors).
 //
 // The handle is PyTorch's own wire format, so that either end may run PyTorch's native
-// allocator: a version byte, a type byte ('c': a cudaMalloc'd segment), then the
-// cudaIpcMemHandle_t of the segment's base; the block's offset in its segment travels
-// beside it. Version 2 is written: PyTorch 2.11 reads versions up to 2 and later
-// releases read 2 as well. Blocks in expandable (virtual-memory) ranges are refused with
-// the reason and the remedy (use_torch_allocator(expandable=False)): their pages are not
-// one cudaMalloc allocation an IPC handle can name.
+// allocator: a version byte, a type byte, then
+// - 'c', a block of a cudaMalloc segment: the cudaIpcMemHandle_t of the segment's base;
+// - 'e', a block of an expandable range: a header (the sender's pid, its 4 bytes of
+//   padding written as zeros, the page size and the page count as 64-bit words), then one
+//   32-bit POSIX descriptor of the sender's per page under the block. The receiver copies
+//   each descriptor with pidfd_open + pidfd_getfd, imports the page and maps the pages in
+//   order at a range of its own; the sender keeps its descriptors open while the pages live.
+// The block's offset from the first byte sent travels beside the handle. Version 2 is
+// written (PyTorch 2.5 to 2.12 write it, and 2.13 reads it); versions up to 3 are read.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "torch_ext/allocator.hpp"
 
@@ -24,9 +31,66 @@ namespace gpukeeper::torch_ext {
 namespace {
 
 constexpr char kHandleVersionWritten = 2;
-constexpr char kHandleVersionRead = 3;  // the newest layout of a 'c' handle known to match
+constexpr char kHandleVersionRead = 3;  // the newest version whose layouts are known to match
 constexpr char kCudaMallocHandle = 'c';
 constexpr char kExpandableHandle = 'e';
+
+// The header of an 'e' handle, laid out as PyTorch's (a 32-bit pid, padding, two words).
+struct ShareHeader {
+  std::int32_t pid = 0;
+  std::int32_t padding = 0;  // PyTorch leaves it unset; zeros keep equal handles equal
+  std::uint64_t page_size = 0;
+  std::uint64_t pages = 0;
+};
+static_assert(sizeof(ShareHeader) == 24, "the 'e' handle's header is 24 bytes on the wire");
+
+std::string expandable_handle(const torch_api::SharedPages& pages) {
+  ShareHeader header;
+  header.pid = static_cast<std::int32_t>(::getpid());
+  header.page_size = pages.page_size;
+  header.pages = pages.fds.size();
+  std::string bytes;
+  bytes.reserve(2 + sizeof header + 4 * pages.fds.size());
+  bytes.push_back(kHandleVersionWritten);
+  bytes.push_back(kExpandableHandle);
+  bytes.append(reinterpret_cast<const char*>(&header), sizeof header);
+  for (int fd : pages.fds) {
+    const std::int32_t wire = fd;
+    bytes.append(reinterpret_cast<const char*>(&wire), sizeof wire);
+  }
+  return bytes;
+}
+
+// The pages an 'e' handle names, mapped here. The sizes must agree with the header: a
+// handle of another layout (a PyTorch release that changed it) is refused, not guessed.
+std::shared_ptr<void> open_expandable(const torch_api::Api& api, const std::string& handle,
+                                      c10::DeviceIndex device) {
+  ShareHeader header;
+  TORCH_CHECK(handle.size() >= 2 + sizeof header,
+              "gpukeeper: an expandable-segment CUDA IPC handle of ", handle.size(),
+              " bytes is shorter than its header");
+  std::memcpy(&header, handle.data() + 2, sizeof header);
+  const std::size_t body = handle.size() - 2 - sizeof header;
+  TORCH_CHECK(header.pid > 0 && header.pages > 0 && header.page_size > 0 &&
+                  body == 4 * header.pages,
+              "gpukeeper: an expandable-segment CUDA IPC handle of ", handle.size(),
+              " bytes (version ", static_cast<int>(handle[0]),
+              ") does not have the layout this build reads (pid, page size, page count, one "
+              "descriptor per page): the sending process runs a PyTorch release whose layout "
+              "differs. Send from fixed segments (use_torch_allocator(expandable=False), or "
+              "expandable_segments:False under PyTorch's allocator)");
+  std::vector<int> fds(header.pages);
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    std::int32_t wire = 0;
+    std::memcpy(&wire, handle.data() + 2 + sizeof header + 4 * i, sizeof wire);
+    fds[i] = wire;
+  }
+  try {
+    return api.import_pages(device, header.pid, fds, header.page_size);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "gpukeeper: ", e.what());
+  }
+}
 
 // Opened handles, shared while any receiver tensor holds them (as PyTorch's allocator
 // keeps them): opening one twice in a process fails in CUDA.
@@ -51,12 +115,21 @@ cca::ShareableHandle Allocator::shareIpcHandle(void* ptr) {
   TORCH_CHECK(api_->segment_of(ptr, device, &base, &size, &expandable),
               "gpukeeper: cannot share ", ptr, " with another process: it is not memory of "
               "gpukeeper's pools on device ", device);
-  TORCH_CHECK(!expandable,
-              "gpukeeper: cannot share a tensor in an expandable (virtual-memory) segment with "
-              "another process: CUDA IPC names one cudaMalloc allocation, and such a segment is "
-              "many mapped pages. In a process that sends CUDA tensors, call "
-              "gpukeeper.use_torch_allocator(expandable=False): every block is then in a "
-              "cudaMalloc segment, as under PyTorch's own allocator");
+  if (expandable) {
+    torch_api::SharedPages pages;
+    bool found = false;
+    try {
+      found = api_->share_pages(ptr, device, &pages);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "gpukeeper: cannot share a tensor of an expandable range with another "
+                  "process: ", e.what(), ". Call gpukeeper.use_torch_allocator(expandable=False) "
+                  "in this process to send from cudaMalloc segments");
+    }
+    TORCH_CHECK(found, "gpukeeper: cannot share ", ptr, " with another process: it is not the "
+                "start of a live block of gpukeeper's pools on device ", device);
+    return cca::ShareableHandle{static_cast<char*>(ptr) - static_cast<char*>(pages.first_page),
+                                expandable_handle(pages)};
+  }
   cudaIpcMemHandle_t handle;
   {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
@@ -83,20 +156,31 @@ std::shared_ptr<void> Allocator::getIpcDevPtr(std::string handle) {
                 "gpukeeper: received a CUDA IPC handle of version ", static_cast<int>(version),
                 ", newer than this build reads (", static_cast<int>(kHandleVersionRead),
                 "): the sending process runs a newer PyTorch");
-    TORCH_CHECK(type != kExpandableHandle,
-                "gpukeeper: received a CUDA IPC handle of an expandable segment (the sender runs "
-                "PyTorch's allocator with expandable_segments:True); gpukeeper opens only "
-                "cudaMalloc handles. Send from fixed segments, or receive without "
-                "use_torch_allocator()");
-    TORCH_CHECK(type == kCudaMallocHandle && handle.size() == 2 + CUDA_IPC_HANDLE_SIZE,
+    TORCH_CHECK(type == kExpandableHandle ||
+                    (type == kCudaMallocHandle && handle.size() == 2 + CUDA_IPC_HANDLE_SIZE),
                 "gpukeeper: a CUDA IPC handle of unknown type '", type, "'");
-    std::memcpy(&mem, handle.data() + 2, CUDA_IPC_HANDLE_SIZE);
+    if (type == kCudaMallocHandle) std::memcpy(&mem, handle.data() + 2, CUDA_IPC_HANDLE_SIZE);
   }
   OpenedHandles& handles = opened();
   std::lock_guard<std::mutex> lock(handles.mutex);
   auto it = handles.by_handle.find(handle);
   if (it != handles.by_handle.end()) {
     if (auto alive = it->second.lock()) return alive;
+  }
+  if (handle.size() != CUDA_IPC_HANDLE_SIZE && handle[1] == kExpandableHandle) {
+    std::shared_ptr<void> pages = open_expandable(*api_, handle, c10::cuda::current_device());
+    // The cache entry goes with the last tensor; the pages go with `pages`.
+    std::shared_ptr<void> mapped(pages.get(), [handle, pages](void*) mutable {
+      OpenedHandles& all = opened();
+      {
+        std::lock_guard<std::mutex> lock(all.mutex);
+        auto found = all.by_handle.find(handle);
+        if (found != all.by_handle.end() && found->second.expired()) all.by_handle.erase(found);
+      }
+      pages.reset();
+    });
+    handles.by_handle[handle] = mapped;
+    return mapped;
   }
   void* ptr = nullptr;
   C10_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, mem, cudaIpcMemLazyEnablePeerAccess));

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,7 +23,7 @@ namespace gpukeeper::torch_api {
 
 // Raised with every change to the table's layout (or to PoolHistory's); the component
 // refuses another.
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
 
 // PyTorch's MempoolId_t: (0, n) for its graphs' pools, (n, 0) for user pools.
 using PoolId = std::pair<std::uint64_t, std::uint64_t>;
@@ -53,6 +54,13 @@ struct SegmentEntry {
   std::vector<BlockEntry> blocks;
 };
 
+// A block in an expandable range, as CUDA IPC sends it: the pages under it.
+struct SharedPages {
+  void* first_page = nullptr;  // the address of the first page
+  std::size_t page_size = 0;
+  std::vector<int> fds;  // this process's descriptors, open while the pages live
+};
+
 struct Api {
   std::uint32_t version = kVersion;
   std::uint32_t size = sizeof(Api);
@@ -68,6 +76,15 @@ struct Api {
   // Books and limits.
   std::size_t (*largest_free)(int device) = nullptr;  // the largest block given without growing
   bool (*segment_of)(void* ptr, int device, void** base, std::size_t* size, bool* expandable) = nullptr;
+  // CUDA IPC of a block in an expandable range: false when `ptr` starts no live block in
+  // an expandable range of the device's pools; throws (std::exception) where its pages
+  // cannot be shared.
+  bool (*share_pages)(void* ptr, int device, SharedPages* out) = nullptr;
+  // Maps pages that process `pid` shares (its descriptor numbers `fds`) at a new range of
+  // this process; the range goes when the last owner lets go. Throws with the cause and
+  // the remedy where the system refuses.
+  std::shared_ptr<void> (*import_pages)(int device, int pid, const std::vector<int>& fds,
+                                        std::size_t page_size) = nullptr;
   // The books of the device's pools, graph pools included, summed (totals() applied).
   void (*history)(int device, PoolHistory* out) = nullptr;
   void (*reset)(int device, bool peaks, bool accumulated) = nullptr;

@@ -209,3 +209,19 @@ TEST_CASE("expandable: pages made for a cached block are growth that watermarks 
   pool->deallocate(a);
   CHECK(pool->validate() == "");
 }
+
+TEST_CASE("expandable: sharing a block with another process is for device pages only",
+          "[caching_pool]") {
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.03));
+  void* small = pool->allocate(4096);       // a fixed segment
+  void* large = pool->allocate(5 * MiB);    // an expandable range
+  gpukeeper::CachingPool::SharedPages pages;
+  CHECK_FALSE(pool->share_pages(small, pages));  // fixed: CUDA IPC names the segment instead
+  CHECK_FALSE(pool->share_pages(static_cast<char*>(large) + 4096, pages));  // no block starts there
+  // Host pages are one process's memory: refused with the reason, the books unchanged.
+  CHECK_THROWS_AS(pool->share_pages(large, pages), gpukeeper::GpuError);
+  CHECK(pool->validate() == "");
+  pool->deallocate(large);
+  pool->deallocate(small);
+  CHECK(pool->validate() == "");
+}

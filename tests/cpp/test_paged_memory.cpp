@@ -42,8 +42,14 @@ class CountingVirtualMemory final : public VirtualMemory {
     if (mapped.erase(address) == 0) ++bad_unmaps;
     ++unmaps;
   }
+  // A page's "descriptor" is its handle plus 1000, so that a test can tell which it is.
+  int share_page(page_t page) override {
+    ++shares;
+    return static_cast<int>(page) + 1000;
+  }
 
   std::map<std::uintptr_t, page_t> mapped;
+  int shares = 0;
   int maps = 0, unmaps = 0, grants = 0, bad_unmaps = 0, live_pages = 0;
 
  private:
@@ -149,4 +155,20 @@ TEST_CASE("paged memory: a page size that is not a power of two is refused", "[c
   CHECK_THROWS_AS(PagedMemory(odd, 64 * MiB), gpukeeper::InvalidInputError);
   CountingVirtualMemory none(0);
   CHECK_THROWS_AS(PagedMemory(none, 64 * MiB), gpukeeper::InvalidInputError);
+}
+
+TEST_CASE_METHOD(EightPages,
+                 "paged memory: sharing a block gives its pages' descriptors in address order",
+                 "[caching_pool][paged_memory]") {
+  // A block from the middle of page 1 to the middle of page 3 lies on pages 1, 2 and 3.
+  REQUIRE(pm.acquire(t, at(1) + kPage / 2, 2 * kPage, kDone, kMayCreate, 8 * kPage));
+  std::vector<int> fds = pm.share(t, at(1) + kPage / 2, 2 * kPage);
+  REQUIRE(fds.size() == 3);
+  CHECK(fds[0] == static_cast<int>(vm.mapped.at(at(1))) + 1000);
+  CHECK(fds[1] == static_cast<int>(vm.mapped.at(at(2))) + 1000);
+  CHECK(fds[2] == static_cast<int>(vm.mapped.at(at(3))) + 1000);
+  CHECK(vm.shares == 3);
+  // A range with an unmapped page under it is no allocated block: refused, not guessed.
+  CHECK_THROWS_AS(pm.share(t, at(4), kPage), gpukeeper::GpuError);
+  pm.release(t, at(1) + kPage / 2, 2 * kPage, 0);
 }

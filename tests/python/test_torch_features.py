@@ -145,24 +145,47 @@ def test_gpu_reduce_overhead_training_matches_eager(component):
     assert mine["graph_tree_calls"] == native["graph_tree_calls"]
 
 
-@gpu
-@pytest.mark.parametrize("receiver", ["native", "gpukeeper"])
-def test_gpu_a_cuda_tensor_crosses_torch_multiprocessing(component, receiver):
-    out = feature("gpukeeper-fixed", f"ipc_to_{receiver}")
+def _check_crossed(out: dict) -> None:
     assert out["ok"], out
-    n = 1 << 20
+    n = out["n"]
     assert out["first"] == [out["expected_sum"], 0.0, float(n - 1)]
     # The sender dropped its tensor and filled new ones with -1: the receiver's view is
     # unchanged, so the block was not handed out again while the receiver held it.
     assert out["second"] == out["first"]
     assert out["child_exit"] == 0
+    # Once both dropped it, the sender's block is free again and no descriptor stays open.
+    assert out["allocated_after"] == out["allocated_before"], out
+    assert out["descriptors_after_release"] <= out["descriptors_before"], out
 
 
 @gpu
-def test_gpu_sending_a_block_of_an_expandable_range_says_what_to_do(component):
-    out = feature("gpukeeper", "ipc_to_native")  # default layout: 8 MiB is in an expandable range
+@pytest.mark.parametrize("receiver", ["native", "gpukeeper"])
+def test_gpu_a_cuda_tensor_crosses_torch_multiprocessing(component, receiver):
+    _check_crossed(feature("gpukeeper-fixed", f"ipc_to_{receiver}"))
+
+
+@gpu
+@pytest.mark.parametrize("size", ["4mib", "256mib"])
+@pytest.mark.parametrize("receiver", ["native", "gpukeeper"])
+def test_gpu_a_tensor_of_an_expandable_range_crosses_torch_multiprocessing(component, receiver, size):
+    """The default layout puts these blocks in expandable ranges: their pages travel as
+    POSIX descriptors, as PyTorch's own expandable segments send them."""
+    _check_crossed(feature("gpukeeper", f"ipc_{size}_to_{receiver}"))
+
+
+@gpu
+def test_gpu_a_native_sender_of_expandable_segments_reaches_a_gpukeeper_receiver(component):
+    out = feature("native-expandable", "ipc_4mib_to_gpukeeper")
+    _check_crossed(out)
+
+
+@gpu
+def test_gpu_on_the_pluggable_route_an_unsendable_tensor_raises_in_the_receiver(component):
+    """PyTorch's pluggable interface cannot share memory: the receiver's get() raises with
+    the sender's reason instead of waiting for an item the feeder thread dropped."""
+    out = feature("gpukeeper-pluggable", "ipc_4mib_to_native", timeout=200)
     assert not out["ok"]
-    assert "expandable" in out["traceback"] and "expandable=False" in out["traceback"]
+    assert "GpuError" in out["traceback"] and "could not share" in out["traceback"]
 
 
 @gpu

@@ -4,7 +4,8 @@
 
 ALLOCATOR: ``native`` (PyTorch's caching allocator), ``gpukeeper`` (use_torch_allocator(),
 the allocator component), ``gpukeeper-fixed`` (the same with expandable=False),
-``gpukeeper-pluggable`` (route="pluggable") or ``rmm`` (RMM's torch allocator). FEATURE: one of FEATURES below. Prints one JSON line: ``ok`` and the
+``gpukeeper-pluggable`` (route="pluggable"), ``native-expandable`` (PyTorch's with
+expandable segments) or ``rmm`` (RMM's torch allocator). FEATURE: one of FEATURES below. Prints one JSON line: ``ok`` and the
 feature's results, or ``ok: false`` with the error PyTorch raised. Used by
 test_torch_features.py and by benchmarks/python/torch_compat_matrix.py, so that the
 compatibility table and the tests come from the same runs.
@@ -38,6 +39,8 @@ def use(allocator: str) -> None:
         import gpukeeper
 
         gpukeeper.use_torch_allocator(route="pluggable")
+    elif allocator == "native-expandable":
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     elif allocator == "rmm":
         from rmm.allocators.torch import rmm_torch_allocator
 
@@ -142,10 +145,8 @@ def reduce_overhead_training() -> Dict[str, Any]:
 
 def _ipc_receiver(allocator: str, inbox: Any, outbox: Any) -> None:
     try:
-        from multiprocessing.reduction import ForkingPickler
-
         use(allocator)
-        t = ForkingPickler.loads(inbox.get(timeout=120))
+        t = inbox.get(timeout=120)
         outbox.put(("first", float(t.sum()), float(t[0]), float(t[-1])))
         inbox.get(timeout=120)  # the sender has dropped its tensor and written junk elsewhere
         outbox.put(("second", float(t.sum()), float(t[0]), float(t[-1])))
@@ -170,10 +171,16 @@ def _reply(outbox: Any, child: Any) -> Any:
         return message
 
 
-def ipc(receiver: str) -> Dict[str, Any]:
-    """A CUDA tensor sent through a torch.multiprocessing queue to a spawned child that
-    runs ``receiver``'s allocator; the sender's block must not be reused while the child
-    holds it."""
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def ipc(receiver: str, mib: int = 8) -> Dict[str, Any]:
+    """A CUDA tensor of ``mib`` MiB put on a torch.multiprocessing queue, as users send
+    (pickled in the queue's feeder thread), to a spawned child that runs ``receiver``'s
+    allocator. The sender drops its tensor while the child still reads it: the block must
+    not be handed out again until the child lets go, and its memory (and, for a block of an
+    expandable range, the descriptors of its pages) must come back after both dropped it."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -181,14 +188,13 @@ def ipc(receiver: str) -> Dict[str, Any]:
     child = ctx.Process(target=_ipc_receiver, args=(receiver, inbox, outbox), daemon=True)
     child.start()
     try:
-        n = 1 << 20
+        torch.cuda.synchronize()
+        allocated_before = torch.cuda.memory_allocated()
+        descriptors_before = _open_descriptors()
+        n = mib * MiB // 8
         t = torch.arange(n, dtype=torch.float64, device="cuda")
         expected = float(n * (n - 1) / 2)
-        # Pickled here, as Queue.put would in its feeder thread: an error then reaches the
-        # caller instead of a background thread's stderr.
-        from multiprocessing.reduction import ForkingPickler
-
-        inbox.put(bytes(ForkingPickler.dumps(t)))
+        inbox.put(t)
         first = _reply(outbox, child)
         del t
         junk = [torch.full((n,), -1.0, dtype=torch.float64, device="cuda") for _ in range(8)]
@@ -198,8 +204,18 @@ def ipc(receiver: str) -> Dict[str, Any]:
         inbox.put("done")
         child.join(timeout=60)
         del junk
-        return {"expected_sum": expected, "first": list(first[1:]), "second": list(second[1:]),
-                "child_exit": child.exitcode}
+        # PyTorch frees a sent block once the receiver's reference count says so.
+        deadline = time.monotonic() + 30
+        while torch.cuda.memory_allocated() > allocated_before and time.monotonic() < deadline:
+            torch.cuda.ipc_collect()
+            time.sleep(0.05)
+        allocated_after = torch.cuda.memory_allocated()
+        torch.cuda.empty_cache()
+        return {"expected_sum": expected, "n": n, "first": list(first[1:]),
+                "second": list(second[1:]), "child_exit": child.exitcode,
+                "allocated_before": allocated_before, "allocated_after": allocated_after,
+                "descriptors_before": descriptors_before,
+                "descriptors_after_release": _open_descriptors()}
     finally:
         if child.is_alive():
             child.terminate()
@@ -290,6 +306,10 @@ FEATURES: Dict[str, Callable[[], Dict[str, Any]]] = {
     "reduce_overhead_training": reduce_overhead_training,
     "ipc_to_native": lambda: ipc("native"),
     "ipc_to_gpukeeper": lambda: ipc("gpukeeper"),
+    "ipc_4mib_to_native": lambda: ipc("native", 4),
+    "ipc_4mib_to_gpukeeper": lambda: ipc("gpukeeper", 4),
+    "ipc_256mib_to_native": lambda: ipc("native", 256),
+    "ipc_256mib_to_gpukeeper": lambda: ipc("gpukeeper", 256),
     "memory_history": memory_history,
     "oom_observer": oom_observer,
     "history_cost": history_cost,

@@ -218,6 +218,16 @@ class CachingPool {
     bool expandable = false;
   };
   bool segment_of(const void* ptr, SegmentRange& out) const;
+  // CUDA IPC of a live block in an expandable range: the pages under it, as POSIX
+  // descriptors of this process that stay open while the pages live (another process
+  // takes copies with pidfd_getfd). False, changing nothing, when `ptr` is not the start
+  // of a live block in an expandable range; GpuError where the pages cannot be shared.
+  struct SharedPages {
+    void* first_page = nullptr;  // the address of the first page under the block
+    std::size_t page_size = 0;
+    std::vector<int> fds;
+  };
+  bool share_pages(const void* ptr, SharedPages& out);
   // Makes the live blocks exactly `blocks`: every block live now is taken back, then each
   // of `blocks` is handed out at its own address, size and stream (a graph's recorded
   // memory layout put back). Returns the pointers taken back. InvalidInputError, changing

@@ -44,6 +44,18 @@ bool CachingPool::segment_of(const void* ptr, SegmentRange& out) const {
   return true;
 }
 
+bool CachingPool::share_pages(const void* ptr, SharedPages& out) {
+  std::lock_guard<SpinMutex> lock(mutex_);
+  const Block* block = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr || block->segment->table == nullptr || !paged_) return false;
+  const std::size_t page = paged_->page_size();
+  out.page_size = page;
+  const detail::PageTable* table = block->segment->table;
+  out.first_page = reinterpret_cast<void*>(block->addr - (block->addr - table->base) % page);
+  out.fds = paged_->share(table, block->addr, block->size);
+  return true;
+}
+
 std::vector<void*> CachingPool::restore_live_blocks(std::vector<LiveBlock> blocks) {
   std::sort(blocks.begin(), blocks.end(),
             [](const LiveBlock& a, const LiveBlock& b) { return a.ptr < b.ptr; });

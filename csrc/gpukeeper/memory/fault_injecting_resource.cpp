@@ -27,6 +27,7 @@ class FaultInjectingResource::Pages final : public VirtualMemory {
   void map(std::uintptr_t address, page_t page) override { vm_.map(address, page); }
   void set_access(std::uintptr_t address, std::size_t bytes) override { vm_.set_access(address, bytes); }
   void unmap(std::uintptr_t address) noexcept override { vm_.unmap(address); }
+  int share_page(page_t page) override { return vm_.share_page(page); }
 
  private:
   FaultInjectingResource& owner_;

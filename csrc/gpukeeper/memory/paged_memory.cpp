@@ -261,6 +261,23 @@ void PagedMemory::drop_alias(PageTable* table, std::size_t index) noexcept {
   table->ids[index] = 0;
 }
 
+std::vector<int> PagedMemory::share(const PageTable* table, std::uintptr_t addr, std::size_t size) {
+  std::vector<int> fds;
+  if (size == 0) return fds;
+  const std::size_t first = page_index(table, addr);
+  const std::size_t last = page_index(table, addr + size - 1);
+  fds.reserve(last - first + 1);
+  for (std::size_t i = first; i <= last; ++i) {
+    const std::uint32_t id = table->ids[i];
+    if (id == 0 || !is_home(table, i)) {
+      throw GpuError("share: the page at " + hex(reinterpret_cast<const void*>(address_of(table, i))) +
+                     " under the block is not mapped there");
+    }
+    fds.push_back(vm_.share_page(pages_[id].handle));
+  }
+  return fds;
+}
+
 void PagedMemory::drop_page(std::uint32_t id) noexcept {
   Page& p = pages_[id];
   while (p.alias_count != 0) drop_alias(p.alias[0].table, p.alias[0].index);

@@ -120,6 +120,11 @@ class PagedMemory {
   // nothing to map.
   void count_in(PageTable* table, std::uintptr_t addr, std::size_t size) noexcept;
 
+  // POSIX descriptors of the pages under [addr, addr + size) of `table`, in address order,
+  // for another process to import (VirtualMemory::share_page): an allocated block's pages,
+  // all mapped at home. Throws GpuError where one is not, or the memory cannot be shared.
+  std::vector<int> share(const PageTable* table, std::uintptr_t addr, std::size_t size);
+
   // Uncounts a freed block, freed on the streams in `stream_bits`.
   void release(PageTable* table, std::uintptr_t addr, std::size_t size, std::uint64_t stream_bits);
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace gpukeeper {
 
@@ -37,6 +38,13 @@ class VirtualMemory {
   virtual void set_access(std::uintptr_t address, std::size_t bytes) = 0;
   // The caller guarantees that no work touches the page any more.
   virtual void unmap(std::uintptr_t address) noexcept = 0;
+
+  // A POSIX file descriptor naming `page`, for another process to take with pidfd_getfd
+  // and import (CUDA IPC of a block in an expandable range). The descriptor belongs to
+  // this object and stays open until the page is released: the receiver takes its own
+  // copy while it is open, whenever it gets to it, so it cannot be closed after sending.
+  // Throws GpuError, saying why, where the memory cannot be shared.
+  virtual int share_page(page_t page);
 };
 
 }  // namespace gpukeeper

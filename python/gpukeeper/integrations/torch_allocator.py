@@ -44,7 +44,7 @@ from gpukeeper import frameworks
 from gpukeeper._core import PoolStats
 from gpukeeper.base.arg_checks import check_choice
 from gpukeeper.base.errors import GpuError, InvalidInputError
-from gpukeeper.integrations import torch_component, torch_memory_api
+from gpukeeper.integrations import torch_component, torch_ipc, torch_memory_api
 
 __all__ = [
     "use_torch_allocator",
@@ -154,9 +154,13 @@ def use_torch_allocator(
     ``"auto"`` (requests over 1 MiB in expandable ranges where the driver has virtual
     memory management, which keeps reserved memory within a few percent of the peak
     allocated), ``False`` (fixed cudaMalloc segments, as PyTorch's own allocator), ``True``
-    or ``"large"``. A process that sends CUDA tensors to other processes
-    (``torch.multiprocessing``) needs ``expandable=False``: CUDA IPC shares cudaMalloc
-    allocations, and a block in an expandable range raises when sent.
+    or ``"large"``. CUDA tensors cross ``torch.multiprocessing`` from either layout on the
+    component route: a block in an expandable range travels as PyTorch's own expandable
+    segments do (its pages' descriptors, which the receiver takes with ``pidfd_getfd``).
+
+    While active, a tensor that cannot be shared through ``torch.multiprocessing`` reaches
+    the receiver as a ``GpuError`` raised by its ``get()``, with the sender's reason,
+    rather than being dropped by the queue's feeder thread (``torch_ipc``).
     """
     global _active, _oom_status, _graph_status, _route
     check_choice(route, "route", ROUTES)
@@ -194,6 +198,7 @@ def use_torch_allocator(
                 RuntimeWarning,
                 stacklevel=2,
             )
+    torch_ipc.install(torch)
     if memory_api:
         install_memory_api()
 
