@@ -171,8 +171,15 @@ def _reply(outbox: Any, child: Any) -> Any:
         return message
 
 
-def _open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _open_descriptors() -> Dict[str, str]:
+    """This process's open descriptors and what each names."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # closed while listed (the listing's own descriptor)
+    return found
 
 
 def ipc(receiver: str, mib: int = 8) -> Dict[str, Any]:
@@ -214,8 +221,8 @@ def ipc(receiver: str, mib: int = 8) -> Dict[str, Any]:
         return {"expected_sum": expected, "n": n, "first": list(first[1:]),
                 "second": list(second[1:]), "child_exit": child.exitcode,
                 "allocated_before": allocated_before, "allocated_after": allocated_after,
-                "descriptors_before": descriptors_before,
-                "descriptors_after_release": _open_descriptors()}
+                "descriptors_left": sorted(set(_open_descriptors().items())
+                                           - set(descriptors_before.items()))}
     finally:
         if child.is_alive():
             child.terminate()

@@ -312,7 +312,9 @@ std::shared_ptr<void> import_shared_pages(int device, int pid, const std::vector
     if (status != CUDA_SUCCESS) throw_driver(status, "cuMemImportFromShareableHandle");
     imported->pages.push_back(handle);
   }
-  CUresult status = api.address_reserve(&imported->base, imported->bytes, page_size, 0, 0);
+  // Alignment 0: the driver aligns to its granularity (a 20 MiB page size of PyTorch's large
+  // segments is no power of two, which an explicit alignment must be).
+  CUresult status = api.address_reserve(&imported->base, imported->bytes, 0, 0, 0);
   if (status != CUDA_SUCCESS) {
     imported->base = 0;
     throw_driver(status, "cuMemAddressReserve");
