@@ -150,9 +150,12 @@ def _check_crossed(out: dict) -> None:
     # unchanged, so the block was not handed out again while the receiver held it.
     assert out["second"] == out["first"]
     assert out["child_exit"] == 0
-    # Once both dropped it, the sender's block is free again and no descriptor stays open.
+    # Once both dropped it, the sender's block is free again and none of its pages'
+    # descriptors stays open (PyTorch keeps its reference-count file, /dev/shm/cuda.shm.*,
+    # open for the next send, under every allocator).
     assert out["allocated_after"] == out["allocated_before"], out
-    assert out["descriptors_left"] == [], out
+    left = [target for _, target in out["descriptors_left"] if not target.startswith("/dev/shm/cuda.shm.")]
+    assert left == [], out
 
 
 @gpu
