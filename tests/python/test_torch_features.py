@@ -87,6 +87,18 @@ def test_component_route_refused_with_the_reason_where_it_cannot_serve(monkeypat
     assert not torch_allocator.is_active()
 
 
+def test_auto_refuses_rather_than_take_the_pluggable_route_unasked(monkeypatch):
+    """Without a component, "auto" raises at once, naming the way out, instead of leaving
+    cudnn.benchmark or memory history to crash later inside PyTorch."""
+    from gpukeeper.base.errors import GpuError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch_component, "status", lambda _torch: "no component here")
+    with pytest.raises(GpuError, match="no component here.*route='pluggable'"):
+        torch_allocator.use_torch_allocator()
+    assert not torch_allocator.is_active() and torch_allocator.route() == ""
+
+
 # ---------------------------------------------------------------- on a GPU
 
 

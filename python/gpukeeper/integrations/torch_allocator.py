@@ -144,8 +144,11 @@ def use_torch_allocator(
       observer.
     - ``"pluggable"``: PyTorch's pluggable-allocator interface, which carries allocate and
       free only: the features above raise in PyTorch.
-    - ``"auto"`` (default): the component where it serves this PyTorch, else the
-      pluggable interface with a ``RuntimeWarning`` that says why.
+    - ``"auto"`` (default): the component, which the wheel carries for every supported
+      PyTorch release and which is built at first use for another release where a C++
+      compiler is present. Where neither can be had, ``GpuError`` says why and how to build
+      it, rather than falling back to an interface under which everyday PyTorch features
+      would raise later, deep inside PyTorch.
 
     ``memory_api`` (default True) makes PyTorch's memory counters answer from the pool
     directly (``install_memory_api``): well under a microsecond a read.
@@ -176,8 +179,13 @@ def use_torch_allocator(
             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})"
         )
     why_not = torch_component.status(torch) if route != "pluggable" else "route='pluggable'"
-    if route == "component" and why_not:
-        raise GpuError(f"use_torch_allocator(route='component'): {why_not}")
+    if route != "pluggable" and why_not:
+        raise GpuError(
+            f"use_torch_allocator(route={route!r}): {why_not}. route='pluggable' puts "
+            "allocation alone on the pool through PyTorch's pluggable-allocator interface, "
+            "under which cudnn.benchmark, torch.compile(mode='reduce-overhead'), CUDA tensors "
+            "sent between processes and memory history raise in PyTorch"
+        )
     try:
         _core._torch_pool_set_layout(expandable)
     except InvalidInputError as exc:
@@ -189,15 +197,6 @@ def use_torch_allocator(
         _oom_status = _graph_status = ""
     else:
         _install_pluggable(torch)
-        if route == "auto":
-            warnings.warn(
-                f"use_torch_allocator(): {why_not}. PyTorch reaches the pool through its "
-                "pluggable-allocator interface instead, under which cudnn.benchmark, "
-                "torch.compile(mode='reduce-overhead'), CUDA tensors sent between processes "
-                "and memory history raise in PyTorch",
-                RuntimeWarning,
-                stacklevel=2,
-            )
     torch_ipc.install(torch)
     if memory_api:
         install_memory_api()
