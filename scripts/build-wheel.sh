@@ -9,9 +9,13 @@
 # without it the wheel holds a CPU-only core and this script stops, unless
 # GPUKEEPER_WHEEL_ALLOW_CPU=1.
 #
-# The PyTorch allocator component is left out: it is built against one PyTorch release,
-# and a wheel serves them all (use_torch_allocator() then takes PyTorch's pluggable
-# interface and says so; a source install beside PyTorch builds the component).
+# The wheel carries the PyTorch allocator component once per supported PyTorch release
+# (python/gpukeeper/integrations/torch_builds.py), built against each release's headers,
+# which scripts/torch_headers.py fetches once into a per-user cache (about 0.5-0.9 GB of
+# download per release the first time; GPUKEEPER_TORCH_HEADER_DIRS, space-separated
+# [RELEASE=]DIR, names headers already on the machine instead). A release whose headers
+# cannot be had stops the build, unless GPUKEEPER_TORCH_MISSING_OK=1 (the wheel then lacks
+# it, and PyTorch of that release builds it at first use where it can).
 #
 # auditwheel then checks that the core needs nothing beyond the manylinux set and tags the
 # wheel for the oldest glibc the build machine allows: built on Debian 12 (glibc 2.36) it
@@ -41,11 +45,20 @@ if ! gk_has_nvcc && [ "${GPUKEEPER_WHEEL_ALLOW_CPU:-0}" != 1 ]; then
   exit 1
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
-# A build folder of its own, so that no cached configuration of a source install (which
-# may hold the PyTorch component) leaks in.
+fetch=()
+if [ "${GPUKEEPER_TORCH_MISSING_OK:-0}" = 1 ]; then fetch+=(--missing-ok); fi
+for dir in ${GPUKEEPER_TORCH_HEADER_DIRS:-}; do fetch+=(--headers "$dir"); done
+headers=$(bash scripts/build-torch-components.sh --fetch-only "${fetch[@]}" | paste -sd';')
+# A build folder of its own, so that no cached configuration of a source install leaks
+# in; the components come from the header folders only, never from the PyTorch this
+# machine happens to have.
 "$PY" -m pip wheel --no-deps --no-build-isolation -w "$raw" \
   --config-settings=build-dir="build/wheel" \
-  --config-settings=cmake.define.GPUKEEPER_TORCH_COMPONENT=OFF .
+  --config-settings=cmake.define.GPUKEEPER_TORCH_COMPONENT=OFF \
+  --config-settings=cmake.define.GPUKEEPER_TORCH_HEADERS="$headers" .
 mkdir -p "$OUT"
-"$PY" -m auditwheel repair --wheel-dir "$OUT" "$raw"/gpukeeper-*.whl
+# PyTorch's libraries are the components' to find at run time (the ones `import torch`
+# loaded): auditwheel must neither copy them into the wheel nor refuse the wheel for them.
+"$PY" -m auditwheel repair --wheel-dir "$OUT" \
+  --exclude libc10.so --exclude libc10_cuda.so --exclude libtorch_cuda.so "$raw"/gpukeeper-*.whl
 ls -l "$OUT"/gpukeeper-*.whl

@@ -3,6 +3,11 @@
 # into a brand-new virtual environment with no compiler and no CUDA toolkit on PATH,
 # imports it and runs `gpukeeper check`, which must PASS (in CPU mode on a machine
 # without a GPU, with CUDA on a GPU machine). Prints the wheel's size and install time.
+# It also checks the PyTorch allocator components the wheel carries: one per supported
+# PyTorch release (GPUKEEPER_TORCH_MISSING_OK=1: those whose headers could be fetched),
+# each needing PyTorch's libraries by SONAME and no path of the build machine, each
+# chosen for its own release only (any patch version) and never for another. Loading
+# them needs a CUDA build of PyTorch, which the GPU machine's suites do.
 # GPUKEEPER_REQUIRE_GPU=1 passes --require-gpu to the check (the GPU machine's round);
 # GPUKEEPER_WHEEL_VENV_ARGS adds arguments to `python -m venv`. On a machine without
 # network, PIP_NO_INDEX=1 and PIP_FIND_LINKS=<folder of rich and its dependencies' wheels>
@@ -38,6 +43,49 @@ start=$SECONDS
 say "installed in $((SECONDS - start)) s"
 cd "$work"  # away from the checkout: the installed package, not the source tree
 "${clean[@]}" python -c "import gpukeeper; print('import gpukeeper', gpukeeper.__version__, gpukeeper.build_info()['cuda'])"
+say "the PyTorch allocator components"
+"${clean[@]}" GPUKEEPER_TORCH_MISSING_OK="${GPUKEEPER_TORCH_MISSING_OK:-0}" python - <<'PY'
+import os
+import re
+import sys
+
+from gpukeeper.integrations import torch_builds as tb
+from gpukeeper.integrations import torch_component as tc
+
+folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(tc.__file__))), "torch_components")
+carried = {tb.release_of_file(f): os.path.join(folder, f) for f in os.listdir(folder) if tb.release_of_file(f)}
+problems = []
+for release, path in sorted(carried.items()):
+    if release not in tc.supported_releases():
+        problems.append(f"{path}: torch {release} is not a supported release")
+    dyn = tb.elf_dynamic(path)
+    if not set(tb.TORCH_LIBRARIES) <= set(dyn["needed"]):
+        problems.append(f"{path}: needs {dyn['needed']}, not all of {list(tb.TORCH_LIBRARIES)}")
+    if dyn["rpath"] + dyn["runpath"] != ["$ORIGIN/../../torch/lib"]:
+        problems.append(f"{path}: run-time search path {dyn['rpath'] + dyn['runpath']}")
+    with open(path, "rb") as f:
+        made_for = set(re.findall(rb"\0(\d+\.\d+\.\d+)\0", f.read()))
+    if not any(tb.release_of(v.decode()) == release for v in made_for):
+        problems.append(f"{path}: names no torch {release}.x version inside")
+    for other in tc.supported_releases() + ("2.8", "3.0"):
+        for version in (f"{other}.0", f"{other}.9+cu130"):
+            got = tc.library_path(version)
+            if other == release and (got is None or not os.path.samefile(got, path)):
+                problems.append(f"torch {version}: chose {got}, not {path}")
+            if other != release and got is not None and os.path.samefile(got, path):
+                problems.append(f"torch {version}: chose {path}, made for {release}")
+missing = [r for r in tc.supported_releases() if r not in carried]
+if missing:
+    text = f"no component for torch {', '.join(missing)}"
+    if os.environ.get("GPUKEEPER_TORCH_MISSING_OK") == "1":
+        print(f"wheel-check: warning: {text} (GPUKEEPER_TORCH_MISSING_OK=1)")
+    else:
+        problems.append(text)
+for p in problems:
+    print(f"wheel-check: {p}", file=sys.stderr)
+print(f"components for torch {', '.join(sorted(carried, key=lambda r: tuple(map(int, r.split('.')))))}")
+sys.exit(1 if problems else 0)
+PY
 check=(gpukeeper check)
 if [ "${GPUKEEPER_REQUIRE_GPU:-0}" = 1 ]; then check+=(--require-gpu); fi
 "${clean[@]}" "${check[@]}"

@@ -167,9 +167,11 @@ void Allocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
   }
 }
 
+#if GPUKEEPER_TORCH_AT_LEAST(2, 10)
 std::vector<cca::StreamSegmentSize> Allocator::getExpandableSegmentSizes(c10::DeviceIndex) {
   return {};  // gpukeeper's pool behind PyTorch uses fixed segments
 }
+#endif
 
 void Allocator::enable(bool) {}  // always on: PyTorch calls this only to switch its own off
 
@@ -245,16 +247,16 @@ cca::SnapshotInfo Allocator::snapshot(c10::MempoolId_t mempool_id, bool include_
       if (one_pool && (seg.pool.first != mempool_id.first || seg.pool.second != mempool_id.second)) {
         continue;
       }
-      c10::CachingDeviceAllocator::SegmentInfo out;
+      SegmentInfo out;
       out.device = static_cast<c10::DeviceIndex>(d);
       out.address = seg.address;
       out.total_size = seg.size;
-      out.stream = seg.stream;
+      out.stream = static_cast<cudaStream_t>(seg.stream);  // cudaStream_t before 2.11
       out.is_large = !seg.small;
       out.is_expandable = seg.expandable;
       out.owner_private_pool_id = {seg.pool.first, seg.pool.second};
       for (const torch_api::BlockEntry& b : seg.blocks) {
-        c10::CachingDeviceAllocator::BlockInfo block;
+        BlockInfo block;
         block.size = b.size;
         block.requested_size = b.requested;
         block.allocated = b.allocated;
@@ -383,7 +385,7 @@ void Allocator::attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) 
   trace_trackers_.push_back(std::move(tracker));
 }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+#if GPUKEEPER_TORCH_AT_LEAST(2, 12)
 void Allocator::attachOomRejectionObserver(cca::OomRejectionObserver) {
   // gpukeeper never rejects an allocation ahead of the driver: nothing to observe.
 }

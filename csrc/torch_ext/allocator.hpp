@@ -6,7 +6,6 @@
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <torch/headeronly/version.h>
 
 #include <atomic>
 #include <memory>
@@ -18,6 +17,7 @@
 #include "torch_ext/history.hpp"
 #include "torch_ext/pool_api.hpp"
 #include "torch_ext/stream_uses.hpp"
+#include "torch_ext/torch_version.hpp"
 
 namespace gpukeeper::torch_ext {
 
@@ -42,7 +42,9 @@ class Allocator final : public cca::CUDAAllocator {
   bool initialized() override;
   double getMemoryFraction(c10::DeviceIndex device) override;
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+#if GPUKEEPER_TORCH_AT_LEAST(2, 10)
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override;
+#endif
   void enable(bool value) override;
   bool isEnabled() const override;
   void cacheInfo(c10::DeviceIndex device, size_t* largest_block) override;
@@ -53,7 +55,13 @@ class Allocator final : public cca::CUDAAllocator {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
+#if GPUKEEPER_TORCH_AT_LEAST(2, 11)
   cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override;
+#else
+  // 2.9 and 2.10 always include the traces.
+  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id) override { return snapshot(mempool_id, true); }
+  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces);
+#endif
 
   // ---- CUDA graphs' private pools, and CUDA graph trees' checks and checkpoints
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
@@ -74,12 +82,24 @@ class Allocator final : public cca::CUDAAllocator {
 
   // ---- memory history (history.cpp) and observers
   bool isHistoryEnabled() override;
+#if GPUKEEPER_TORCH_AT_LEAST(2, 11)
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
                      size_t alloc_trace_max_entries, cca::RecordContext when, bool clear_history,
                      const std::vector<std::string>& skip_actions) override;
+#else
+  // 2.9 and 2.10 have no skip_actions: every action is recorded.
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, cca::RecordContext when,
+                     bool clear_history) override {
+    recordHistory(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, {});
+  }
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder,
+                     size_t alloc_trace_max_entries, cca::RecordContext when, bool clear_history,
+                     const std::vector<std::string>& skip_actions);
+#endif
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+#if GPUKEEPER_TORCH_AT_LEAST(2, 12)
   void attachOomRejectionObserver(cca::OomRejectionObserver observer) override;
 #endif
 

@@ -8,7 +8,8 @@
 
 namespace gpukeeper::torch_ext {
 
-using c10::CachingDeviceAllocator::TraceEntry;
+// A trace entry's stream is passed as cudaStream_t: the type 2.9 and 2.10 take, which
+// converts to the void* later releases take.
 
 namespace {
 
@@ -91,7 +92,7 @@ void MemoryHistory::on_alloc(int device, void* ptr, std::size_t size, void* stre
   live_[ptr] = Live{context, size, device, stream};
   if (!skipped(TraceAction::ALLOC)) {
     append(TraceEntry(TraceAction::ALLOC, static_cast<c10::DeviceIndex>(device),
-                      reinterpret_cast<std::size_t>(ptr), size, stream, {0, 0},
+                      reinterpret_cast<std::size_t>(ptr), size, static_cast<cudaStream_t>(stream), {0, 0},
                       c10::getApproximateTime(), when >= cca::RecordContext::ALLOC ? context : nullptr));
   }
 }
@@ -119,7 +120,7 @@ void MemoryHistory::on_free(void* ptr) {
   for (TraceAction action : {TraceAction::FREE_REQUESTED, TraceAction::FREE_COMPLETED}) {
     if (skipped(action)) continue;
     append(TraceEntry(action, static_cast<c10::DeviceIndex>(device),
-                      reinterpret_cast<std::size_t>(ptr), size, stream, {0, 0}, now, context));
+                      reinterpret_cast<std::size_t>(ptr), size, static_cast<cudaStream_t>(stream), {0, 0}, now, context));
   }
 }
 
@@ -127,7 +128,7 @@ void MemoryHistory::on_event(TraceAction action, int device, std::size_t addr, s
                              void* stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!enabled() || skipped(action)) return;
-  append(TraceEntry(action, static_cast<c10::DeviceIndex>(device), addr, size, stream, {0, 0},
+  append(TraceEntry(action, static_cast<c10::DeviceIndex>(device), addr, size, static_cast<cudaStream_t>(stream), {0, 0},
                     c10::getApproximateTime()));
 }
 

@@ -13,10 +13,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "torch_ext/torch_version.hpp"
+
 namespace gpukeeper::torch_ext {
 
 namespace cca = c10::cuda::CUDACachingAllocator;
-using TraceAction = c10::CachingDeviceAllocator::TraceEntry::Action;
 
 class MemoryHistory {
  public:
@@ -36,13 +37,13 @@ class MemoryHistory {
   // The stack that allocated a live block (nullptr when not recorded).
   std::shared_ptr<c10::GatheredContext> context_of(const void* ptr) const;
   // The traces, oldest first, one list per device (device_count lists).
-  std::vector<std::vector<c10::CachingDeviceAllocator::TraceEntry>> traces(int device_count) const;
+  std::vector<std::vector<TraceEntry>> traces(int device_count) const;
 
  private:
   bool skipped(TraceAction action) const noexcept {
     return (skip_mask_ >> static_cast<unsigned>(action)) & 1u;
   }
-  void append(c10::CachingDeviceAllocator::TraceEntry entry);
+  void append(TraceEntry entry);
 
   std::atomic<bool> enabled_{false};
   mutable std::mutex mutex_;
@@ -50,7 +51,7 @@ class MemoryHistory {
   cca::RecordContext when_ = cca::RecordContext::NEVER;
   std::size_t max_entries_ = 0;
   std::uint32_t skip_mask_ = 0;
-  std::vector<c10::CachingDeviceAllocator::TraceEntry> ring_;  // ring_[next_] is the oldest once full
+  std::vector<TraceEntry> ring_;  // ring_[next_] is the oldest once full
   std::size_t next_ = 0;
   struct Live {
     std::shared_ptr<c10::GatheredContext> context;

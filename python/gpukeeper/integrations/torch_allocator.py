@@ -16,10 +16,11 @@ torch.cuda.OutOfMemoryError``, ``accelerate.utils.find_executable_batch_size`` a
 ``gpukeeper.retry_on_oom`` work as with PyTorch's own allocator.
 
 PyTorch reaches the pool by one of two routes (``route()``). The allocator component
-(``torch_component``, built against the installed PyTorch) is a full ``CUDAAllocator``:
-cuDNN's benchmark mode, CUDA graph trees (``torch.compile(mode="reduce-overhead")``),
-CUDA IPC, memory history and the OOM observer all work. Without it, PyTorch's
-pluggable-allocator interface carries allocation and free only.
+(``torch_component``: one build per supported PyTorch release in the wheel, or built at
+first use for another release) is a full ``CUDAAllocator``: cuDNN's benchmark mode, CUDA
+graph trees (``torch.compile(mode="reduce-overhead")``), CUDA IPC, memory history and the
+OOM observer all work. PyTorch's pluggable-allocator interface, taken only when asked for,
+carries allocation and free alone.
 
 CUDA graphs (``torch.cuda.graph``, ``make_graphed_callables``, ``torch.compile`` with
 ``mode="reduce-overhead"``) get private pools as under PyTorch's own allocator: what a

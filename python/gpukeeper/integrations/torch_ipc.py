@@ -66,8 +66,14 @@ def install(torch: Any) -> None:
     reductions = torch.multiprocessing.reductions
     originals = {
         getattr(reductions, name, None)
-        for name in ("reduce_tensor", "reduce_storage", "reduce_typed_storage",
-                     "reduce_typed_storage_child", "reduce_nested_tensor", "reduce_sparse_tensor")
+        for name in (
+            "reduce_tensor",
+            "reduce_storage",
+            "reduce_typed_storage",
+            "reduce_typed_storage_child",
+            "reduce_nested_tensor",
+            "reduce_sparse_tensor",
+        )
     } - {None}
     for cls, reducer in list(_registered().items()):
         if cls not in _replaced and reducer in originals:
