@@ -169,6 +169,16 @@ std::size_t release_cache(int device) {
   return released;
 }
 
+std::size_t release_pool_cache(api::PoolId id) {
+  std::size_t released = 0;
+  for (auto& pool : torch_pools().pools()) {
+    if (GraphPools* graphs = torch_graph_pools_if_any(pool->device())) {
+      released += graphs->release_unused(to_id(id));
+    }
+  }
+  return released;
+}
+
 void set_fraction(int device, double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     throw InvalidInputError("memory fraction must be in [0, 1], got " + std::to_string(fraction));
@@ -268,6 +278,7 @@ const api::Api& torch_pool_api() {
     a.history = history;
     a.reset = reset;
     a.release_cache = release_cache;
+    a.release_pool_cache = release_pool_cache;
     a.set_fraction = set_fraction;
     a.fraction = fraction;
     a.segments = segments;

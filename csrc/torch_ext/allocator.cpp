@@ -168,8 +168,14 @@ void Allocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
 }
 
 #if GPUKEEPER_TORCH_AT_LEAST(2, 10)
-std::vector<cca::StreamSegmentSize> Allocator::getExpandableSegmentSizes(c10::DeviceIndex) {
-  return {};  // gpukeeper's pool behind PyTorch uses fixed segments
+std::vector<cca::StreamSegmentSize> Allocator::getExpandableSegmentSizes(c10::DeviceIndex device) {
+  // The expandable ranges of the main pool, each with the bytes blocks tile in it.
+  std::vector<cca::StreamSegmentSize> sizes;
+  for (const torch_api::SegmentEntry& seg : api_->segments(device)) {
+    if (!seg.expandable || seg.pool.first != 0 || seg.pool.second != 0) continue;
+    sizes.emplace_back(static_cast<cudaStream_t>(seg.stream), seg.small, seg.size);
+  }
+  return sizes;
 }
 #endif
 
@@ -209,9 +215,14 @@ void Allocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stre
   uses_.record(ptr.get(), nullptr, stream.stream());
 }
 
-void Allocator::emptyCache(c10::MempoolId_t) {
+void Allocator::emptyCache(c10::MempoolId_t mempool_id) {
   if (uses_.any()) uses_.poll([this](void* p) { free_block(p); }, true);
-  api_->release_cache(-1);
+  if (mempool_id.first == 0 && mempool_id.second == 0) {
+    api_->release_cache(-1);
+  } else {
+    // One private pool: its cache goes once no graph may replay from it.
+    api_->release_pool_cache(to_id(mempool_id));
+  }
 }
 
 c10::CachingDeviceAllocator::DeviceStats Allocator::getDeviceStats(c10::DeviceIndex device) {
@@ -405,12 +416,13 @@ void Allocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_a
 
 cudaError_t Allocator::memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
                                    size_t count, cudaStream_t stream, bool p2p_enabled) {
-  // gpukeeper's segments are cudaMalloc'd, which cudaMemcpyAsync copies between devices
-  // with or without peer access.
-  (void)dst_device;
-  (void)src_device;
-  (void)p2p_enabled;
-  return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  // Blocks of expandable ranges are mapped pages, which a plain device-to-device copy
+  // between devices reaches only through peer access: without it, cudaMemcpyPeerAsync
+  // stages the copy, as PyTorch's own allocator does for its expandable segments.
+  if (p2p_enabled || dst_device == src_device) {
+    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  }
+  return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
 }
 
 std::string Allocator::name() { return "gpukeeper"; }

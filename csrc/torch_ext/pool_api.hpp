@@ -23,7 +23,7 @@ namespace gpukeeper::torch_api {
 
 // Raised with every change to the table's layout (or to PoolHistory's); the component
 // refuses another.
-constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kVersion = 3;
 
 // PyTorch's MempoolId_t: (0, n) for its graphs' pools, (n, 0) for user pools.
 using PoolId = std::pair<std::uint64_t, std::uint64_t>;
@@ -89,6 +89,9 @@ struct Api {
   void (*history)(int device, PoolHistory* out) = nullptr;
   void (*reset)(int device, bool peaks, bool accumulated) = nullptr;
   std::size_t (*release_cache)(int device) = nullptr;  // device -1: every device
+  // The cached memory of one private pool (a CUDA graph's or a MemPool's) on every device,
+  // where no graph uses it any more; bytes released.
+  std::size_t (*release_pool_cache)(PoolId id) = nullptr;
   void (*set_fraction)(int device, double fraction) = nullptr;
   double (*fraction)(int device) = nullptr;
   std::vector<SegmentEntry> (*segments)(int device) = nullptr;

@@ -256,3 +256,25 @@ TEST_CASE("graph pools: retirement only counts, without freeing, when asked so",
   CHECK(graphs.drop_retired() > 0);
   CHECK(graphs.pools().empty());
 }
+
+TEST_CASE("graph pools: one pool's cache is released alone, and only once no graph uses it",
+          "[graph_pools]") {
+  GraphPools graphs = host_graph_pools();
+  graphs.begin_allocate(kGraphA, only(kCapturing));
+  void* out = graphs.allocate(1 << 20, kCapturing);
+  void* scratch = graphs.allocate(32 << 20, kCapturing);  // a segment of its own
+  CHECK(graphs.deallocate(scratch));
+  graphs.end_allocate(kGraphA);
+  graphs.begin_allocate(kGraphB, only(kOther));
+  void* b = graphs.allocate(32 << 20, kOther);
+  CHECK(graphs.deallocate(b));
+  graphs.end_allocate(kGraphB);
+  CHECK(graphs.release_unused(kGraphA) == 0);  // A's graph may still replay
+  graphs.release(kGraphA);                     // the graph is gone; its output is not
+  const std::size_t b_reserved = graphs.find_pool(kGraphB)->stats().reserved_bytes;
+  CHECK(graphs.release_unused(kGraphA) >= std::size_t{32} << 20);
+  CHECK(graphs.find_pool(kGraphB)->stats().reserved_bytes == b_reserved);  // B untouched
+  CHECK(graphs.release_unused(GraphPoolId{0, 99}) == 0);                // no such pool
+  CHECK(graphs.deallocate(out));
+  graphs.release(kGraphB);
+}

@@ -228,4 +228,16 @@ std::size_t GraphPools::release_unused() {
   return released;
 }
 
+std::size_t GraphPools::release_unused(GraphPoolId id) {
+  std::shared_ptr<CachingPool> pool;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!routes_.empty()) return 0;
+    Entry* e = find(id);
+    if (e == nullptr || e->uses != 0) return 0;
+    pool = e->pool;
+  }
+  return pool->emergency_cleanup();
+}
+
 }  // namespace gpukeeper

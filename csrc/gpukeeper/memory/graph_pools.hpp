@@ -105,6 +105,8 @@ class GraphPools {
   // Frees the cached segments of every private pool with no use left (a pool in use keeps
   // its memory: its graph may replay). Returns the bytes released.
   std::size_t release_unused();
+  // The same for the private pool of `id` alone (0 when it has a use left, or none).
+  std::size_t release_unused(GraphPoolId id);
 
  private:
   struct Entry {
