@@ -61,8 +61,12 @@ std::size_t run_python_reclaim(std::size_t needed) {
 std::shared_ptr<CachingPool> torch_pool(int device) {
   auto pool = torch_pools().pool(device);
   if (device >= 0 && device < 64) {
-    std::call_once(g_reclaim_registered[device],
-                   [&] { pool->add_reclaim_callback(run_python_reclaim); });
+    std::call_once(g_reclaim_registered[device], [&] {
+      pool->add_reclaim_callback(run_python_reclaim);
+      pool->set_segment_observer([device](const SegmentEvent& event) {
+        report_segment_event(device, GraphPoolId{0, 0}, event);
+      });
+    });
   }
   return pool;
 }

@@ -129,6 +129,9 @@ GraphPools& torch_graph_pools(int device) {
   if (graphs == nullptr) {
     // Never destroyed, as the torch pools: PyTorch may free a graph's tensors at exit.
     graphs = new GraphPools([device] { return make_resource(ResourceKind::device, device); });
+    graphs->set_segment_observer([device](GraphPoolId id, const SegmentEvent& event) {
+      report_segment_event(device, id, event);
+    });
     g_graph_pools[device].store(graphs, std::memory_order_release);
   }
   return *graphs;

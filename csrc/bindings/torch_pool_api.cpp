@@ -3,6 +3,7 @@
 // allocator's two functions use, so that either route sees one set of books.
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -107,6 +108,26 @@ bool share_pages(void* ptr, int device, api::SharedPages* out) {
   }
   if (found) *out = api::SharedPages{pages.first_page, pages.page_size, std::move(pages.fds)};
   return found;
+}
+
+std::atomic<api::SegmentSink> g_segment_sink{nullptr};
+
+void watch_segments(api::SegmentSink sink) { g_segment_sink.store(sink, std::memory_order_release); }
+
+bool pool_of(void* ptr, int device, api::PoolId* out) {
+  if (auto pool = existing_torch_pool(device); pool && pool->owns(ptr)) {
+    *out = {0, 0};
+    return true;
+  }
+  if (GraphPools* graphs = torch_graph_pools_if_any(device)) {
+    for (const auto& entry : graphs->all_pools()) {
+      if (entry.second->owns(ptr)) {
+        *out = {entry.first.first, entry.first.second};
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 void add_history(PoolHistory& into, const PoolHistory& h) {
@@ -266,6 +287,13 @@ std::vector<void*> restore_pool(int device, api::PoolId id, const std::vector<ap
 
 }  // namespace
 
+void report_segment_event(int device, const GraphPoolId& pool, const SegmentEvent& event) {
+  const api::SegmentSink sink = g_segment_sink.load(std::memory_order_acquire);
+  if (sink == nullptr) return;
+  sink(device, api::PoolId{pool.first, pool.second}, static_cast<int>(event.kind), event.address,
+       event.size, as_handle(event.stream));
+}
+
 const api::Api& torch_pool_api() {
   static const api::Api t = [] {
     api::Api a;
@@ -273,6 +301,8 @@ const api::Api& torch_pool_api() {
     a.deallocate = deallocate;
     a.largest_free = largest_free;
     a.segment_of = segment_of;
+    a.watch_segments = watch_segments;
+    a.pool_of = pool_of;
     a.share_pages = share_pages;
     a.import_pages = import_shared_pages;
     a.history = history;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "gpukeeper/memory/caching_pool.hpp"
+#include "gpukeeper/memory/graph_pools.hpp"
 #include "gpukeeper/memory/pool_registry.hpp"
 #include "torch_ext/pool_api.hpp"
 
@@ -19,5 +20,8 @@ std::shared_ptr<CachingPool> existing_torch_pool(int device);
 // The pool functions both routes into PyTorch use (torch_pool_api.cpp): the allocator
 // component through its table, the pluggable route's two exported functions directly.
 const torch_api::Api& torch_pool_api();
+// Hands a segment event of a pool behind PyTorch to the component's sink, if it set one
+// (torch_pool_api.cpp): every torch pool and graph pool reports through it.
+void report_segment_event(int device, const GraphPoolId& pool, const SegmentEvent& event);
 
 }  // namespace gpukeeper::py_bindings

@@ -62,7 +62,11 @@ void* Allocator::malloc_block(size_t nbytes, c10::DeviceIndex device, cudaStream
     if (status == torch_api::Status::out_of_memory) raise_oom(nbytes, device, error);
     TORCH_CHECK(false, "gpukeeper: ", error);
   }
-  if (history_.enabled()) history_.on_alloc(device, ptr, nbytes, stream);
+  if (history_.enabled()) {
+    torch_api::PoolId pool{0, 0};
+    api_->pool_of(ptr, device, &pool);  // a capture's private pool names itself in the trace
+    history_.on_alloc(device, ptr, nbytes, stream, pool);
+  }
   return ptr;
 }
 
@@ -152,7 +156,36 @@ void Allocator::raw_delete(void* ptr) { delete_block(ptr); }
 void Allocator::init(int device_count) {
   device_count_ = device_count;
   g_allocator = this;
+  api_->watch_segments(&Allocator::segment_event);
   initialized_.store(true, std::memory_order_release);
+}
+
+void Allocator::segment_event(int device, torch_api::PoolId pool, int kind, std::uintptr_t address,
+                              std::size_t size, void* stream) {
+  Allocator* self = g_allocator;
+  if (self == nullptr) return;
+  const bool recording = self->history_.enabled();
+  const bool tracking = self->has_trackers_.load(std::memory_order_acquire);
+  if (!recording && !tracking) return;
+  static constexpr TraceAction kActions[] = {TraceAction::SEGMENT_ALLOC, TraceAction::SEGMENT_FREE,
+                                             TraceAction::SEGMENT_MAP, TraceAction::SEGMENT_UNMAP};
+  if (kind < 0 || kind > 3) return;
+  const TraceAction action = kActions[kind];
+  try {
+    if (recording) self->history_.on_event(action, device, address, size, stream, pool);
+    if (tracking) {
+      std::vector<cca::AllocatorTraceTracker> trackers;
+      {
+        std::lock_guard<std::mutex> lock(self->observers_mutex_);
+        trackers = self->trace_trackers_;
+      }
+      const TraceEntry entry = MemoryHistory::entry(action, device, address, size, stream, pool);
+      for (const auto& tracker : trackers) tracker(entry);
+    }
+  } catch (const std::exception& e) {
+    // Called inside a pool's books: an escaping error would leave them half-written.
+    TORCH_WARN_ONCE("gpukeeper: a segment event could not be recorded: ", e.what());
+  }
 }
 
 bool Allocator::initialized() { return initialized_.load(std::memory_order_acquire); }
@@ -390,10 +423,12 @@ void Allocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
 }
 
 void Allocator::attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) {
-  // PyTorch's own users of trace trackers (its NCCL memory registration) read the native
-  // allocator's segments; gpukeeper keeps them, and tells no tracker of its segments.
+  // Trackers hear of segments taken and given back and of pages mapped and unmapped (what
+  // PyTorch's NCCL buffer registration acts on); allocations and frees reach the memory
+  // history alone, which keeps the hot path free of calls.
   std::lock_guard<std::mutex> lock(observers_mutex_);
   trace_trackers_.push_back(std::move(tracker));
+  has_trackers_.store(true, std::memory_order_release);
 }
 
 #if GPUKEEPER_TORCH_AT_LEAST(2, 12)

@@ -109,6 +109,11 @@ class Allocator final : public cca::CUDAAllocator {
                           size_t count, cudaStream_t stream, bool p2p_enabled) override;
   std::string name() override;
 
+  // Where _core's pools report their segment events (pool_api.hpp's SegmentSink): to the
+  // memory history and the trace trackers, as PyTorch's allocator records its own.
+  static void segment_event(int device, torch_api::PoolId pool, int kind, std::uintptr_t address,
+                            std::size_t size, void* stream);
+
   // The deleter of every DataPtr this allocator makes (a plain function, as PyTorch's
   // graph trees compare deleters to tell its storages from others).
   static void delete_block(void* ptr);
@@ -129,6 +134,7 @@ class Allocator final : public cca::CUDAAllocator {
   std::mutex observers_mutex_;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cca::AllocatorTraceTracker> trace_trackers_;
+  std::atomic<bool> has_trackers_{false};  // spares segment events the lock until one is attached
 };
 
 }  // namespace gpukeeper::torch_ext

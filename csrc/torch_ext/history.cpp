@@ -77,7 +77,18 @@ void MemoryHistory::append(TraceEntry entry) {
   }
 }
 
-void MemoryHistory::on_alloc(int device, void* ptr, std::size_t size, void* stream) {
+TraceEntry MemoryHistory::entry(TraceAction action, int device, std::size_t addr,
+                                std::size_t size, void* stream, torch_api::PoolId pool,
+                                std::shared_ptr<c10::GatheredContext> context) {
+  using Part = decltype(c10::MempoolId_t::first);
+  const c10::MempoolId_t id{static_cast<Part>(pool.first), static_cast<Part>(pool.second)};
+  return TraceEntry(action, static_cast<c10::DeviceIndex>(device), addr, size,
+                    static_cast<cudaStream_t>(stream), id, c10::getApproximateTime(),
+                    std::move(context));
+}
+
+void MemoryHistory::on_alloc(int device, void* ptr, std::size_t size, void* stream,
+                             torch_api::PoolId pool) {
   cca::CreateContextFn recorder;
   cca::RecordContext when;
   {
@@ -89,11 +100,10 @@ void MemoryHistory::on_alloc(int device, void* ptr, std::size_t size, void* stre
       recorder != nullptr && when >= cca::RecordContext::STATE ? recorder() : nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   if (!enabled()) return;
-  live_[ptr] = Live{context, size, device, stream};
+  live_[ptr] = Live{context, size, device, stream, pool};
   if (!skipped(TraceAction::ALLOC)) {
-    append(TraceEntry(TraceAction::ALLOC, static_cast<c10::DeviceIndex>(device),
-                      reinterpret_cast<std::size_t>(ptr), size, static_cast<cudaStream_t>(stream), {0, 0},
-                      c10::getApproximateTime(), when >= cca::RecordContext::ALLOC ? context : nullptr));
+    append(entry(TraceAction::ALLOC, device, reinterpret_cast<std::size_t>(ptr), size, stream,
+                 pool, when >= cca::RecordContext::ALLOC ? context : nullptr));
   }
 }
 
@@ -113,23 +123,18 @@ void MemoryHistory::on_free(void* ptr) {
   const Live was = std::move(it->second);
   live_.erase(it);
   if (!enabled()) return;
-  const int device = was.device;
-  const std::size_t size = was.size;
-  void* stream = was.stream;
-  const auto now = c10::getApproximateTime();
   for (TraceAction action : {TraceAction::FREE_REQUESTED, TraceAction::FREE_COMPLETED}) {
     if (skipped(action)) continue;
-    append(TraceEntry(action, static_cast<c10::DeviceIndex>(device),
-                      reinterpret_cast<std::size_t>(ptr), size, static_cast<cudaStream_t>(stream), {0, 0}, now, context));
+    append(entry(action, was.device, reinterpret_cast<std::size_t>(ptr), was.size, was.stream,
+                 was.pool, context));
   }
 }
 
 void MemoryHistory::on_event(TraceAction action, int device, std::size_t addr, std::size_t size,
-                             void* stream) {
+                             void* stream, torch_api::PoolId pool) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!enabled() || skipped(action)) return;
-  append(TraceEntry(action, static_cast<c10::DeviceIndex>(device), addr, size, static_cast<cudaStream_t>(stream), {0, 0},
-                    c10::getApproximateTime()));
+  append(entry(action, device, addr, size, stream, pool));
 }
 
 std::shared_ptr<c10::GatheredContext> MemoryHistory::context_of(const void* ptr) const {

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "torch_ext/pool_api.hpp"
 #include "torch_ext/torch_version.hpp"
 
 namespace gpukeeper::torch_ext {
@@ -29,10 +30,17 @@ class MemoryHistory {
 
   // Called on each allocation and free while enabled; they gather the stack outside the
   // lock, as the calling thread may hold the GIL the gathering needs.
-  void on_alloc(int device, void* ptr, std::size_t size, void* stream);
+  // `pool`: the pool that handed the block out ({0, 0}: the main pool), as the trace names it.
+  void on_alloc(int device, void* ptr, std::size_t size, void* stream, torch_api::PoolId pool);
   // A free: its device, size and stream are those the allocation recorded.
   void on_free(void* ptr);
-  void on_event(TraceAction action, int device, std::size_t addr, std::size_t size, void* stream);
+  void on_event(TraceAction action, int device, std::size_t addr, std::size_t size, void* stream,
+                torch_api::PoolId pool = {0, 0});
+
+  // An entry as PyTorch's trace holds it (its constructor differs between releases).
+  static TraceEntry entry(TraceAction action, int device, std::size_t addr, std::size_t size,
+                          void* stream, torch_api::PoolId pool,
+                          std::shared_ptr<c10::GatheredContext> context = nullptr);
 
   // The stack that allocated a live block (nullptr when not recorded).
   std::shared_ptr<c10::GatheredContext> context_of(const void* ptr) const;
@@ -58,6 +66,7 @@ class MemoryHistory {
     std::size_t size = 0;
     int device = 0;
     void* stream = nullptr;
+    torch_api::PoolId pool{0, 0};
   };
   std::unordered_map<const void*, Live> live_;
 };

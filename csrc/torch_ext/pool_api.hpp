@@ -23,7 +23,7 @@ namespace gpukeeper::torch_api {
 
 // Raised with every change to the table's layout (or to PoolHistory's); the component
 // refuses another.
-constexpr std::uint32_t kVersion = 3;
+constexpr std::uint32_t kVersion = 4;
 
 // PyTorch's MempoolId_t: (0, n) for its graphs' pools, (n, 0) for user pools.
 using PoolId = std::pair<std::uint64_t, std::uint64_t>;
@@ -61,6 +61,13 @@ struct SharedPages {
   std::vector<int> fds;  // this process's descriptors, open while the pages live
 };
 
+// Where the pools behind PyTorch report their segment events: `kind` 0 a segment taken
+// from the driver, 1 given back, 2 a page mapped at `address`, 3 unmapped from it; `pool`
+// {0, 0} for the main pool, else the private pool's id. Called while the pool holds its
+// lock, as PyTorch calls its trace trackers: the sink must not call into the pools.
+using SegmentSink = void (*)(int device, PoolId pool, int kind, std::uintptr_t address,
+                             std::size_t size, void* stream);
+
 struct Api {
   std::uint32_t version = kVersion;
   std::uint32_t size = sizeof(Api);
@@ -95,6 +102,10 @@ struct Api {
   void (*set_fraction)(int device, double fraction) = nullptr;
   double (*fraction)(int device) = nullptr;
   std::vector<SegmentEntry> (*segments)(int device) = nullptr;
+  // Sends every pool's segment events to `sink` from now on (nullptr: to nobody).
+  void (*watch_segments)(SegmentSink sink) = nullptr;
+  // The pool holding the live block at `ptr`: false when none of the device's pools does.
+  bool (*pool_of)(void* ptr, int device, PoolId* out) = nullptr;
   std::size_t (*total_memory)(int device) = nullptr;
 
   // CUDA graphs' private pools (graph_pools.hpp).

@@ -197,7 +197,10 @@ TEST_CASE("graph pools: threads allocating and freeing while captures open and c
   for (std::uint64_t g = 1; g <= 200; ++g) {
     const GraphPoolId id{0, g};
     graphs.begin_allocate(id, [g](stream_t s) { return s == static_cast<stream_t>(100 + g % 4); });
-    std::this_thread::yield();
+    // Open until the worker on that stream was routed once (bounded): on a loaded machine
+    // a single yield may end the capture before any worker runs.
+    const int before = routed.load();
+    for (int spin = 0; spin < 100000 && routed.load() == before; ++spin) std::this_thread::yield();
     graphs.end_allocate(id);
     graphs.release(id);
   }

@@ -42,11 +42,15 @@ CachingPool::~CachingPool() {
   while (segments_ != nullptr) {
     Segment* seg = segments_;
     segments_ = seg->next;
-    // Expandable ranges and their pages go with paged_.
+    // Expandable ranges and their pages go with paged_, unreported: the pools that die
+    // (CUDA graphs' private pools) use fixed segments.
     if (seg->table == nullptr) {
       // Stream 0, not the segment's: the device is idle now, and the stream that made
       // the segment may be gone.
       upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, 0);
+      if (segment_observer_) {
+        segment_observer_(SegmentEvent{SegmentEventKind::free, seg->base, seg->size, seg->alloc_stream});
+      }
     }
   }
 }
@@ -243,6 +247,9 @@ Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
     }
     Segment* seg = add_segment(reinterpret_cast<std::uintptr_t>(raw), seg_size, stream, small,
                                nullptr);
+    if (segment_observer_) {
+      segment_observer_(SegmentEvent{SegmentEventKind::alloc, seg->base, seg_size, stream});
+    }
     counters_.reserve(seg_size);
     fixed_reserved_ += seg_size;
     counters_.upstream_allocated(1);
@@ -568,6 +575,9 @@ void CachingPool::release_segment(Segment* seg) {
   // Only after release_free_segments waited for the device: the memory is idle, so it
   // goes back in stream 0's order; the stream that made the segment may be gone.
   upstream_->deallocate(reinterpret_cast<void*>(seg->base), seg->size, 0);
+  if (segment_observer_) {
+    segment_observer_(SegmentEvent{SegmentEventKind::free, seg->base, seg->size, seg->alloc_stream});
+  }
   counters_.unreserve(seg->size);
   fixed_reserved_ -= seg->size;
   counters_.segment_removed();

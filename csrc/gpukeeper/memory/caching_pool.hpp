@@ -67,6 +67,7 @@
 #include "gpukeeper/memory/ptr_map.hpp"
 #include "gpukeeper/memory/recent_frees.hpp"
 #include "gpukeeper/memory/resource.hpp"
+#include "gpukeeper/memory/segment_events.hpp"
 #include "gpukeeper/memory/stream_events.hpp"
 
 namespace gpukeeper {
@@ -235,6 +236,11 @@ class CachingPool {
   // fixed segments.
   std::vector<void*> restore_live_blocks(std::vector<LiveBlock> blocks);
 
+  // Tells `observer` (segment_events.hpp; an empty one: nobody) of every segment taken from
+  // or given back to the upstream, and every page mapped at or unmapped from an address of
+  // an expandable range, from now on.
+  void set_segment_observer(SegmentObserver observer);
+
   // Walks the books and returns what is inconsistent ("" when all is well): blocks that
   // do not tile their segment, unmerged free neighbours, counters that disagree.
   std::string validate() const;
@@ -318,6 +324,9 @@ class CachingPool {
   bool stream_ordered_ = false;
   PoolOptions options_;
   std::unique_ptr<detail::PagedMemory> paged_;  // expandable mode only; dies before upstream_
+  SegmentObserver segment_observer_;
+  // The expandable range holding `addr`'s stream, for its page events (under the lock).
+  void observe_pages();
   // Made once: building them per allocation would allocate on the hot path.
   detail::PagedMemory::StreamsDone streams_done_fn_;
   std::function<bool()> may_create_page_fn_;

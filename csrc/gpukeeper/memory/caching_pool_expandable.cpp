@@ -50,11 +50,31 @@ void CachingPool::init_expandable() {
   std::size_t range = options_.expandable_range;
   if (range == 0) range = 2 * std::max<std::size_t>(total_memory_, 1u << 30);
   paged_ = std::make_unique<detail::PagedMemory>(*vm, range);
+  observe_pages();
   streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
   may_create_page_fn_ = [this] {
     const std::size_t limit = limit_.load(std::memory_order_relaxed);
     return limit == 0 || paged_->mapped_bytes() + fixed_reserved_ + paged_->page_size() <= limit;
   };
+}
+
+void CachingPool::set_segment_observer(SegmentObserver observer) {
+  std::lock_guard<SpinMutex> lock(mutex_);
+  segment_observer_ = std::move(observer);
+  observe_pages();
+}
+
+void CachingPool::observe_pages() {
+  if (!paged_) return;
+  if (!segment_observer_) {
+    paged_->set_observer(nullptr);
+    return;
+  }
+  paged_->set_observer([this](bool mapped, std::uintptr_t address, std::size_t bytes) {
+    const Segment* seg = segment_holding(address);
+    segment_observer_(SegmentEvent{mapped ? SegmentEventKind::map : SegmentEventKind::unmap,
+                                   address, bytes, seg != nullptr ? seg->alloc_stream : 0});
+  });
 }
 
 // More address space for `size`: the tail of the growing range of this size class (its

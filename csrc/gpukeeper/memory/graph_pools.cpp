@@ -42,6 +42,7 @@ void GraphPools::begin_allocate(GraphPoolId id, Filter filter) {
   if (e == nullptr) {
     // The upstream is made outside nothing: it may throw, and then nothing changed.
     auto pool = std::make_shared<CachingPool>(make_upstream_(), options_);
+    observe(id, *pool);
     entries_.push_back(Entry{id, 0, std::move(pool)});
     e = &entries_.back();
     live_pools_.fetch_add(1, std::memory_order_release);
@@ -82,6 +83,7 @@ std::shared_ptr<CachingPool> GraphPools::capture_pool(GraphPoolId id, bool* made
   if (made != nullptr) *made = false;
   if (Entry* e = find(id)) return e->pool;
   auto pool = std::make_shared<CachingPool>(make_upstream_(), options_);
+  observe(id, *pool);
   entries_.push_back(Entry{id, 1, pool});
   live_pools_.fetch_add(1, std::memory_order_release);
   if (made != nullptr) *made = true;
@@ -226,6 +228,21 @@ std::size_t GraphPools::release_unused() {
   std::size_t released = 0;
   for (auto& pool : unused) released += pool->emergency_cleanup();
   return released;
+}
+
+void GraphPools::set_segment_observer(PoolSegmentObserver observer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  segment_observer_ = std::move(observer);
+  for (Entry& e : entries_) observe(e.id, *e.pool);
+}
+
+void GraphPools::observe(const GraphPoolId& id, CachingPool& pool) {
+  if (!segment_observer_) {
+    pool.set_segment_observer(nullptr);
+    return;
+  }
+  pool.set_segment_observer(
+      [observer = segment_observer_, id](const SegmentEvent& event) { observer(id, event); });
 }
 
 std::size_t GraphPools::release_unused(GraphPoolId id) {

@@ -102,6 +102,11 @@ class GraphPools {
   // Sum of the private pools' stats (peaks: the sum of each pool's peak, an upper bound).
   PoolStats totals() const;
   std::vector<GraphPoolInfo> pools() const;
+  // Tells `observer` of every private pool's segment events (CachingPool's), with the
+  // pool's id, for the pools alive now and those made later.
+  using PoolSegmentObserver = std::function<void(GraphPoolId, const SegmentEvent&)>;
+  void set_segment_observer(PoolSegmentObserver observer);
+
   // Frees the cached segments of every private pool with no use left (a pool in use keeps
   // its memory: its graph may replay). Returns the bytes released.
   std::size_t release_unused();
@@ -109,6 +114,9 @@ class GraphPools {
   std::size_t release_unused(GraphPoolId id);
 
  private:
+  void observe(const GraphPoolId& id, CachingPool& pool);  // under mutex_
+  PoolSegmentObserver segment_observer_;
+
   struct Entry {
     GraphPoolId id;
     int uses = 0;

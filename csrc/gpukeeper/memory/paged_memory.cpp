@@ -222,6 +222,7 @@ void PagedMemory::leave_home(std::uint32_t id) {
   Page& p = pages_[id];
   PageTable* table = p.home.table;
   const std::size_t i = p.home.index;
+  if (observer_) observer_(false, address_of(table, i), page_);
   set_home_bit(table, i, false);
   set_movable(table, i, false);
   table->streams[i] = 0;
@@ -238,6 +239,7 @@ void PagedMemory::leave_home(std::uint32_t id) {
 
 void PagedMemory::set_home(std::uint32_t id, PageTable* table, std::size_t index) noexcept {
   pages_[id].home = Slot{table, index};
+  if (observer_) observer_(true, address_of(table, index), page_);
   table->ids[index] = id;
   table->streams[index] = 0;
   set_home_bit(table, index, true);
@@ -283,6 +285,7 @@ void PagedMemory::drop_page(std::uint32_t id) noexcept {
   while (p.alias_count != 0) drop_alias(p.alias[0].table, p.alias[0].index);
   if (PageTable* table = p.home.table) {
     const std::size_t i = p.home.index;
+    if (observer_) observer_(false, address_of(table, i), page_);
     vm_.unmap(address_of(table, i));
     set_home_bit(table, i, false);
     set_movable(table, i, false);

@@ -133,6 +133,12 @@ class PagedMemory {
   // stream still uses them. Returns the bytes released.
   std::size_t unmap_movable(std::size_t keep_bytes);
 
+  // Told of every page that takes up or leaves its home address (a map or a move there; a
+  // move away, an unmap or a release): what holds memory at which address. Stale aliases,
+  // which hold nothing, are not reported. Must not throw.
+  using HomeObserver = std::function<void(bool mapped, std::uintptr_t address, std::size_t bytes)>;
+  void set_observer(HomeObserver observer) { observer_ = std::move(observer); }
+
   // What is inconsistent between the page counts and `expected_refs` (allocated blocks
   // per page of `table`, computed by the caller); "" when all is well.
   std::string check(const PageTable* table, const std::vector<std::uint32_t>& expected_refs) const;
@@ -220,6 +226,7 @@ class PagedMemory {
   std::vector<Page> pages_{1};  // by id; id 0 is "none"
   std::vector<std::uint32_t> free_ids_;
   std::vector<std::uint32_t> made_;  // pages made by the acquire() call under way
+  HomeObserver observer_;
   std::size_t mapped_pages_ = 0;  // physical pages held
   std::size_t live_ = 0;          // pages with allocated blocks on them
   std::size_t peak_live_ = 0;
