@@ -26,6 +26,7 @@
 #include "gpukeeper/core/errors.hpp"
 #include "gpukeeper/memory/graph_pools.hpp"
 #include "torch_graph_pools.hpp"
+#include "torch_pools.hpp"
 
 namespace gpukeeper::py_bindings {
 

@@ -24,6 +24,7 @@ HERE = Path(__file__).parent
 CHILD = HERE / "torch_features_child.py"
 ROOT = HERE.parent.parent
 gpu = pytest.mark.gpu
+MiB = 1 << 20
 
 
 def feature(allocator: str, name: str, timeout: float = 240) -> dict:
@@ -198,6 +199,25 @@ def test_gpu_on_the_pluggable_route_an_unsendable_tensor_raises_in_the_receiver(
     out = feature("gpukeeper-pluggable", "ipc_4mib_to_native", timeout=200)
     assert not out["ok"]
     assert "GpuError" in out["traceback"] and "could not share" in out["traceback"]
+
+
+@gpu
+@pytest.mark.parametrize("allocator", ["native", "gpukeeper", "gpukeeper-fixed"])
+def test_gpu_memory_history_records_segments_taken_and_given_back(component, allocator):
+    """As under PyTorch's allocator: a fixed layout's segments appear as segment_alloc and
+    segment_free, an expandable range's pages as segment_map and segment_unmap, and after
+    empty_cache() every byte taken was given back."""
+    out = feature(allocator, "segment_history")
+    assert out["ok"], out
+    got = out["bytes_by_action"]
+    assert got.get("alloc", 0) >= 64 * MiB, got
+    taken = got.get("segment_alloc", 0) + got.get("segment_map", 0)
+    given = got.get("segment_free", 0) + got.get("segment_unmap", 0)
+    assert taken >= 64 * MiB and given == taken, got
+    if allocator == "gpukeeper":
+        assert got.get("segment_map", 0) >= 64 * MiB, got
+    if allocator == "gpukeeper-fixed":
+        assert got.get("segment_alloc", 0) >= 64 * MiB, got
 
 
 @gpu

@@ -307,6 +307,24 @@ def history_cost() -> Dict[str, Any]:
     return {"plain_ns": empty_del_ns(False), "recording_ns": empty_del_ns(True)}
 
 
+def segment_history() -> Dict[str, Any]:
+    """Memory history's segment events: a 64 MiB tensor made, dropped and its memory
+    released with empty_cache(), as the trace records them (bytes per action)."""
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    x = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    del x
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    by_action: Dict[str, int] = {}
+    for trace in snapshot["device_traces"]:
+        for entry in trace:
+            by_action[entry["action"]] = by_action.get(entry["action"], 0) + int(entry["size"])
+    return {"bytes_by_action": by_action}
+
+
 FEATURES: Dict[str, Callable[[], Dict[str, Any]]] = {
     "cudnn_benchmark": cudnn_benchmark,
     "reduce_overhead_inference": reduce_overhead_inference,
@@ -318,6 +336,7 @@ FEATURES: Dict[str, Callable[[], Dict[str, Any]]] = {
     "ipc_256mib_to_native": lambda: ipc("native", 256),
     "ipc_256mib_to_gpukeeper": lambda: ipc("gpukeeper", 256),
     "memory_history": memory_history,
+    "segment_history": segment_history,
     "oom_observer": oom_observer,
     "history_cost": history_cost,
 }
