@@ -31,6 +31,7 @@ FEATURES: List[Tuple[str, str]] = [
     ("ipc_256mib_to_native", "256 MiB CUDA tensor through torch.multiprocessing to a native child"),
     ("ipc_256mib_to_gpukeeper", "256 MiB CUDA tensor through torch.multiprocessing to a gpukeeper child"),
     ("memory_history", "memory history with stack frames, snapshot, memory_viz"),
+    ("segment_history", "memory history's segment events (64 MiB taken, given back)"),
     ("oom_observer", "out-of-memory observer"),
 ]
 ALLOCATORS = ["native", "gpukeeper", "gpukeeper-fixed", "gpukeeper-pluggable", "rmm"]
@@ -57,6 +58,11 @@ def verdict(feature: str, out: Dict) -> str:
     if feature.startswith("ipc"):
         good = (out["second"] == out["first"] and out["first"][0] == out["expected_sum"]
                 and out["allocated_after"] == out["allocated_before"])
+    elif feature == "segment_history":
+        got = out["bytes_by_action"]
+        taken = got.get("segment_alloc", 0) + got.get("segment_map", 0)
+        given = got.get("segment_free", 0) + got.get("segment_unmap", 0)
+        good = taken >= 64 << 20 and given == taken
     elif feature == "memory_history":
         good = out["traces_with_our_frames"] > 0 and out["live_blocks_with_our_frames"] > 0
     elif feature == "oom_observer":

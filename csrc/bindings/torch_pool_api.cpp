@@ -73,62 +73,50 @@ std::size_t largest_free(int device) {
   return pool ? pool->stats().largest_free_block : 0;
 }
 
-bool segment_of(void* ptr, int device, void** base, std::size_t* size, bool* expandable) {
-  CachingPool::SegmentRange range;
-  bool found = false;
-  if (auto pool = existing_torch_pool(device)) found = pool->segment_of(ptr, range);
-  if (!found) {
-    if (GraphPools* graphs = torch_graph_pools_if_any(device)) {
-      for (const auto& entry : graphs->all_pools()) {
-        if (entry.second->segment_of(ptr, range)) {
-          found = true;
-          break;
-        }
-      }
+// The first of the device's pools (the main pool, then the graph pools) for which
+// `found(pool, id)` says yes; false when none does.
+template <typename Found>
+bool first_pool(int device, Found&& found) {
+  if (auto pool = existing_torch_pool(device); pool && found(*pool, api::PoolId{0, 0})) return true;
+  if (GraphPools* graphs = torch_graph_pools_if_any(device)) {
+    for (const auto& entry : graphs->all_pools()) {
+      if (found(*entry.second, api::PoolId{entry.first.first, entry.first.second})) return true;
     }
   }
-  if (found) {
-    *base = range.base;
-    *size = range.size;
-    *expandable = range.expandable;
+  return false;
+}
+
+bool segment_of(void* ptr, int device, void** base, std::size_t* size, bool* expandable) {
+  CachingPool::SegmentRange range;
+  if (!first_pool(device, [&](CachingPool& pool, api::PoolId) { return pool.segment_of(ptr, range); })) {
+    return false;
   }
-  return found;
+  *base = range.base;
+  *size = range.size;
+  *expandable = range.expandable;
+  return true;
 }
 
 bool share_pages(void* ptr, int device, api::SharedPages* out) {
   CachingPool::SharedPages pages;
-  bool found = false;
-  if (auto pool = existing_torch_pool(device)) found = pool->share_pages(ptr, pages);
-  if (!found) {
-    if (GraphPools* graphs = torch_graph_pools_if_any(device)) {
-      for (const auto& entry : graphs->all_pools()) {
-        if ((found = entry.second->share_pages(ptr, pages))) break;
-      }
-    }
+  if (!first_pool(device, [&](CachingPool& pool, api::PoolId) { return pool.share_pages(ptr, pages); })) {
+    return false;
   }
-  if (found) *out = api::SharedPages{pages.first_page, pages.page_size, std::move(pages.fds)};
-  return found;
+  *out = api::SharedPages{pages.first_page, pages.page_size, std::move(pages.fds)};
+  return true;
+}
+
+bool pool_of(void* ptr, int device, api::PoolId* out) {
+  return first_pool(device, [&](CachingPool& pool, api::PoolId id) {
+    if (!pool.owns(ptr)) return false;
+    *out = id;
+    return true;
+  });
 }
 
 std::atomic<api::SegmentSink> g_segment_sink{nullptr};
 
 void watch_segments(api::SegmentSink sink) { g_segment_sink.store(sink, std::memory_order_release); }
-
-bool pool_of(void* ptr, int device, api::PoolId* out) {
-  if (auto pool = existing_torch_pool(device); pool && pool->owns(ptr)) {
-    *out = {0, 0};
-    return true;
-  }
-  if (GraphPools* graphs = torch_graph_pools_if_any(device)) {
-    for (const auto& entry : graphs->all_pools()) {
-      if (entry.second->owns(ptr)) {
-        *out = {entry.first.first, entry.first.second};
-        return true;
-      }
-    }
-  }
-  return false;
-}
 
 void add_history(PoolHistory& into, const PoolHistory& h) {
   auto add_counter = [](StatCounter& a, const StatCounter& b) {
