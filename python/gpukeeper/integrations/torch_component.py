@@ -15,8 +15,8 @@ For another release, ``build(torch)`` compiles one at first use into a per-user 
 where a C++ compiler and the CUDA runtime's headers are present. A build is chosen by its
 file name and is never loaded under another release; after loading, the release it
 reports (``gpukeeper_torch_built_for``) is checked as well. ``status()`` says why the
-component cannot serve, and ``use_torch_allocator()`` then falls back to the pluggable
-interface.
+component cannot serve, and ``use_torch_allocator()`` then raises ``GpuError`` with that
+reason (the pluggable interface is taken only when asked for).
 """
 
 from __future__ import annotations
@@ -70,15 +70,18 @@ def _gpukeeper_version() -> str:
 
 def cache_dir(torch_version: str) -> str:
     """Where a component built on this machine for ``torch_version`` lives:
-    ``${XDG_CACHE_HOME:-~/.cache}/gpukeeper/torch-components/<gpukeeper version>/<torch
-    version>`` (``GPUKEEPER_CACHE_DIR`` replaces ``${XDG_CACHE_HOME:-~/.cache}/gpukeeper``).
+    ``${XDG_CACHE_HOME:-~/.cache}/gpukeeper/torch-components/<gpukeeper version>-table<N>/
+    <torch version>`` (``GPUKEEPER_CACHE_DIR`` replaces ``${XDG_CACHE_HOME:-~/.cache}/gpukeeper``).
     Keyed by gpukeeper's version too, as the component and gpukeeper's module share a
     table of pool functions."""
     base = os.environ.get("GPUKEEPER_CACHE_DIR")
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "gpukeeper")
-    return os.path.join(base, "torch-components", _gpukeeper_version(), torch_version)
+    # The table's version too: a build made by an earlier checkout of the same version
+    # would be refused at install.
+    made_for = f"{_gpukeeper_version()}-table{_core._torch_pool_api_version}"
+    return os.path.join(base, "torch-components", made_for, torch_version)
 
 
 def _torch_version(torch: Union[Any, str, None]) -> Optional[str]:
