@@ -193,6 +193,15 @@ def test_gpu_a_native_sender_of_expandable_segments_reaches_a_gpukeeper_receiver
 
 
 @gpu
+def test_gpu_a_handle_that_cannot_be_opened_says_why_and_what_to_do(component):
+    out = feature("gpukeeper", "ipc_refused")
+    assert out["ok"], out
+    assert out["type"] == "e"
+    assert "has exited" in out["sender_gone"] and "expandable=False" in out["sender_gone"], out
+    assert "layout" in out["other_layout"] and "expandable=False" in out["other_layout"], out
+
+
+@gpu
 def test_gpu_on_the_pluggable_route_an_unsendable_tensor_raises_in_the_receiver(component):
     """PyTorch's pluggable interface cannot share memory: the receiver's get() raises with
     the sender's reason instead of waiting for an item the feeder thread dropped."""

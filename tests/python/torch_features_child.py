@@ -307,6 +307,35 @@ def history_cost() -> Dict[str, Any]:
     return {"plain_ns": empty_del_ns(False), "recording_ns": empty_del_ns(True)}
 
 
+def ipc_refused() -> Dict[str, Any]:
+    """What a receiver meets when an expandable range's handle cannot be opened: a sender
+    that has exited (its pid written into a real handle), and a handle of another layout
+    (cut short). Received in this process: the errors are the receiver's."""
+    import struct
+    import subprocess as sp
+
+    from torch.multiprocessing import reductions
+
+    t = torch.ones(MiB, device="cuda")  # 4 MiB: an expandable range under the default layout
+    rebuild, args = reductions.reduce_tensor(t)
+    handle = bytes(args[7])
+    gone = sp.Popen(["true"])
+    gone.wait()
+
+    def receive(forged: bytes) -> str:
+        forged_args = list(args)
+        forged_args[7] = forged
+        try:
+            rebuild(*forged_args)
+        except Exception as exc:  # the error a receiver would meet is the result
+            return f"{type(exc).__name__}: {exc}"
+        return ""
+
+    return {"type": chr(handle[1]),
+            "sender_gone": receive(handle[:2] + struct.pack("<i", gone.pid) + handle[6:]),
+            "other_layout": receive(handle[:-2])}
+
+
 def segment_history() -> Dict[str, Any]:
     """Memory history's segment events: a 64 MiB tensor made, dropped and its memory
     released with empty_cache(), as the trace records them (bytes per action)."""
@@ -337,6 +366,7 @@ FEATURES: Dict[str, Callable[[], Dict[str, Any]]] = {
     "ipc_256mib_to_gpukeeper": lambda: ipc("gpukeeper", 256),
     "memory_history": memory_history,
     "segment_history": segment_history,
+    "ipc_refused": ipc_refused,
     "oom_observer": oom_observer,
     "history_cost": history_cost,
 }
