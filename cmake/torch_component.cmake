@@ -54,6 +54,12 @@ function(gpukeeper_torch_component release version abi includes libraries rpath)
   # libraries (Ubuntu's default) would otherwise drop the DT_NEEDED entries the symbols
   # are found through.
   target_link_libraries(${target} PRIVATE "-Wl,--no-as-needed" ${libraries})
+  # As for _core: a toolchain that links parts of its C++ runtime statically must keep them
+  # to the component. Exported, they met PyTorch's libstdc++ in the same process, and a
+  # message that formats a number crashed in locale code.
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    target_link_options(${target} PRIVATE "LINKER:--exclude-libs,ALL")
+  endif()
   # Installed as gpukeeper/torch_components/<file>: torch is site-packages/torch.
   set_target_properties(${target} PROPERTIES
     PREFIX "lib" OUTPUT_NAME "gpukeeper_torch_${tag}"

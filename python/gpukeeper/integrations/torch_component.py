@@ -335,7 +335,9 @@ def build(torch: Any) -> str:
             libraries = [os.path.join(lib, n) for n in torch_builds.TORCH_LIBRARIES]
             link = _run(
                 [compiler, "-shared", "-o", target, *objects, f"-Wl,-soname,{name}",
-                 "-Wl,--no-as-needed", *libraries, f"-Wl,-rpath,{lib}"]
+                 "-Wl,--no-as-needed", *libraries, f"-Wl,-rpath,{lib}",
+                 # A static part of the C++ runtime stays private (cmake/torch_component.cmake).
+                 "-Wl,--exclude-libs,ALL"]
             )  # fmt: skip
             out, _ = link.communicate()
             if link.returncode != 0:
