@@ -199,6 +199,7 @@ def test_gpu_a_handle_that_cannot_be_opened_says_why_and_what_to_do(component):
     assert out["type"] == "e"
     assert "has exited" in out["sender_gone"] and "expandable=False" in out["sender_gone"], out
     assert "layout" in out["other_layout"] and "expandable=False" in out["other_layout"], out
+    assert out["child_exit"] == 0
 
 
 @gpu

@@ -307,36 +307,55 @@ def history_cost() -> Dict[str, Any]:
     return {"plain_ns": empty_del_ns(False), "recording_ns": empty_del_ns(True)}
 
 
+def _receive_forged(allocator: str, inbox: Any, outbox: Any) -> None:
+    """A receiving process: rebuilds each argument tuple it gets, and reports the error."""
+    from torch.multiprocessing import reductions
+
+    use(allocator)
+    while True:
+        args = inbox.get(timeout=120)
+        if args is None:
+            return
+        try:
+            reductions.rebuild_cuda_tensor(*args)
+            outbox.put("")
+        except Exception as exc:  # the error a receiver would meet is the result
+            outbox.put(f"{type(exc).__name__}: {exc}")
+
+
 def ipc_refused() -> Dict[str, Any]:
-    """What a receiver meets when an expandable range's handle cannot be opened: a sender
-    that has exited (its pid written into a real handle), and a handle of another layout
-    (cut short). Received in this process: the errors are the receiver's."""
+    """What a receiving process meets when an expandable range's handle cannot be opened:
+    a sender that has exited (its pid written into a real handle), and a handle of another
+    layout (cut short)."""
     import struct
     import subprocess as sp
 
+    import torch.multiprocessing as mp
     from torch.multiprocessing import reductions
 
     t = torch.ones(MiB, device="cuda")  # 4 MiB: an expandable range under the default layout
-    rebuild, args = reductions.reduce_tensor(t)
+    _, args = reductions.reduce_tensor(t)
     handle = bytes(args[7])
     gone = sp.Popen(["true"])
     gone.wait()
-
-    def receive(forged: bytes) -> str:
-        forged_args = list(args)
-        forged_args[7] = forged
-        # No event to wait for: CUDA refuses to open an IPC event in the process that
-        # made it, and the receiver here is the sender's own process.
-        forged_args[14] = False
-        try:
-            rebuild(*forged_args)
-        except Exception as exc:  # the error a receiver would meet is the result
-            return f"{type(exc).__name__}: {exc}"
-        return ""
-
-    return {"type": chr(handle[1]),
-            "sender_gone": receive(handle[:2] + struct.pack("<i", gone.pid) + handle[6:]),
-            "other_layout": receive(handle[:-2])}
+    ctx = mp.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_receive_forged, args=("gpukeeper", inbox, outbox), daemon=True)
+    child.start()
+    try:
+        answers = {}
+        for name, forged in (("sender_gone", handle[:2] + struct.pack("<i", gone.pid) + handle[6:]),
+                             ("other_layout", handle[:-2])):
+            forged_args = list(args)
+            forged_args[7] = forged
+            inbox.put(tuple(forged_args))
+            answers[name] = outbox.get(timeout=120)
+        inbox.put(None)
+        child.join(timeout=60)
+        return {"type": chr(handle[1]), **answers, "child_exit": child.exitcode}
+    finally:
+        if child.is_alive():
+            child.terminate()
 
 
 def segment_history() -> Dict[str, Any]:
