@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs gpukeeper from this checkout. Builds the CUDA core when a CUDA toolkit is found
-# (headers + static runtime), else the CPU-only core.
+# Installs gpukeeper from this checkout. Builds the CUDA core when the CUDA runtime is found
+# (its headers and static library: a toolkit, or NVIDIA's pip wheels), else the CPU-only core.
 #
 # Where: the active virtual environment or conda environment; else $PYTHON; else the
 # virtual environment .venv in the repository root (GPUKEEPER_VENV names another), made
@@ -13,17 +13,17 @@ cd "$(dirname "$0")/.."
 gk_use_python
 
 "$PY" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.10" cmake ninja
-# A machine with an NVIDIA driver but no CUDA toolkit would get a CPU-only core that cannot
-# use its GPU: say what to install before building that.
-# The toolkit of NVIDIA's pip wheels, in this environment, serves too (cmake/pip_cuda_toolkit.cmake).
-if ! gk_has_nvcc; then
+# A machine with an NVIDIA driver but no CUDA runtime to build against would get a
+# CPU-only core that cannot use its GPU: say what to install before building that. The
+# runtime of NVIDIA's pip wheels, in this environment, serves (cmake/pip_cuda_toolkit.cmake).
+if ! gk_has_cuda_runtime; then
   if ls /dev/nvidia0 >/dev/null 2>&1 || ldconfig -p 2>/dev/null | grep -q "libcuda.so.1"; then
-    gk_say "this machine has an NVIDIA driver but no CUDA toolkit (nvcc): the core built now is"
-    gk_say "CPU-only and will not use the GPU. Install the toolkit from pip into this environment"
-    gk_say "(about 130 MB to download) and run this again:"
-    gk_say "  $PY -m pip install \"nvidia-cuda-runtime==13.0.*\" \"nvidia-cuda-crt==13.0.*\" \"nvidia-cuda-cccl==13.0.*\" \"nvidia-cuda-nvcc==13.0.*\" \"nvidia-nvvm==13.0.*\""
-    gk_say "or install CUDA 13's toolkit (apt: cuda-toolkit-13-0), or the binary wheel, which needs"
-    gk_say "no toolkit (bash scripts/build-wheel.sh on a machine that has one, then pip install dist/*.whl)"
+    gk_say "this machine has an NVIDIA driver but no CUDA runtime to build against: the core built"
+    gk_say "now is CPU-only and will not use the GPU. Install the runtime from pip into this"
+    gk_say "environment (about 3 MB; no nvcc is needed) and run this again:"
+    gk_say "  $PY -m pip install \"nvidia-cuda-runtime==13.0.*\" \"nvidia-cuda-crt==13.0.*\""
+    gk_say "or install CUDA's toolkit, or the binary wheel (bash scripts/build-wheel.sh, then"
+    gk_say "pip install dist/gpukeeper_cu13-*.whl)"
   fi
 else
   export PATH="$PATH:/usr/local/cuda/bin"

@@ -22,7 +22,7 @@ say() { echo "== wheel-check [${SECONDS}s]: $*"; }
 
 say "building the wheel"
 GPUKEEPER_WHEEL_DIR="$work/dist" bash scripts/build-wheel.sh
-wheel=$(ls "$work"/dist/gpukeeper-*.whl)
+wheel=$(ls "$work"/dist/gpukeeper_cu*-*.whl)
 say "wheel $(basename "$wheel"), $(du -k "$wheel" | cut -f1) KiB"
 
 say "a fresh venv; PATH holds only its bin: no compiler, no nvcc"

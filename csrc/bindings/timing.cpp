@@ -291,7 +291,7 @@ void init_events(py::module_& m) {
       .def_property_readonly("recorded", &PyEvent::recorded);
 
   m.def("calibration_kernels_available", &calibration_kernels_available,
-        "Whether this build has the calibration kernels (nvcc was found at build time).");
+        "Whether this build has the calibration kernels (it was built with CUDA).");
 
   m.def(
       "spin_kernel",

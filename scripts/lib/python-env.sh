@@ -138,12 +138,13 @@ gk_use_python() {
   gk_say "using the virtual environment $venv (activate it with: source $venv/bin/activate)"
 }
 
-# Whether a CUDA compiler can be found for the build: on PATH, in /usr/local/cuda, or from
-# NVIDIA's pip wheels in $PY's environment (cmake/pip_cuda_toolkit.cmake uses those).
-gk_has_nvcc() {
+# Whether the build finds a CUDA runtime to build the CUDA core against (its headers and
+# static library; no nvcc is needed): a toolkit on PATH or in /usr/local/cuda, or NVIDIA's
+# pip wheels in $PY's environment (cmake/pip_cuda_toolkit.cmake uses those).
+gk_has_cuda_runtime() {
   command -v nvcc >/dev/null 2>&1 && return 0
-  [ -x /usr/local/cuda/bin/nvcc ] && return 0
-  local pip_nvcc
-  pip_nvcc=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'] + '/nvidia/cu13/bin/nvcc')")
-  [ -x "$pip_nvcc" ]
+  [ -f /usr/local/cuda/include/cuda_runtime_api.h ] && return 0
+  local pip_root
+  pip_root=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'] + '/nvidia/cu13')")
+  [ -f "$pip_root/include/crt/host_defines.h" ] && [ -f "$pip_root/lib/libcudart_static.a" ]
 }

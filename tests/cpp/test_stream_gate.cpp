@@ -35,7 +35,7 @@ namespace {
 std::string why_no_gates() {
   if (gpukeeper::stream_gates_available()) return "";
   if (gpukeeper::cuda_device_count() == 0) return gpukeeper::cuda_status().reason;
-  return "gpukeeper was built without nvcc (no gate kernel)";
+  return "gpukeeper was built without CUDA (no gate kernel)";
 }
 
 void sync_stream(gpukeeper::stream_t s) {

@@ -135,7 +135,7 @@ def test_spin_kernel_rejects_negative_durations():
 
 def _need_kernels():
     if not _core.calibration_kernels_available():
-        pytest.skip("built without nvcc: no calibration kernels")
+        pytest.skip("built without CUDA: no calibration kernels")
 
 
 @pytest.mark.gpu

@@ -603,7 +603,7 @@ def _torch_gates() -> Any:
     if not torch.cuda.is_available():
         pytest.skip("PyTorch cannot use CUDA here")
     if not _core.stream_gates_available():
-        pytest.skip("built without nvcc: no gate kernel")
+        pytest.skip("built without CUDA: no gate kernel")
     stream = torch.cuda.current_stream()
     _core.spin_kernel(0, stream)  # kernel module loaded before anything is timed
     torch.cuda.synchronize()

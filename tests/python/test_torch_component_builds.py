@@ -124,6 +124,25 @@ def test_a_build_that_reports_another_release_is_refused(places, monkeypatch):
     assert tc.status(fake_torch("2.11.3+cu126")) == ""
 
 
+def test_a_core_of_another_cuda_release_is_refused_by_name(places, monkeypatch):
+    (places / "libgpukeeper_torch_2_11.so").write_bytes(b"")
+    monkeypatch.setattr(tc._core, "build_info", lambda: {"cuda": True, "cuda_version": "12.9"})
+    why = tc.status(fake_torch("2.11.0+cu130", cuda="13.0"))
+    assert "built for CUDA 12" in why and "for CUDA 13" in why
+    assert "pip install gpukeeper-cu13" in why
+    with pytest.raises(GpuError, match="gpukeeper-cu13"):
+        tc.install(fake_torch("2.11.0+cu130", cuda="13.0"))
+
+    class Lib:
+        gpukeeper_torch_built_for = staticmethod(lambda: b"2.11.0")
+
+    monkeypatch.setattr(tc, "_load", lambda _path: Lib())
+    assert tc.status(fake_torch("2.11.0+cu126", cuda="12.6")) == ""
+    # A CPU-only core, or a CPU build of PyTorch, has no release to disagree with.
+    monkeypatch.setattr(tc._core, "build_info", lambda: {"cuda": False, "cuda_version": None})
+    assert "CUDA 1" not in tc.status(fake_torch("2.11.0+cu130", cuda="13.0"))
+
+
 def _compiler():
     return shutil.which("c++") or shutil.which("g++")
 

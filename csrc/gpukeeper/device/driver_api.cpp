@@ -36,6 +36,15 @@ bool find(const char* symbol, unsigned int version, Fn*& out) {
   return true;
 }
 
+}  // namespace
+
+void* driver_entry_point(const char* symbol, unsigned int version) noexcept {
+  void* fn = nullptr;
+  return find(symbol, version, fn) ? fn : nullptr;
+}
+
+namespace {
+
 bool load(DriverApi& api) {
   CUresult(CUDAAPI * init)(unsigned int) = nullptr;
   CUresult(CUDAAPI * device_get_count)(int*) = nullptr;

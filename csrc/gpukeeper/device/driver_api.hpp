@@ -2,7 +2,7 @@
 // device attributes without a context), found through the runtime's entry-point query
 // (cudaGetDriverEntryPointByVersion): the core links the static runtime and never
 // libcuda, so nothing here is needed to load the module. CUDA builds only; internal to
-// device/ (runtime.hpp has the functions to call).
+// device/ and kernels/ (runtime.hpp has the functions to call).
 #pragma once
 
 #include <cuda.h>
@@ -26,6 +26,10 @@ struct DriverApi {
   // CUdevice of each CUDA ordinal (cuDeviceGet), from cuDeviceGetCount after cuInit.
   std::vector<CUdevice> handles;
 };
+
+// The driver function `symbol` in its ABI of CUDA `version` (1000 * major + 10 * minor),
+// or nullptr when the driver lacks it.
+void* driver_entry_point(const char* symbol, unsigned int version) noexcept;
 
 // The driver, looked up once per process; nullptr when it cannot be reached (no driver,
 // cuInit or cuDeviceGetCount failed, an entry point missing), and from then on.

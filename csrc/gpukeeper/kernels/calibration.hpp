@@ -2,8 +2,9 @@
 // clock (%globaltimer), to check what a timer reads against the truth. The timed run
 // itself is host code: calibrate() in timing/timer_calibration.hpp.
 //
-// Plain C++ (no CUDA types): the kernels live in calibration.cu, built only where nvcc
-// exists; other builds get kernels_stub.cpp, whose launch functions throw DeviceError.
+// Plain C++ (no CUDA types): the kernel is PTX (timing_kernels.ptx) that the driver
+// compiles at first use, in every CUDA build; builds without CUDA get kernels_stub.cpp,
+// whose launch functions throw DeviceError.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 
 namespace gpukeeper {
 
-// Whether this build has the kernels (nvcc was found at build time).
+// Whether this build has the kernels (it was built with CUDA).
 bool calibration_kernels_available() noexcept;
 
 // Queues one single-thread kernel on `stream` (of the current device) that spins until

@@ -4,8 +4,8 @@
 // "blocking kernel"). StreamGate (timing/stream_gate.hpp) is the type to use; this is
 // the launch alone.
 //
-// Plain C++ (no CUDA types), like calibration.hpp: built from gate_kernel.cu where nvcc
-// exists, and from kernels_stub.cpp (which throws) where it does not.
+// Plain C++ (no CUDA types), like calibration.hpp: the kernel is PTX in
+// timing_kernels.ptx, and builds without CUDA get kernels_stub.cpp (which throws).
 #pragma once
 
 #include <cstdint>

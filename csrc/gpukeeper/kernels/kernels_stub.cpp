@@ -1,4 +1,4 @@
-// Builds without nvcc: no device code (see calibration.hpp and gate_kernel.hpp).
+// Builds without CUDA: no device code (see calibration.hpp and gate_kernel.hpp).
 #include <cstdint>
 
 #include "gpukeeper/core/errors.hpp"
@@ -11,13 +11,13 @@ bool calibration_kernels_available() noexcept { return false; }
 
 void launch_spin_kernel(std::uint64_t, stream_t, std::uint64_t*) {
   throw DeviceError("launch_spin_kernel", 0, "unavailable",
-                    "gpukeeper was built without nvcc: there are no calibration kernels");
+                    "gpukeeper was built without CUDA: there are no calibration kernels");
 }
 
 void launch_gate_kernel(const volatile std::uint32_t*, volatile std::uint32_t*, std::uint64_t,
                         stream_t) {
   throw DeviceError("launch_gate_kernel", 0, "unavailable",
-                    "gpukeeper was built without nvcc: there is no gate kernel");
+                    "gpukeeper was built without CUDA: there is no gate kernel");
 }
 
 }  // namespace gpukeeper

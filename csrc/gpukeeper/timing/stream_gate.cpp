@@ -253,7 +253,7 @@ void require_stream_gates(int device, const char* what) {
   }
   if (!calibration_kernels_available()) {
     throw DeviceError(what, 0, "unavailable",
-                      "gpukeeper was built without nvcc: there is no gate kernel");
+                      "gpukeeper was built without CUDA: there is no gate kernel");
   }
 }
 

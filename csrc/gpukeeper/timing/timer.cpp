@@ -88,7 +88,7 @@ Timer::Timer(int device, stream_t stream, bool hide_launch_latency, std::uint64_
     if (hide_launch_latency && !stream_gates_available()) {
       throw DeviceError("Timer", 0, "unavailable",
                         "hide_launch_latency needs the gate kernel, and gpukeeper was built "
-                        "without nvcc");
+                        "without CUDA");
     }
     hide_ = hide_launch_latency;
     device_ = device;

@@ -2,7 +2,7 @@
 // whose duration the GPU's own nanosecond clock reports, timed by a Timer around it. Used
 // by the tests and by `gpukeeper check`.
 //
-// Host code: built with or without nvcc; without the kernels calibrate() throws.
+// Host code; in a build without CUDA there are no kernels, and calibrate() throws.
 #pragma once
 
 #include <cstdint>

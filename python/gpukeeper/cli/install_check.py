@@ -208,9 +208,9 @@ def _check_timing(require_gpu: bool) -> "tuple[str, Dict[str, Any]]":
     if not cuda_available():
         return _check_host_clock()
     if not _core.calibration_kernels_available():
-        _expect(not require_gpu, "this build has no calibration kernels (built without nvcc)")
+        _expect(not require_gpu, "this build has no calibration kernels (built without CUDA)")
         return (
-            "no calibration kernels in this build (built without nvcc): accuracy not verified",
+            "no calibration kernels in this build (built without CUDA): accuracy not verified",
             {},
         )
     return _check_kernel_timing()

@@ -148,6 +148,24 @@ def _releases_text() -> str:
     return f"{releases[0]} to {releases[-1]}" if len(releases) > 1 else releases[0]
 
 
+def _cuda_mismatch(torch: Any) -> str:
+    """Why this core cannot serve ``torch`` for their CUDA releases, or ''. The component
+    calls the CUDA runtime PyTorch loaded, with the types of the release gpukeeper was
+    built against: the two major releases must agree."""
+    torch_cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    core_cuda = _core.build_info().get("cuda_version")
+    if not torch_cuda or not core_cuda:
+        return ""
+    theirs, ours = str(torch_cuda).split(".")[0], str(core_cuda).split(".")[0]
+    if theirs == ours:
+        return ""
+    return (
+        f"this gpukeeper is built for CUDA {ours} and torch {torch.__version__} for CUDA "
+        f"{theirs}: install the gpukeeper wheel for CUDA {theirs} "
+        f"(pip install gpukeeper-cu{theirs})"
+    )
+
+
 def status(torch: Any) -> str:
     """'' when the component can serve this PyTorch, else why not (one sentence). For a
     release the package carries no build for, builds one first where this machine can
@@ -157,6 +175,9 @@ def status(torch: Any) -> str:
         release = torch_builds.release_of(version)
     except ValueError:
         return f"torch {version} is not a PyTorch version the allocator component can be built for"
+    mismatch = _cuda_mismatch(torch)
+    if mismatch:
+        return mismatch
     path = library_path(torch)
     if path is None:
         why = _why_not_buildable(torch)

@@ -304,7 +304,7 @@ def _prepare(
         if not run.hide and opts.hide:
             raise GpuError(
                 "hide_launch_latency=True needs gpukeeper's gate kernel, and this build has "
-                "none (built without nvcc); pass hide_launch_latency=None or False"
+                "none (built without CUDA); pass hide_launch_latency=None or False"
             )
     return run
 

@@ -267,7 +267,7 @@ class CUDATimer:
         if found is None:
             raise GpuError(
                 "hide_launch_latency needs gpukeeper's gate kernel, and this build has none "
-                "(it was built without nvcc); time without it, or rebuild with a CUDA toolkit"
+                "(it was built without CUDA); time without it, or rebuild with the CUDA runtime"
             )
         self._floor_ms = float(found.launch_floor_ms(self._index))
         self._gates = found
