@@ -8,7 +8,8 @@
 # each needing PyTorch's libraries by SONAME and no path of the build machine, each
 # chosen for its own release only (any patch version) and never for another. Loading
 # them needs a CUDA build of PyTorch, which the GPU machine's suites do.
-# GPUKEEPER_REQUIRE_GPU=1 passes --require-gpu to the check (the GPU machine's round);
+# GPUKEEPER_WHEEL_CUDA=12 checks the CUDA 12 wheel (gpukeeper-cu12) instead of the
+# CUDA 13 one. GPUKEEPER_REQUIRE_GPU=1 passes --require-gpu to the check (the GPU machine's round);
 # GPUKEEPER_WHEEL_VENV_ARGS adds arguments to `python -m venv`. On a machine without
 # network, PIP_NO_INDEX=1 and PIP_FIND_LINKS=<folder of rich and its dependencies' wheels>
 # let pip install the wheel's dependencies; both pass into the clean environment.
@@ -42,7 +43,23 @@ start=$SECONDS
 "${clean[@]}" python -m pip install -q "$wheel"
 say "installed in $((SECONDS - start)) s"
 cd "$work"  # away from the checkout: the installed package, not the source tree
-"${clean[@]}" python -c "import gpukeeper; print('import gpukeeper', gpukeeper.__version__, gpukeeper.build_info()['cuda'])"
+# The wheel is the one for its CUDA major release, by name and by the runtime inside.
+"${clean[@]}" GK_CUDA="${GPUKEEPER_WHEEL_CUDA:-13}" python - <<'PY'
+import os
+import sys
+from importlib import metadata
+
+import gpukeeper
+
+cuda = os.environ["GK_CUDA"]
+info = gpukeeper.build_info()
+print("import gpukeeper", gpukeeper.__version__, "CUDA", info["cuda_version"])
+names = {d.metadata["Name"] for d in metadata.distributions() if d.metadata["Name"].startswith("gpukeeper")}
+if names != {f"gpukeeper-cu{cuda}"}:
+    sys.exit(f"wheel-check: installed {sorted(names)}, not gpukeeper-cu{cuda}")
+if not info["cuda"] or str(info["cuda_version"]).split(".")[0] != cuda:
+    sys.exit(f"wheel-check: the core is built for CUDA {info['cuda_version']}, not {cuda}")
+PY
 say "the PyTorch allocator components"
 "${clean[@]}" GPUKEEPER_TORCH_MISSING_OK="${GPUKEEPER_TORCH_MISSING_OK:-0}" python - <<'PY'
 import os

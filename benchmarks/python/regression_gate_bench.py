@@ -122,9 +122,10 @@ def _run_processes(workload: str, device: str, aa: int, planted: Dict[float, int
 def _trials(aa: Sequence[Any], current_pool: Sequence[Any], rounds: int, trials: int, same_pool: bool,
             threshold: Any, confirm: int, seed: int) -> Dict[str, List[Any]]:
     """``{"one": [...], "confirmed": [...]}``: each trial's comparison from its one current
-    process, and after the gate's confirmation (a regression measured again in
-    ``confirm`` more processes of the same kind, all its rounds compared together)."""
-    from gpukeeper.timing.regression import compare_runs, regression
+    process, and the gate's verdict after it decided (``decide``: up to ``confirm`` more
+    processes of the same kind, drawn one at a time while undecided or slower past the
+    threshold, all its rounds compared together)."""
+    from gpukeeper.timing.regression import compare_runs, decide
 
     rng = random.Random(seed)
     one: List[Any] = []
@@ -140,11 +141,9 @@ def _trials(aa: Sequence[Any], current_pool: Sequence[Any], rounds: int, trials:
             cur_i = rng.randrange(len(current_pool))
             cur = current_pool[cur_i]
             others = [r for i, r in enumerate(current_pool) if i != cur_i]
-        first = compare_runs(base, cur, threshold=threshold)
-        one.append(first)
-        if regression(first, threshold) and confirm and len(others) >= confirm:
-            first = compare_runs(base, [cur] + rng.sample(others, confirm), threshold=threshold)
-        confirmed.append(first)
+        one.append(compare_runs(base, cur, threshold=threshold))
+        fresh = rng.sample(others, min(confirm, len(others)))
+        confirmed.append(decide(base, cur, iter(fresh), threshold, confirm))
     return {"one": one, "confirmed": confirmed}
 
 
@@ -243,8 +242,8 @@ def _print(rows: List[Dict[str, Any]], args: argparse.Namespace) -> None:
     console.print(
         "Processes are reused across trials (drawn at random, seeded); no trial has one process in both its "
         "baseline and its current run. verdicts s/=/?/f: slower / same / undecided / faster, from the one "
-        "current process. failed: slower past the threshold (the gate fails); confirmed: after the gate's "
-        f"confirmation in {args.confirm} more fresh processes. spread: the 99% bound on how far a fresh "
+        "current process. failed: slower past the threshold (the gate fails); confirmed: after the gate "
+        f"decided (decide: up to {args.confirm} more fresh processes, one at a time). spread: the 99% bound on how far a fresh "
         "process of the same code lands from the baseline (compare_runs). true: the planted processes' "
         "median over the A/A processes'. beyond spread: caught/trials among the trials whose measured spread is "
         "smaller than the true slowdown (after confirmation).", markup=False)
@@ -264,8 +263,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--calls", type=int, default=200, help="n_calls per process (default %(default)s)")
     p.add_argument("--warmup", type=int, default=20, help="warm-up calls per process (default %(default)s)")
     p.add_argument("--fail", default="median:5%", help="the gate's threshold (default %(default)s)")
-    p.add_argument("--confirm", type=int, default=2,
-                   help="processes that confirm a regression, as --gpu-benchmark-confirm (default %(default)s)")
+    p.add_argument("--confirm", type=int, default=4,
+                   help="at most this many processes decide a regression or an undecided change past the threshold, as --gpu-benchmark-confirm (default %(default)s)")
     p.add_argument("--no-gpu", action="store_true", help="CPU rows only")
     p.add_argument("--json", metavar="FILE", help="write the rows and the environment as JSON")
     p.add_argument("--processes-dir", metavar="DIR",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import subprocess
 
 import pytest
@@ -271,12 +272,24 @@ def test_not_a_benchmark():
     pytester.runpytest("-q", "--gpu-benchmark-save=base", "--gpu-benchmark-rounds=3").assert_outcomes(passed=2)
     assert (pytester.path / "plain_test_ran").read_text() == "x"  # rounds 2..3 ran the benchmark only
     monkeypatch.setenv("PLANTED_SLOWDOWN", "5")
-    slow = pytester.runpytest("-q", "--gpu-benchmark-compare", "--gpu-benchmark-compare-fail=median:20%")
+    slow = pytester.runpytest("-q", "--gpu-benchmark-compare", "--gpu-benchmark-compare-fail=median:20%",
+                              "--junitxml=report.xml")
     assert slow.ret == pytest.ExitCode.TESTS_FAILED
     out = slow.stdout.str()
-    assert "confirming in 2 fresh process(es)" in out and "FAILED gpu_benchmark:" in out
-    assert "over 3+3 rounds" in out  # three saved, three now: this one and two confirmations
+    # Decided inside the test: the test itself fails, in pytest's summary and in JUnit.
+    slow.assert_outcomes(failed=1, passed=1)
+    assert "measuring it in up to 4 fresh process(es)" in out
+    assert "FAILED test_a_regression_from_one_process_is_confirmed_in_fresh_ones.py::test_kernel" in out
+    assert re.search(r"over 3\+[2-5] rounds", out), out  # three saved; this one and the fresh ones
+    junit = (pytester.path / "report.xml").read_text()
+    assert 'failures="1"' in junit and "is slower than saved run" in junit
     assert (pytester.path / "plain_test_ran").read_text() == "xx"
+    # Unchanged code against the same saved run: nothing fails, and the verdict says what
+    # change the run could have seen.
+    monkeypatch.setenv("PLANTED_SLOWDOWN", "1")
+    same = pytester.runpytest("-q", "--gpu-benchmark-compare", "--gpu-benchmark-compare-fail=median:20%")
+    assert same.ret == pytest.ExitCode.OK, same.stdout.str()
+    assert "could detect ±" in same.stdout.str() or "beyond" in same.stdout.str()
 
 
 def test_benchmark_save_append_adds_rounds(pytester: pytest.Pytester) -> None:
@@ -326,3 +339,15 @@ def test_plain():
     line = "--gpu-benchmark-compare: no saved benchmark run for this machine in"
     assert out.count(line) >= 2  # the same one line for each benchmark test
     assert "Traceback" not in out and "store.py" not in out and "99999" not in out
+
+
+def test_a_device_list_takes_ordinals_and_uuids_and_refuses_anything_else() -> None:
+    from gpukeeper.pytest_plugin.workers import parse_device_list
+
+    uuid = "8f2c1c3e-aaaa-bbbb-cccc-0123456789ab"
+    assert parse_device_list("0, 1") == ["0", "1"]
+    for entry in (f"GPU-{uuid}", f"MIG-{uuid}", f"MIG-GPU-{uuid}/1/0"):
+        assert parse_device_list(entry) == [entry]
+    for bad in ("banana", "0,x", "", "0,,1", "gpu1"):
+        with pytest.raises(gpukeeper.InvalidInputError, match="--gpu-devices takes"):
+            parse_device_list(bad)

@@ -123,9 +123,10 @@ def test_xdist_all_devices_on_a_machine_without_cuda_runs_on_the_cpu(
 def test_xdist_bad_device_list_is_a_usage_error(pytester: pytest.Pytester) -> None:
     _xdist(pytester)
     pytester.makepyfile("def test_x():\n    pass\n")
-    result = pytester.runpytest("-q", "-n", "2", "--gpu-devices=0,,1")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert "--gpu-devices takes 'all' or a comma-separated list" in result.stderr.str()
+    for bad in ("0,,1", "banana", "0,gpu1"):
+        result = pytester.runpytest("-q", "-n", "2", f"--gpu-devices={bad}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, bad
+        assert "--gpu-devices takes 'all' or a comma-separated list" in result.stderr.str()
 
 
 def test_xdist_leaks_fail_in_workers_and_tables_reach_the_controller(pytester: pytest.Pytester) -> None:

@@ -227,3 +227,45 @@ def test_a_file_saved_before_rounds_loads_as_one_round(tmp_path) -> None:
     (store.folder / "odd.json").write_text(json.dumps({**old, "later_rounds": {"z": []}}))
     with pytest.raises(InvalidInputError, match="is not a saved benchmark run"):
         store.load_rounds("odd")
+
+
+def test_decide_draws_fresh_rounds_only_while_needed_and_stops_once_decided() -> None:
+    from gpukeeper.timing.regression import decide, needs_more_rounds
+
+    threshold = FailThreshold("median", 0.05)
+    base = _rounds([1.0, 1.01, 0.99, 1.0, 1.005])
+    drawn: List[BenchmarkResult] = []
+
+    def fresh(centers: List[float]):
+        for r in _rounds(centers, seed=77):
+            drawn.append(r)
+            yield r
+
+    # Unchanged code whose one process is within the threshold: no fresh round is drawn.
+    calm = decide(base, _run(1.002, 0.001, seed=5), fresh([1.0] * 4), threshold, 4)
+    assert drawn == [] and calm.verdict == "same" and not regression(calm, threshold)
+    # A process that landed slow while the code is unchanged: fresh rounds clear it.
+    slow_process = compare_runs(base, _run(1.3, 0.001, seed=6), threshold=threshold)
+    assert needs_more_rounds(slow_process, threshold)
+    cleared = decide(base, _run(1.3, 0.001, seed=6), fresh([1.0, 1.002, 0.998, 1.001]), threshold, 4)
+    assert not regression(cleared, threshold) and 1 <= len(drawn) <= 4
+    # A real 2x slowdown: decided slower, and it stops as soon as it is.
+    drawn.clear()
+    slower = decide(base, _run(2.0, 0.001, seed=7), fresh([2.0, 2.01, 1.99, 2.0]), threshold, 4)
+    assert slower.verdict == "slower" and regression(slower, threshold)
+    assert len(drawn) == slower.rounds_current - 1 < 4
+    # limit 0 decides on the one process; no threshold: nothing to decide for.
+    drawn.clear()
+    decide(base, _run(1.3, 0.001, seed=6), fresh([1.0] * 4), threshold, 0)
+    decide(base, _run(1.3, 0.001, seed=6), fresh([1.0] * 4), None, 4)
+    assert drawn == []
+
+
+def test_every_verdict_says_how_small_a_change_it_could_have_called() -> None:
+    one = compare_runs(_run(1.0, 0.01, seed=1), _run(1.05, 0.01, seed=2))
+    assert one.detectable == pytest.approx(1.0)  # unmeasured: only beyond 2x
+    assert "could detect ±100.0% or more here" in one.describe()
+    many = compare_runs(_rounds([1.0, 1.02, 0.98, 1.01]), _rounds([1.01, 0.99, 1.0], seed=3))
+    assert many.detectable == pytest.approx(many.spread)
+    assert f"could detect ±{many.spread:.1%} or more here" in many.describe()
+    assert many.cells()[-2] == f"±{many.spread:.1%}"

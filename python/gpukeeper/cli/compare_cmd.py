@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
             {
                 "stat": stat,
                 "fail": args.fail,
-                "comparisons": [dataclasses.asdict(c) for c in comparisons],
+                "comparisons": [
+                    {**dataclasses.asdict(c), "detectable": c.detectable} for c in comparisons
+                ],
                 "regressions": [c.name for c in regressions],
             },
         )
@@ -143,6 +145,7 @@ def _print(comparisons: List, regressions: List, only_old: List[str], only_new: 
         "change",
         "99% interval",
         "spread between processes",
+        "could detect",
     ):
         table.add_column(column, justify="left" if column in left else "right")
     colours = {"slower": "red", "faster": "green"}
@@ -156,6 +159,7 @@ def _print(comparisons: List, regressions: List, only_old: List[str], only_new: 
             f"{c.change:+.1%}",
             f"{c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%}",
             c.spread_text(),
+            f"±{c.detectable:.1%}",
         )
     out.print(table)
     if any(c.spread is None for c in comparisons):

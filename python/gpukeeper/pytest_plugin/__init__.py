@@ -212,7 +212,9 @@ def gpu_benchmark(request: pytest.FixtureRequest) -> Callable[..., BenchmarkResu
     """``gpu_benchmark(fn, *args, **kwargs)``: :func:`gpukeeper.benchmark_function` on
     ``fn`` (its keyword arguments pass through), named after the test; the result is
     saved and compared as the ``--gpu-benchmark-*`` options say. Call it once per test."""
-    return make_gpu_benchmark(request.config.stash[_SESSION].bench, request.node.nodeid)
+    return make_gpu_benchmark(
+        request.config.stash[_SESSION].bench, request.node.nodeid, _say(request.config)
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -234,10 +236,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _say(config: pytest.Config) -> Callable[[str], None]:
+    """Prints a line on the terminal, on a line of its own (not after pytest's progress
+    dots), also while a test runs with its output captured."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
 
     def say(line: str) -> None:
-        if reporter is not None:
+        if reporter is None:
+            return
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.ensure_newline()
+                reporter.write_line(line)
+        else:
+            reporter.ensure_newline()
             reporter.write_line(line)
 
     return say

@@ -5,10 +5,14 @@ with a saved run, with verdicts from the spread between processes
 A saved run holds rounds, one per fresh process: ``--gpu-benchmark-rounds=K`` measures
 K of them in one invocation (:mod:`.rounds`), ``--gpu-benchmark-save-append`` adds this
 invocation's rounds to a saved run. With one round the comparison is made as each test
-runs; a regression is then confirmed in ``--gpu-benchmark-confirm`` fresh processes at
-the end of the test run (0: it fails the test at once). With several rounds the
-comparison is made at the end, over all of them. A regression found at the end fails
-the test run, and the summary names it.
+runs, and decided there: a test found slower past the threshold, or undecided with a
+change past it, is measured again in fresh processes of that test alone, one after
+another, until the verdict is decided, ``--gpu-benchmark-confirm`` rounds have run or
+the time budget (``--gpu-benchmark-confirm-budget``, by default 3x the benchmark's own
+time; the first two rounds always run) is spent. A regression then fails that test, in
+pytest's summary and in its JUnit report like any failed test. With several rounds the
+comparison is made at the end, over all of them; a regression found there fails the test
+run, and the summary names it.
 
 Under pytest-xdist each worker measures and compares its own tests and hands its results
 and comparisons to the controller, which runs the further rounds, saves the run once and
@@ -18,8 +22,10 @@ prints one table.
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -28,7 +34,13 @@ from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.pytest_plugin import rounds as _rounds
 from gpukeeper.timing.benchmark import benchmark_function
 from gpukeeper.timing.benchmark_result import BenchmarkResult
-from gpukeeper.timing.regression import Comparison, compare_runs, parse_fail_threshold, regression
+from gpukeeper.timing.regression import (
+    Comparison,
+    compare_runs,
+    decide,
+    parse_fail_threshold,
+    regression,
+)
 from gpukeeper.timing.store import DEFAULT_ROOT, RunStore, machine_info
 
 __all__ = ["BenchmarkSession", "add_benchmark_options", "make_gpu_benchmark"]
@@ -77,12 +89,21 @@ def add_benchmark_options(group: Any) -> None:
     )
     group.addoption(
         "--gpu-benchmark-confirm",
-        default="2",
+        default="4",
         metavar="N",
         help="with --gpu-benchmark-compare-fail and one round: measure a benchmark found "
-        "slower past the threshold again in N fresh processes, and fail the test run only "
-        "when all its rounds together are still a regression; 0: fail the test at once "
-        "(default %(default)s)",
+        "slower past the threshold, or undecided with a change past it, again in up to N "
+        "fresh processes of that test alone, stopping once the verdict is decided, and fail "
+        "the test when all its rounds together are a regression; 0: decide on this process "
+        "alone (default %(default)s)",
+    )
+    group.addoption(
+        "--gpu-benchmark-confirm-budget",
+        default=None,
+        metavar="SECONDS",
+        help="with --gpu-benchmark-confirm: start no further round once this many seconds "
+        "went to a test's confirmation; the first two rounds always run (default: 3x the "
+        "benchmark's own time)",
     )
     group.addoption(
         "--gpu-benchmark-storage",
@@ -108,6 +129,10 @@ class BenchmarkSession:
         self.confirm = _parse_count(
             config.getoption("--gpu-benchmark-confirm"), "--gpu-benchmark-confirm", 0
         )
+        budget = config.getoption("--gpu-benchmark-confirm-budget")
+        self.confirm_budget: Optional[float] = (
+            None if budget is None else _parse_seconds(budget, "--gpu-benchmark-confirm-budget")
+        )
         self.threshold = parse_fail_threshold(fail) if fail is not None else None
         if self.threshold is not None and compare is None:
             raise InvalidInputError("--gpu-benchmark-compare-fail needs --gpu-benchmark-compare")
@@ -125,7 +150,6 @@ class BenchmarkSession:
         self.results: Dict[str, BenchmarkResult] = {}
         self.later_rounds: Dict[str, List[BenchmarkResult]] = {}
         self.comparisons: List[Comparison] = []
-        self.to_confirm: List[str] = []
         self.failures: List[str] = []
         self.saved_path: Optional[Path] = None
         self.baseline_error: Optional[str] = None
@@ -144,21 +168,48 @@ class BenchmarkSession:
                 return
             self.compare_with = self.compare_with or self.store.latest()
 
-    def record(self, key: str, result: BenchmarkResult) -> Optional[str]:
-        """Keeps ``result``; with one round, compares it with the baseline now. The
-        failure text when it is a regression past the threshold, else None."""
+    def record(
+        self, key: str, result: BenchmarkResult, seconds: float, say: Callable[[str], None]
+    ) -> Optional[str]:
+        """Keeps ``result`` (measured in ``seconds``); with one round, compares it with the
+        baseline now and decides, measuring fresh rounds of this test while undecided
+        (module docstring). The failure text when it is a regression past the threshold,
+        else None."""
         self.results[key] = result
         if self.rounds > 1:
             return None  # compared at the end, over every round (finish_rounds)
-        failure = self._compare(key, [result])
-        if failure is not None and self.confirm > 0:
-            # One process may have landed in a slow state the baseline never saw: the
-            # verdict waits for fresh processes (finish_rounds).
-            self.to_confirm.append(key)
+        base = self.baseline.get(key) if self.baseline is not None else None
+        if base is None:
             return None
-        return failure
+        confirm = self.confirm if self.threshold is not None else 0
+        budget = self.confirm_budget if self.confirm_budget is not None else 3.0 * seconds
+        first = compare_runs(base, [result], threshold=self.threshold)
 
-    def _compare(self, key: str, current: List[BenchmarkResult]) -> Optional[str]:
+        def fresh_rounds() -> Iterator[BenchmarkResult]:
+            # One process may have landed in a state the baseline never saw, and one round
+            # cannot measure the spread between processes: fresh ones decide.
+            say(
+                f"gpukeeper: {key}: {first.verdict}, {first.change:+.1%} against saved run "
+                f"{self.compare_with!r}; measuring it in up to {confirm} fresh process(es) "
+                f"(budget {budget:.3g} s) to decide"
+            )
+            start = time.monotonic()
+            for i in range(confirm):
+                if i >= 2 and time.monotonic() - start > budget:
+                    say(f"gpukeeper: {key}: the budget of {budget:.3g} s is spent after {i} rounds")
+                    return
+                for found in _rounds.run_rounds(self.config, [key], 1, say, number=i + 2):
+                    if key in found:
+                        self.later_rounds.setdefault(key, []).append(found[key])
+                        yield found[key]
+
+        comparison = dataclasses.replace(
+            decide(base, result, fresh_rounds(), self.threshold, confirm), name=key
+        )
+        self.comparisons.append(comparison)
+        return self._failure(key, comparison)
+
+    def _compare(self, key: str, current: List[BenchmarkResult]) -> Optional[Comparison]:
         base = self.baseline.get(key) if self.baseline is not None else None
         if base is None:
             return None
@@ -166,33 +217,25 @@ class BenchmarkSession:
             compare_runs(base, current, threshold=self.threshold), name=key
         )
         self.comparisons.append(comparison)
+        return comparison
+
+    def _failure(self, key: str, comparison: Optional[Comparison]) -> Optional[str]:
         threshold = self.threshold
-        if threshold is not None and regression(comparison, threshold):
-            return (
-                f"gpu_benchmark: {key} is slower than saved run {self.compare_with!r} beyond "
-                f"the spread between processes and by more than "
-                f"{threshold.fraction:.1%}: " + comparison.describe()
-            )
-        return None
+        if comparison is None or threshold is None or not regression(comparison, threshold):
+            return None
+        return (
+            f"gpu_benchmark: {key} is slower than saved run {self.compare_with!r} beyond "
+            f"the spread between processes and by more than "
+            f"{threshold.fraction:.1%}: " + comparison.describe()
+        )
 
     def finish_rounds(self, say: Callable[[str], None]) -> List[str]:
-        """In the controller, at the end of the session: with ``--gpu-benchmark-rounds``
-        K > 1, measures rounds 2..K of every benchmark in fresh processes and compares
-        each over all its rounds; with one round, measures the benchmarks to confirm in
-        ``--gpu-benchmark-confirm`` fresh processes and compares them again. The failure
-        texts of the regressions found."""
-        if self.child or not self.results:
+        """In the controller, at the end of the session, with ``--gpu-benchmark-rounds`` K >
+        1: measures rounds 2..K of every benchmark in fresh processes and compares each
+        over all its rounds. The failure texts of the regressions found."""
+        if self.child or not self.results or self.rounds <= 1:
             return []
-        if self.rounds > 1:
-            keys, extra = list(self.results), self.rounds - 1
-        elif self.to_confirm:
-            keys, extra = [k for k in self.to_confirm if k in self.results], self.confirm
-            say(
-                f"gpukeeper: {len(keys)} benchmark(s) slower than saved run {self.compare_with!r} "
-                f"past the threshold in this process; confirming in {extra} fresh process(es)"
-            )
-        else:
-            return []
+        keys, extra = list(self.results), self.rounds - 1
         for found in _rounds.run_rounds(self.config, keys, extra, say):
             for key, result in found.items():
                 if key in keys:
@@ -206,7 +249,10 @@ class BenchmarkSession:
                 self.baseline = store.load_rounds(self.compare_with or None)
                 self.compare_with = self.compare_with or store.latest()
             for key in keys:
-                failure = self._compare(key, [self.results[key]] + self.later_rounds.get(key, []))
+                comparison = self._compare(
+                    key, [self.results[key]] + self.later_rounds.get(key, [])
+                )
+                failure = self._failure(key, comparison)
                 if failure is not None:
                     self.failures.append(failure)
         except InvalidInputError as e:
@@ -240,7 +286,7 @@ class BenchmarkSession:
         return {
             "results": {k: r.to_dict() for k, r in self.results.items()},
             "comparisons": [dataclasses.asdict(c) for c in self.comparisons],
-            "to_confirm": self.to_confirm,
+            "later_rounds": {k: [r.to_dict() for r in v] for k, v in self.later_rounds.items()},
             "compare_with": self.compare_with,
         }
 
@@ -249,7 +295,8 @@ class BenchmarkSession:
         for key, data in exported.get("results", {}).items():
             self.results[key] = BenchmarkResult.from_dict(data)
         self.comparisons += [Comparison(**c) for c in exported.get("comparisons", [])]
-        self.to_confirm += exported.get("to_confirm", [])
+        for key, found in exported.get("later_rounds", {}).items():
+            self.later_rounds[key] = [BenchmarkResult.from_dict(d) for d in found]
         if exported.get("compare_with"):
             self.compare_with = exported["compare_with"]
 
@@ -264,6 +311,18 @@ class BenchmarkSession:
         return lines + [f"FAILED {f}" for f in self.failures]
 
 
+def _parse_seconds(value: Any, option: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InvalidInputError(
+            f"{option} must be a number of seconds >= 0, got {value!r}"
+        ) from None
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise InvalidInputError(f"{option} must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
 def _parse_count(value: Any, option: str, minimum: int) -> int:
     try:
         count = int(value)
@@ -272,8 +331,11 @@ def _parse_count(value: Any, option: str, minimum: int) -> int:
     return check_int(count, option, minimum)
 
 
-def make_gpu_benchmark(session: BenchmarkSession, key: str) -> Callable[..., BenchmarkResult]:
-    """The fixture's value for the test ``key``: call it once."""
+def make_gpu_benchmark(
+    session: BenchmarkSession, key: str, say: Callable[[str], None]
+) -> Callable[..., BenchmarkResult]:
+    """The fixture's value for the test ``key``: call it once. ``say`` prints a line to
+    the terminal while the test runs."""
     used: List[bool] = []
 
     def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BenchmarkResult:
@@ -286,8 +348,9 @@ def make_gpu_benchmark(session: BenchmarkSession, key: str) -> Callable[..., Ben
             # every benchmark test (no traceback through the user's fixtures).
             pytest.fail(session.baseline_error, pytrace=False)
         kwargs.setdefault("name", key)
+        start = time.monotonic()
         result = benchmark_function(fn, *args, **kwargs)
-        failure = session.record(key, result)
+        failure = session.record(key, result, time.monotonic() - start, say)
         if failure is not None:
             pytest.fail(failure, pytrace=False)
         return result

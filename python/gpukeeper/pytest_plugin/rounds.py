@@ -53,20 +53,34 @@ def write_round(exported: Dict[str, Any]) -> None:
 
 
 def run_rounds(
-    config: pytest.Config, keys: Iterable[str], extra: int, say: Callable[[str], None]
+    config: pytest.Config,
+    keys: Iterable[str],
+    extra: int,
+    say: Callable[[str], None],
+    number: Optional[int] = None,
 ) -> List[Dict[str, BenchmarkResult]]:
     """Runs ``extra`` children one after another (never side by side: they would slow
-    each other down); each one's ``{key: result}``. A child that hands back nothing is
-    reported through ``say`` with the end of its output, and skipped."""
+    each other down); each one's ``{key: result}``. ``number``: the round the first
+    child is, when the rounds are run one call at a time (the messages count from it). A
+    child that hands back nothing is reported through ``say`` with the end of its output,
+    and skipped."""
     args = [sys.executable, "-m", "pytest", *config.invocation_params.args]
+    if config.pluginmanager.hasplugin("xdist"):
+        # A child runs a few tests one after another: workers of its own would only start
+        # and wait (pytest takes the last -n given).
+        args += ["-n", "0"]
     rounds: List[Dict[str, BenchmarkResult]] = []
     with tempfile.TemporaryDirectory(prefix="gpukeeper-rounds-") as tmp:
         keys_file = Path(tmp) / "keys.json"
         keys_file.write_text(json.dumps(sorted(keys)))
         for i in range(extra):
-            out, log = Path(tmp) / f"round{i + 2}.json", Path(tmp) / f"round{i + 2}.log"
+            n = (number if number is not None else 2) + i
+            out, log = Path(tmp) / f"round{n}.json", Path(tmp) / f"round{n}.log"
             env = dict(os.environ, **{OUT_ENV: str(out), KEYS_ENV: str(keys_file)})
-            say(f"gpukeeper: benchmark round {i + 2} of {extra + 1} in a fresh process")
+            if number is None:
+                say(f"gpukeeper: benchmark round {n} of {extra + 1} in a fresh process")
+            else:
+                say(f"gpukeeper: benchmark round {n} in a fresh process")
             with open(log, "wb") as sink:
                 done = subprocess.run(
                     args,
@@ -80,7 +94,7 @@ def run_rounds(
             if results is None:
                 tail = log.read_text(errors="replace").strip().splitlines()[-5:]
                 say(
-                    f"gpukeeper: round {i + 2} handed back no results (exit status "
+                    f"gpukeeper: round {n} handed back no results (exit status "
                     f"{done.returncode}); its output ended with:\n  " + "\n  ".join(tail)
                 )
                 continue

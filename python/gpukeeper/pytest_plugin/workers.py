@@ -34,7 +34,10 @@ NO_DEVICES = "cpu"
 #: The key of gpukeeper's data in an xdist worker's ``workeroutput``.
 WORKER_KEY = "gpukeeper"
 
-_ENTRY = re.compile(r"[A-Za-z0-9-]+")
+# An ordinal, or a GPU or MIG UUID as nvidia-smi -L prints it (MIG-GPU-<uuid>/<gi>/<ci>
+# in the older form): anything else is a typo, which CUDA would silently read as "no
+# device" from that entry on.
+_ENTRY = re.compile(r"\d+|(?:MIG-)?(?:GPU|MIG)-[0-9A-Fa-f-]+(?:/\d+/\d+)?", re.I)
 
 
 def parse_device_list(text: str) -> List[str]:

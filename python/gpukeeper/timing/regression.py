@@ -34,6 +34,12 @@ rarely reaches by chance. Save several rounds to gate on smaller changes.
 
 :func:`regression` says whether a comparison is a regression past a threshold: slower,
 and by more than the threshold. A change within the spread fails nothing.
+
+:func:`decide` is the gate's way from one current round to a verdict: while a comparison
+is slower past the threshold, or undecided with a change past it
+(:func:`needs_more_rounds`), it adds fresh rounds one at a time and compares again,
+stopping as soon as the verdict is decided. The pytest gate and the gate's benchmark both
+call it.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ __all__ = [
     "Rounds",
     "compare_runs",
     "comparisons_html",
+    "decide",
+    "needs_more_rounds",
     "parse_fail_threshold",
     "regression",
 ]
@@ -146,6 +154,19 @@ class Comparison:
         """Relative change of the statistic: +0.05 is 5% slower."""
         return self.ratio - 1.0
 
+    @property
+    def detectable(self) -> float:
+        """The smallest change this comparison could have called, as a fraction (0.08: a
+        change of ±8% or more would have been slower or faster here): the spread between
+        processes where it is measured, else the factor a change must pass without it."""
+        if self.spread is None:
+            return UNMEASURED_FACTOR - 1.0
+        return self.spread
+
+    def power_text(self) -> str:
+        """``could detect ±8.0% or more here``: the run's power, in words."""
+        return f"could detect ±{self.detectable:.1%} or more here"
+
     def spread_text(self) -> str:
         """``±3.1% over 5 rounds`` (``5+3 rounds`` with several current rounds), or
         ``unmeasured``."""
@@ -175,11 +196,14 @@ class Comparison:
             return (
                 f"{head}; the spread between processes is unmeasured (one round each: save "
                 f"several rounds to measure it), and a change within {UNMEASURED_FACTOR:g}x "
-                "is not called without it"
+                f"is not called without it: {self.power_text()}"
             )
         if self.verdict in ("slower", "faster"):
             return f"{head}, beyond the spread between processes ({self.spread_text()})"
-        return f"{head}, within the spread between processes ({self.spread_text()})"
+        return (
+            f"{head}, within the spread between processes ({self.spread_text()}); "
+            f"{self.power_text()}"
+        )
 
     def cells(self) -> Tuple[str, ...]:
         """The comparison as the cells of one table row, in the order of
@@ -192,6 +216,7 @@ class Comparison:
             f"{self.change:+.1%}",
             f"{self.ratio_low - 1:+.1%}..{self.ratio_high - 1:+.1%}",
             self.spread_text(),
+            f"±{self.detectable:.1%}",
             self.verdict,
         )
 
@@ -209,6 +234,7 @@ COMPARISON_HEADER = (
     "change",
     "99% interval",
     "spread between processes",
+    "could detect",
     "verdict",
 )
 
@@ -422,3 +448,37 @@ def regression(comparison: Comparison, threshold: Optional[FailThreshold]) -> bo
     if threshold is None or comparison.stat != threshold.stat:
         return False
     return comparison.verdict == "slower" and comparison.change > threshold.fraction
+
+
+def needs_more_rounds(comparison: Comparison, threshold: Optional[FailThreshold]) -> bool:
+    """Whether one round's ``comparison`` is left to fresh rounds before the gate decides:
+    a regression past ``threshold`` (one process may have landed in a state the baseline
+    never saw), or undecided with a change past it."""
+    if threshold is None or comparison.stat != threshold.stat:
+        return False
+    if regression(comparison, threshold):
+        return True
+    return comparison.verdict == "undecided" and comparison.change > threshold.fraction
+
+
+def decide(
+    baseline: Rounds,
+    first: BenchmarkResult,
+    more: Iterable[BenchmarkResult],
+    threshold: Optional[FailThreshold],
+    limit: int,
+) -> Comparison:
+    """The gate's verdict on ``first`` (one current round) against ``baseline``: when
+    :func:`needs_more_rounds` says so, takes up to ``limit`` further rounds from ``more``
+    (fresh processes, drawn only when needed), comparing over all current rounds after
+    each and stopping once the verdict is not undecided."""
+    rounds = [first]
+    comparison = compare_runs(baseline, rounds, threshold=threshold)
+    if limit <= 0 or not needs_more_rounds(comparison, threshold):
+        return comparison
+    for taken, result in enumerate(more, start=1):
+        rounds.append(result)
+        comparison = compare_runs(baseline, rounds, threshold=threshold)
+        if comparison.verdict != "undecided" or taken >= limit:
+            break
+    return comparison
