@@ -269,3 +269,20 @@ def test_every_verdict_says_how_small_a_change_it_could_have_called() -> None:
     assert many.detectable == pytest.approx(many.spread)
     assert f"could detect ±{many.spread:.1%} or more here" in many.describe()
     assert many.cells()[-2] == f"±{many.spread:.1%}"
+
+
+def test_one_wild_round_is_set_aside_and_named_while_recurring_states_stay() -> None:
+    base = _rounds([1.0, 1.01, 0.99, 1.0, 1.02])
+    wild = _rounds([1.0, 1.01, 7.4], seed=21)  # a cold process, 7x the others
+    c = compare_runs(base, wild, threshold=FailThreshold("median", 0.05))
+    assert "current round 3" in c.set_aside and "set aside" in c.describe()
+    assert c.rounds_current == 2 and c.spread is not None and c.spread < 0.2
+    assert c.verdict in ("same", "undecided") and abs(c.change) < 0.05
+    # A machine that is bimodal from process to process (1.4x apart): both states are the
+    # spread, none is set aside, and unchanged code is not called slower.
+    bimodal = _rounds([0.31, 0.43, 0.32, 0.44, 0.31])
+    again = _rounds([0.44, 0.43, 0.45], seed=22)
+    c = compare_runs(bimodal, again, threshold=FailThreshold("median", 0.05))
+    assert c.set_aside == "" and c.verdict != "slower"
+    # Fewer than 3 rounds on a side: nothing is set aside there.
+    assert compare_runs(base, _rounds([1.0, 7.0], seed=23)).set_aside == ""

@@ -3,7 +3,8 @@ with a saved run, with verdicts from the spread between processes
 (:mod:`gpukeeper.timing.regression`).
 
 A saved run holds rounds, one per fresh process: ``--gpu-benchmark-rounds=K`` measures
-K of them in one invocation (:mod:`.rounds`), ``--gpu-benchmark-save-append`` adds this
+K of them in one invocation (:mod:`.rounds`; by default a run saved without a compare
+gets 5 when they fit a time budget), ``--gpu-benchmark-save-append`` adds this
 invocation's rounds to a saved run. With one round the comparison is made as each test
 runs, and decided there: a test found slower past the threshold, or undecided with a
 change past it, is measured again in fresh processes of that test alone, one after
@@ -43,7 +44,22 @@ from gpukeeper.timing.regression import (
 )
 from gpukeeper.timing.store import DEFAULT_ROOT, RunStore, machine_info
 
-__all__ = ["BenchmarkSession", "add_benchmark_options", "make_gpu_benchmark"]
+__all__ = [
+    "AUTO_ROUNDS",
+    "AUTO_BUDGET_S",
+    "BenchmarkSession",
+    "add_benchmark_options",
+    "make_gpu_benchmark",
+]
+
+#: The rounds a saved run gets under ``--gpu-benchmark-rounds=auto`` when they fit
+#: :data:`AUTO_BUDGET_S`: five processes measure a spread that 2x changes clear on a busy
+#: 2-core machine whose processes land in states 1.5x apart.
+AUTO_ROUNDS = 5
+AUTO_BUDGET_S = 120.0
+#: What starting a further round's pytest costs beyond its benchmarks (a guess on the
+#: safe side: interpreter, plugins and collection).
+ROUND_START_S = 2.0
 
 
 def add_benchmark_options(group: Any) -> None:
@@ -64,11 +80,14 @@ def add_benchmark_options(group: Any) -> None:
     )
     group.addoption(
         "--gpu-benchmark-rounds",
-        default="1",
+        default="auto",
         metavar="K",
         help="measure each gpu_benchmark in K fresh processes: this one, then K-1 reruns of "
         "this invocation running only the benchmark tests; saved and compared as K "
-        "rounds, so that verdicts know the spread between processes (default 1)",
+        "rounds, so that verdicts know the spread between processes. Default auto: a run "
+        f"saved (not appended) without a compare gets {AUTO_ROUNDS} rounds when the further ones fit in "
+        f"{AUTO_BUDGET_S:g} s, else 1 (and says so); a compare gets 1, and decides with "
+        "--gpu-benchmark-confirm",
     )
     group.addoption(
         "--gpu-benchmark-compare",
@@ -123,9 +142,10 @@ class BenchmarkSession:
         self.append = bool(config.getoption("--gpu-benchmark-save-append"))
         compare: Optional[str] = config.getoption("--gpu-benchmark-compare")
         fail: Optional[str] = config.getoption("--gpu-benchmark-compare-fail")
-        self.rounds = _parse_count(
-            config.getoption("--gpu-benchmark-rounds"), "--gpu-benchmark-rounds", 1
-        )
+        rounds = config.getoption("--gpu-benchmark-rounds")
+        self.rounds_auto = str(rounds).strip().lower() == "auto"
+        self.rounds = 1 if self.rounds_auto else _parse_count(rounds, "--gpu-benchmark-rounds", 1)
+        self.bench_seconds = 0.0  # the benchmarks' own time in this process
         self.confirm = _parse_count(
             config.getoption("--gpu-benchmark-confirm"), "--gpu-benchmark-confirm", 0
         )
@@ -176,6 +196,7 @@ class BenchmarkSession:
         (module docstring). The failure text when it is a regression past the threshold,
         else None."""
         self.results[key] = result
+        self.bench_seconds += seconds
         if self.rounds > 1:
             return None  # compared at the end, over every round (finish_rounds)
         base = self.baseline.get(key) if self.baseline is not None else None
@@ -233,7 +254,16 @@ class BenchmarkSession:
         """In the controller, at the end of the session, with ``--gpu-benchmark-rounds`` K >
         1: measures rounds 2..K of every benchmark in fresh processes and compares each
         over all its rounds. The failure texts of the regressions found."""
-        if self.child or not self.results or self.rounds <= 1:
+        if self.child or not self.results:
+            return []
+        if (
+            self.rounds_auto
+            and self.save_as is not None
+            and self.compare_with is None
+            and not self.append  # one round per invocation, as the user collects them
+        ):
+            self.rounds = self._auto_rounds(say)
+        if self.rounds <= 1:
             return []
         keys, extra = list(self.results), self.rounds - 1
         for found in _rounds.run_rounds(self.config, keys, extra, say):
@@ -258,6 +288,23 @@ class BenchmarkSession:
         except InvalidInputError as e:
             self.failures.append(f"gpu_benchmark: {e}")
         return self.failures
+
+    def _auto_rounds(self, say: Callable[[str], None]) -> int:
+        """How many rounds a saved run gets by default: :data:`AUTO_ROUNDS` when the further
+        ones fit in :data:`AUTO_BUDGET_S` (each costs the benchmarks' time of this process and
+        a pytest start), else 1, said once. A baseline of one round leaves the spread between
+        processes unmeasured, and a compare against it calls only a change beyond 2x until
+        its own fresh rounds measure it."""
+        per_round = self.bench_seconds + ROUND_START_S
+        if per_round * (AUTO_ROUNDS - 1) <= AUTO_BUDGET_S:
+            return AUTO_ROUNDS
+        say(
+            f"gpukeeper: saving 1 round: {AUTO_ROUNDS - 1} more would take about "
+            f"{per_round * (AUTO_ROUNDS - 1):.0f} s (over {AUTO_BUDGET_S:g} s); a baseline of one "
+            "round leaves the spread between processes unmeasured. --gpu-benchmark-rounds=K "
+            "saves K, or --gpu-benchmark-save-append adds one per invocation"
+        )
+        return 1
 
     def all_rounds(self) -> Dict[str, List[BenchmarkResult]]:
         """Every benchmark's rounds: this process's result, then the further rounds."""

@@ -13,10 +13,15 @@ The model, on the logarithm of each round's statistic:
   about their mean, current rounds about theirs), with ``R_b + R_c - 2`` degrees of
   freedom;
 - the **spread**: ``t * s * sqrt(1/R_b + 1/R_c)``, ``t`` the 99.5th percentile of
-  Student's t at those degrees of freedom: how far a fresh process of unchanged code
+  Student's t at those degrees of freedom (further into the tail for the later looks of
+  :func:`decide`, which share the 1% among them): how far a fresh process of unchanged code
   lands from the baseline, at 99% (two-sided), few rounds counting for their uncertainty.
   It is never narrower than what resampling the calls gives (a bootstrap of all rounds'
   calls, fixed seed), so identical rounds do not claim a precision their calls lack.
+- rounds **set aside**: with 3 or more rounds on a side, a round whose statistic lies
+  more than 2x from that side's median and far outside its robust spread (5 MADs) is left
+  out, and the verdict names it: one process in a state no other reached does not widen
+  the spread for all. States that recur stay in.
 
 The interval is the change widened by the spread on both sides. Then:
 
@@ -48,9 +53,10 @@ import math
 import random
 import re
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from gpukeeper.base.arg_checks import check_fraction
+from gpukeeper.base.arg_checks import check_fraction, check_int
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.html_table import html_table
 from gpukeeper.timing import stats as _stats
@@ -59,6 +65,8 @@ from gpukeeper.timing.benchmark_result import BenchmarkResult
 __all__ = [
     "COMPARISON_HEADER",
     "STATISTICS",
+    "ASIDE_FACTOR",
+    "ASIDE_Z",
     "UNMEASURED_FACTOR",
     "Comparison",
     "FailThreshold",
@@ -84,6 +92,11 @@ STATISTICS: Dict[str, Callable[[Sequence[float]], float]] = {
 #: With one round on each side, a change is called only beyond this factor either way.
 UNMEASURED_FACTOR = 2.0
 
+#: A round is set aside only when its statistic is more than this factor from its side's
+#: median (and :data:`ASIDE_Z` robust standard deviations from it).
+ASIDE_FACTOR = 2.0
+ASIDE_Z = 5.0
+
 #: A run: one result (one round) or the results of several fresh processes.
 Rounds = Union[BenchmarkResult, Sequence[BenchmarkResult]]
 
@@ -94,38 +107,28 @@ _FLOOR_RESAMPLES = 200
 _FLOOR_MAX_SAMPLE = 500
 _DEFAULT_BAND = 0.02
 
-# Student's t, one-sided 99.5th percentile, by degrees of freedom; 1/df interpolation
-# between the rows, the normal quantile past the last.
-_T995 = (
-    (1, 63.657),
-    (2, 9.925),
-    (3, 5.841),
-    (4, 4.604),
-    (5, 4.032),
-    (6, 3.707),
-    (7, 3.499),
-    (8, 3.355),
-    (9, 3.250),
-    (10, 3.169),
-    (12, 3.055),
-    (15, 2.947),
-    (20, 2.845),
-    (30, 2.750),
-    (40, 2.704),
-    (60, 2.660),
-    (120, 2.617),
-)
-_Z995 = 2.576
+#: The one-sided tail of each bound of the interval: 99% two-sided.
+_TAIL = 0.005
 
 
-def _t995(df: int) -> float:
-    if df >= _T995[-1][0]:
-        return _Z995 + (_T995[-1][1] - _Z995) * _T995[-1][0] / df
-    for (d0, t0), (d1, t1) in zip(_T995, _T995[1:]):
-        if d0 <= df <= d1:
-            w = (1 / df - 1 / d1) / (1 / d0 - 1 / d1)
-            return t1 + (t0 - t1) * w
-    raise AssertionError(df)  # df >= 1 is checked by the caller
+def _t_quantile(df: int, tail: float) -> float:
+    """Student's t at upper tail ``tail`` with ``df`` degrees of freedom: exact for 1 and 2,
+    the Cornish-Fisher expansion in 1/df beyond (Abramowitz and Stegun 26.7.5; within 1% of
+    the exact value at df 3 for the 99.5th percentile, closer as df grows)."""
+    p = 1.0 - tail
+    if df == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = NormalDist().inv_cdf(p)
+    v = float(df)
+    return (
+        z
+        + (z**3 + z) / (4 * v)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
+        + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4)
+    )
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class Comparison:
     spread: Optional[float] = None
     rounds_baseline: int = 1
     rounds_current: int = 1
+    set_aside: str = ""  # the rounds left out of the model, and why ("" when none)
 
     @property
     def change(self) -> float:
@@ -198,11 +202,12 @@ class Comparison:
                 f"several rounds to measure it), and a change within {UNMEASURED_FACTOR:g}x "
                 f"is not called without it: {self.power_text()}"
             )
+        aside = f"; {self.set_aside}" if self.set_aside else ""
         if self.verdict in ("slower", "faster"):
-            return f"{head}, beyond the spread between processes ({self.spread_text()})"
+            return f"{head}, beyond the spread between processes ({self.spread_text()}){aside}"
         return (
             f"{head}, within the spread between processes ({self.spread_text()}); "
-            f"{self.power_text()}"
+            f"{self.power_text()}{aside}"
         )
 
     def cells(self) -> Tuple[str, ...]:
@@ -344,6 +349,29 @@ def _log_values(
     return [math.log(v) for v in values]
 
 
+def _set_aside(logs: List[float], side: str) -> Tuple[List[int], str]:
+    """The rounds of one side to leave out of the model: those whose statistic lies more
+    than :data:`ASIDE_FACTOR` from the side's median and more than :data:`ASIDE_Z` robust
+    standard deviations (1.4826 MAD) from it, with at least 3 rounds on the side and at
+    most a third of them left out. One process in a state no other reached (a cold cache, a
+    neighbour's burst) would otherwise widen the spread to hundreds of percent, while states
+    that recur (a machine that is bimodal from process to process) stay in: they are the
+    spread. Returns the indices kept and the words that name those left out."""
+    if len(logs) < 3:
+        return list(range(len(logs))), ""
+    center = _stats.median(logs)
+    mad = _stats.median([abs(x - center) for x in logs]) * 1.4826
+    far = [
+        i
+        for i, x in enumerate(logs)
+        if abs(x - center) > math.log(ASIDE_FACTOR) and abs(x - center) > ASIDE_Z * mad
+    ]
+    if not far or len(far) > len(logs) // 3:
+        return list(range(len(logs))), ""
+    shown = ", ".join(f"round {i + 1} ({math.exp(logs[i] - center):.3g}x the median)" for i in far)
+    return [i for i in range(len(logs)) if i not in far], f"{side} {shown} set aside"
+
+
 def _pooled_std(groups: Sequence[List[float]]) -> Tuple[float, int]:
     ss, df = 0.0, 0
     for g in groups:
@@ -360,6 +388,7 @@ def compare_runs(
     same_band: Optional[float] = None,
     *,
     threshold: Optional[FailThreshold] = None,
+    looks: int = 1,
 ) -> Comparison:
     """``current`` against ``baseline`` on ``stat`` (see :data:`STATISTICS`), with a
     verdict from the spread between processes (module docstring).
@@ -367,8 +396,11 @@ def compare_runs(
     Each side is a :class:`BenchmarkResult` (one round) or a list of them, one per fresh
     process. ``threshold``: the gate's :class:`FailThreshold`; it gives the default
     ``stat`` and ``same_band`` (its fraction). Without it: ``median`` and ±2%.
+    ``looks``: the how-manieth look of a sequence this comparison is (``decide``); the
+    interval widens so that all looks together keep the 1% false-alarm rate.
     ``InvalidInputError`` for an unknown statistic, a band outside [0, 1), fewer than 2
     times on a side, or rounds whose ``measure`` differs."""
+    looks = check_int(looks, "looks", 1)
     if threshold is not None and not isinstance(threshold, FailThreshold):
         raise InvalidInputError(
             f"threshold must be a FailThreshold or None, got {type(threshold).__name__}"
@@ -392,6 +424,15 @@ def compare_runs(
         )
     log_b = _log_values(base_rounds, fn, stat, "baseline")
     log_c = _log_values(cur_rounds, fn, stat, "current run")
+    kept_b, aside_b = _set_aside(log_b, "baseline")
+    kept_c, aside_c = _set_aside(log_c, "current")
+    aside = "; ".join(t for t in (aside_b, aside_c) if t)
+    if aside:
+        base_rounds = [base_rounds[i] for i in kept_b]
+        cur_rounds = [cur_rounds[i] for i in kept_c]
+        log_b, log_c = [log_b[i] for i in kept_b], [log_c[i] for i in kept_c]
+        base = _subsample([t for r in base_rounds for t in r.times_ms])
+        cur = _subsample([t for r in cur_rounds for t in r.times_ms])
     mean_b, mean_c = math.fsum(log_b) / len(log_b), math.fsum(log_c) / len(log_c)
     d = mean_c - mean_b
     s, df = _pooled_std([log_b, log_c])
@@ -407,7 +448,9 @@ def compare_runs(
         else:
             verdict = "undecided"
     else:
-        half = _t995(df) * s * math.sqrt(1 / len(log_b) + 1 / len(log_c))
+        # Each look of a sequence (decide) spends its share of the 1% (Bonferroni), so that
+        # drawing rounds until decided does not raise the false-alarm rate.
+        half = _t_quantile(df, _TAIL / looks) * s * math.sqrt(1 / len(log_b) + 1 / len(log_c))
         boot_low, boot_high = _bootstrap(
             _subsample(base, _FLOOR_MAX_SAMPLE),
             _subsample(cur, _FLOOR_MAX_SAMPLE),
@@ -438,6 +481,7 @@ def compare_runs(
         spread,
         len(base_rounds),
         len(cur_rounds),
+        aside,
     )
 
 
@@ -478,7 +522,7 @@ def decide(
         return comparison
     for taken, result in enumerate(more, start=1):
         rounds.append(result)
-        comparison = compare_runs(baseline, rounds, threshold=threshold)
+        comparison = compare_runs(baseline, rounds, threshold=threshold, looks=limit + 1)
         if comparison.verdict != "undecided" or taken >= limit:
             break
     return comparison
