@@ -44,7 +44,11 @@ from typing import Any, Dict, List, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_env import environment, try_import  # noqa: E402
 
-WORKLOADS = ("matmul", "python")
+WORKLOADS = ("matmul", "launch", "python")
+# asv's rule, applied to the same calls: a change is reported when the Mann-Whitney U test
+# gives p < 0.002 and the medians differ by more than a factor of 1.1.
+ASV_P = 0.002
+ASV_FACTOR = 1.1
 
 
 # --------------------------------------------------------------------- one process
@@ -73,6 +77,17 @@ def _workload(name: str, device: str, slowdown: float) -> Any:
         return loop
     import torch
 
+    if name == "launch":
+        # Launch-bound: 20 tiny kernels a call; a slowdown adds kernels in proportion.
+        x = torch.zeros(256, device=device)
+        count = 20 + int(round(20 * slowdown))
+
+        def launch() -> Any:
+            for _ in range(count):
+                x.add_(1.0)
+            return x
+
+        return launch
     size = 1024 if device == "cuda" else 256
     a = torch.randn(size, size, device=device)
     b = torch.randn(size, size, device=device)
@@ -130,6 +145,7 @@ def _trials(aa: Sequence[Any], current_pool: Sequence[Any], rounds: int, trials:
     rng = random.Random(seed)
     one: List[Any] = []
     confirmed: List[Any] = []
+    asv: List[bool] = []
     for _ in range(trials):
         if same_pool:
             picked = rng.sample(range(len(aa)), rounds + 1)  # distinct processes
@@ -143,8 +159,46 @@ def _trials(aa: Sequence[Any], current_pool: Sequence[Any], rounds: int, trials:
             others = [r for i, r in enumerate(current_pool) if i != cur_i]
         one.append(compare_runs(base, cur, threshold=threshold))
         fresh = rng.sample(others, min(confirm, len(others)))
-        confirmed.append(decide(base, cur, iter(fresh), threshold, confirm))
-    return {"one": one, "confirmed": confirmed}
+        decided = decide(base, cur, iter(fresh), threshold, confirm)
+        confirmed.append(decided)
+        asv.append(_asv_slower(base, cur))
+    return {"one": one, "confirmed": confirmed, "asv": asv}
+
+
+def _u_test_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p of the Mann-Whitney U test (normal approximation with the tie
+    correction), as asv computes it for its samples."""
+    n1, n2 = len(a), len(b)
+    merged = sorted([(v, 0) for v in a] + [(v, 1) for v in b])
+    ranks = [0.0] * len(merged)
+    ties = 0.0
+    i = 0
+    while i < len(merged):
+        j = i
+        while j + 1 < len(merged) and merged[j + 1][0] == merged[i][0]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[k] = (i + j) / 2 + 1
+        t = j - i + 1
+        ties += t ** 3 - t
+        i = j + 1
+    r1 = sum(r for r, (_, side) in zip(ranks, merged) if side == 0)
+    u = r1 - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    z = (abs(u - n1 * n2 / 2) - 0.5) / math.sqrt(var)
+    return math.erfc(max(z, 0.0) / math.sqrt(2))
+
+
+def _asv_slower(base: Sequence[Any], cur: Any) -> bool:
+    """asv's verdict on the same processes: every call of the baseline rounds against the
+    calls of the one current process."""
+    a = [t for r in base for t in r.times_ms]
+    b = list(cur.times_ms)
+    ratio = statistics.median(b) / statistics.median(a)
+    return ratio > ASV_FACTOR and _u_test_p(a, b) < ASV_P
 
 
 def _summary(runs: Dict[str, List[Any]], threshold: Any) -> Dict[str, Any]:
@@ -157,6 +211,8 @@ def _summary(runs: Dict[str, List[Any]], threshold: Any) -> Dict[str, Any]:
         "trials": len(comparisons),
         "failed": sum(regression(c, threshold) for c in comparisons),
         "failed_confirmed": sum(regression(c, threshold) for c in runs["confirmed"]),
+        "asv_slower": sum(runs["asv"]),
+        "current_rounds_mean": statistics.mean(c.rounds_current for c in runs["confirmed"]),
         "verdicts": verdicts,
         "median_change": statistics.median(c.change for c in comparisons),
         "median_spread": statistics.median(spreads) if spreads else None,
@@ -217,48 +273,50 @@ def _print(rows: List[Dict[str, Any]], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     levels = args.levels.split(",")
-    table = Table(title=f"regression gate at --fail {args.fail}: A/A false alarms and planted detections, "
-                        f"{args.trials} trials per cell")
-    for col in ("workload", "device", "baseline rounds", "between-process std", "median spread",
-                "A/A verdicts s/=/?/f", "A/A failed: 1 process / confirmed"):
+    table = Table(title=f"regression gate at --fail {args.fail}: share of trials failed, A/A and planted, "
+                        f"{args.trials} trials per cell (gate, after deciding / asv's rule on the same calls)")
+    for col in ("workload", "device", "baseline rounds", "between-process std", "A/A median spread",
+                "A/A failed: gate / asv"):
         table.add_column(col, justify="left" if col in ("workload", "device") else "right")
     for lv in levels:
-        table.add_column(f"planted +{float(lv):.0%}: true, failed 1 / confirmed, beyond spread: caught",
-                         justify="right")
+        table.add_column(f"planted +{float(lv):.0%}: true; caught: gate (rounds) / asv", justify="right")
     for r in rows:
         aa = r["aa"]
-        v = aa["verdicts"]
+        n = aa["trials"]
         spread = "unmeasured" if aa["median_spread"] is None else f"±{aa['median_spread']:.1%}"
         cells = [r["workload"], r["device"], str(r["rounds"]), f"{r['between_process_std']:.1%}", spread,
-                 f"{v['slower']}/{v['same']}/{v['undecided']}/{v['faster']}",
-                 f"{aa['failed']} / {aa['failed_confirmed']}"]
+                 f"{aa['failed_confirmed'] / n:.1%} / {aa['asv_slower'] / n:.1%}"]
         for lv in levels:
             p = r["planted"][str(float(lv))]
-            cells.append(f"{p['true_slowdown']:+.0%}, {p['failed']} / {p['failed_confirmed']}, "
-                         f"{p['beyond_spread_detected']}/{p['beyond_spread']}")
+            cells.append(f"{p['true_slowdown']:+.0%}; {p['failed_confirmed'] / n:.0%} "
+                         f"({p['current_rounds_mean']:.1f}) / {p['asv_slower'] / n:.0%}")
         table.add_row(*cells)
     console = Console(width=max(Console().width, 160))
     console.print(table)
     console.print(
         "Processes are reused across trials (drawn at random, seeded); no trial has one process in both its "
-        "baseline and its current run. verdicts s/=/?/f: slower / same / undecided / faster, from the one "
-        "current process. failed: slower past the threshold (the gate fails); confirmed: after the gate "
-        f"decided (decide: up to {args.confirm} more fresh processes, one at a time). spread: the 99% bound on how far a fresh "
-        "process of the same code lands from the baseline (compare_runs). true: the planted processes' "
-        "median over the A/A processes'. beyond spread: caught/trials among the trials whose measured spread is "
-        "smaller than the true slowdown (after confirmation).", markup=False)
+        "baseline and its current run. gate: failed after deciding as the pytest gate does (decide: up to "
+        f"{args.confirm} more fresh processes, one at a time, while undecided or slower past the threshold); "
+        "rounds: the current rounds it took, on average. asv: a Mann-Whitney U test at p < 0.002 and a 1.1 "
+        "factor on the medians, on every call of the baseline rounds against the one current process's "
+        "calls. spread: the 99% bound on how far a fresh process of the same code lands from the baseline. "
+        "true: the planted processes' median over the A/A processes'.", markup=False)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", default=None,
-                   help="CPU workloads, comma-separated: matmul (a 256x256 torch matmul), python (a "
-                        "pure-Python loop); default both, python alone without torch")
+                   help="workloads, comma-separated: matmul (a torch matmul: 256x256 on the CPU, "
+                        "1024x1024 on the GPU), launch (20 tiny kernels a call, GPU only), python (a "
+                        "pure-Python loop, CPU only); default all, python alone without torch")
     p.add_argument("--aa", type=int, default=16, help="A/A processes per row (default %(default)s)")
     p.add_argument("--planted", type=int, default=4, help="processes per planted level (default %(default)s)")
-    p.add_argument("--levels", default="0.1,0.25,1.0", help="planted slowdowns (default %(default)s)")
-    p.add_argument("--rounds", default="1,3,5", help="baseline rounds per trial (default %(default)s)")
+    p.add_argument("--levels", default="0.1,0.2,0.5,1.0,2.0", help="planted slowdowns (default %(default)s)")
+    p.add_argument("--rounds", default="1,5",
+                   help="baseline rounds per trial; 5 is what a saved run gets by default (default %(default)s)")
+    p.add_argument("--devices", default=None,
+                   help="cpu, cuda or both, comma-separated (default: cpu, and cuda where torch sees it)")
     p.add_argument("--trials", type=int, default=100, help="trials per cell (default %(default)s)")
     p.add_argument("--calls", type=int, default=200, help="n_calls per process (default %(default)s)")
     p.add_argument("--warmup", type=int, default=20, help="warm-up calls per process (default %(default)s)")
@@ -278,14 +336,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         _child(args)
         return 0
     torch, why = try_import("torch")
-    workloads = (args.workload or ("matmul,python" if torch is not None else "python")).split(",")
+    workloads = (args.workload or ("matmul,launch,python" if torch is not None else "python")).split(",")
     if any(w not in WORKLOADS for w in workloads):
         p.error(f"--workload takes {', '.join(WORKLOADS)}, got {args.workload!r}")
     if "matmul" in workloads and torch is None:
         p.error(f"--workload matmul needs torch ({why})")
-    plan = [(w, "cpu") for w in workloads]
-    if torch is not None and not args.no_gpu and torch.cuda.is_available():
-        plan.append(("matmul", "cuda"))
+    cuda = torch is not None and not args.no_gpu and torch.cuda.is_available()
+    devices = (args.devices or ("cpu,cuda" if cuda else "cpu")).split(",")
+    if "cuda" in devices and not cuda:
+        p.error("--devices cuda: torch does not see CUDA here")
+    # The pure-Python loop has no device; the launch-bound workload is about kernels.
+    plan = [(w, d) for d in devices for w in workloads
+            if not (w == "python" and d != "cpu") and not (w == "launch" and d != "cuda")]
     rows: List[Dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as tmp:
         folder = Path(args.processes_dir or tmp)

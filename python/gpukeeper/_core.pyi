@@ -408,7 +408,7 @@ def gate_slot_stats(device: int = ...) -> Dict[str, int]:
 def event_pool_stats(device: int = ...) -> Dict[str, int]:
     """{'created', 'idle'} events of a device's event pool (GpuError without CUDA)."""
 def calibration_kernels_available() -> bool:
-    """Whether this build has the calibration kernels (nvcc was found at build time)."""
+    """Whether this build has the calibration kernels (it was built with CUDA)."""
 def spin_kernel(duration_ns: int, stream: Any = ..., out: Optional[int] = ...) -> None:
     """Queues a kernel that spins for duration_ns by %globaltimer on stream (current device);
     does not wait. With out (the device address of two uint64), the kernel writes its first

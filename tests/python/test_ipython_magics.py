@@ -147,7 +147,8 @@ def test_gpu_timeit_keeps_the_statement_verbatim_and_sees_user_names(shell):
     shell.user_ns["s"] = "a  b"
     result, _, _ = run(shell, '%gpu_timeit -n 3 -w 1 -d cpu --no-flush assert s.split("  ") == ["a", "b"]')
     assert result.success, result.error_in_exec
-    result, _, _ = run(shell, "res = %gpu_timeit -o -n 2 -w 1 -d cpu -- -len(s)")
+    # A warm-up of 0 is allowed, as by benchmark_function and `gpukeeper timeit`.
+    result, _, _ = run(shell, "res = %gpu_timeit -o -n 2 -w 0 -d cpu -- -len(s)")
     assert result.success, result.error_in_exec
     assert shell.user_ns["res"].device == "cpu" and not shell.user_ns["res"].l2_flush
 
@@ -156,6 +157,7 @@ BAD_LINES = [
     ("%gpu_timeit -n 0 x", "-n needs a whole number >= 1"),
     ("%gpu_timeit -n many x", "-n needs a whole number >= 1"),
     ("%gpu_timeit -r -1 x", "-r needs a whole number >= 1"),
+    ("%gpu_timeit -w -1 x", "-w needs a whole number >= 0"),
     ("%gpu_timeit -q x", "unknown option '-q'"),
     ("%gpu_timeit -n", "option -n needs a value"),
     ("%gpu_timeit -n 3 -n 4 x", "given twice"),

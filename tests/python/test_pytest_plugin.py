@@ -351,3 +351,17 @@ def test_a_device_list_takes_ordinals_and_uuids_and_refuses_anything_else() -> N
     for bad in ("banana", "0,x", "", "0,,1", "gpu1"):
         with pytest.raises(gpukeeper.InvalidInputError, match="--gpu-devices takes"):
             parse_device_list(bad)
+
+
+def test_a_storage_folder_is_made_only_inside_an_existing_one_and_said(pytester: pytest.Pytester) -> None:
+    _plugin_loaded(pytester)
+    pytester.makepyfile(BENCH_FILE)
+    bad = pytester.runpytest("-q", "--gpu-benchmark-save=base", "--gpu-benchmark-rounds=1",
+                             f"--gpu-benchmark-storage={pytester.path / 'no' / 'such' / 'dir'}")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "its parent folder" in bad.stderr.str() and "does not exist" in bad.stderr.str()
+    assert not (pytester.path / "no").exists()
+    made = pytester.runpytest("-q", "--gpu-benchmark-save=base", "--gpu-benchmark-rounds=1",
+                              f"--gpu-benchmark-storage={pytester.path / 'runs'}")
+    assert made.ret == pytest.ExitCode.OK
+    assert f"(created the folder {pytester.path / 'runs'})" in made.stdout.str()

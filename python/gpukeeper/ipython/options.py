@@ -99,14 +99,15 @@ def parse_line(
     return found, line[pos:].strip()
 
 
-def positive_int(magic: str, option: str, text: Value) -> int:
-    """``text`` as an int >= 1, or a ``UsageError`` naming the option."""
+def positive_int(magic: str, option: str, text: Value, minimum: int = 1) -> int:
+    """``text`` as an int >= ``minimum`` (1 unless given), or a ``UsageError`` naming the
+    option."""
     try:
         value = int(str(text))
     except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"{magic}: {option} needs a whole number >= 1, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        raise UsageError(f"{magic}: {option} needs a whole number >= {minimum}, got {text!r}")
     return value
 
 

@@ -308,6 +308,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if bench.saved_path is not None:
         terminalreporter.write_line(
             f"gpukeeper: saved {len(bench.results)} benchmark(s) to {bench.saved_path}"
+            + (f" (created the folder {bench.root})" if bench.created_root else "")
         )
     if state.memory_limit is not None and state.rows:
         terminalreporter.section("gpukeeper: peak memory and GPU time per test, worst first")

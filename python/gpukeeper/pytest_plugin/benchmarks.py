@@ -165,6 +165,13 @@ class BenchmarkSession:
         if self.child:  # a further round: measure and hand back, the parent does the rest
             self.save_as, self.compare_with, self.threshold, self.rounds = None, None, None, 1
         self.root = Path(config.getoption("--gpu-benchmark-storage"))
+        if self.save_as is not None and not self.root.exists() and not self.root.parent.is_dir():
+            # A typo would otherwise make a tree of folders no later compare looks in.
+            raise InvalidInputError(
+                f"--gpu-benchmark-storage={self.root}: its parent folder {self.root.parent} does "
+                "not exist; create it, or name a folder inside an existing one"
+            )
+        self.created_root = self.save_as is not None and not self.root.exists()
         self.store: Optional[RunStore] = None
         self.baseline: Optional[Dict[str, List[BenchmarkResult]]] = None
         self.results: Dict[str, BenchmarkResult] = {}
