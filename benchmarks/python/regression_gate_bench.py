@@ -4,8 +4,8 @@ slowdown, measured on results from fresh processes.
 Each process is a fresh Python that runs ``gpukeeper.benchmark_function`` on one workload
 and writes its ``BenchmarkResult`` JSON: "A/A" processes run the unchanged workload,
 "planted" processes run it slowed by a known fraction (extra work proportional to the
-call: more loop iterations, more tiny kernels, or a matmul with that many more output
-columns). Processes
+call: more loop iterations, more tiny kernels, or a matmul whose inner dimension is that
+much longer). Processes
 run one after another, A/A and planted interleaved, so that a drift of the machine over
 the run touches both alike.
 
@@ -92,10 +92,12 @@ def _workload(name: str, device: str, slowdown: float) -> Any:
 
         return launch
     size = 1024 if device == "cuda" else 256
-    # One matmul whose output is wider by the slowdown: the work grows in proportion in a
-    # single kernel (a second kernel for the extra would add its launch as well).
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size + int(round(size * slowdown)), device=device)
+    # One matmul whose inner dimension is longer by the slowdown: the work grows in
+    # proportion in a single kernel, in steps of the kernel's K tile (32-64), far finer
+    # than its output tiles (a second kernel for the extra would add its launch as well).
+    inner = size + int(round(size * slowdown))
+    a = torch.randn(size, inner, device=device)
+    b = torch.randn(inner, size, device=device)
 
     def matmul() -> Any:
         return a @ b
