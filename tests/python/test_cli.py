@@ -291,3 +291,9 @@ def test_compare_never_cuts_names_off_a_terminal(tmp_path: Path) -> None:
                           text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert name in done.stdout and "…" not in done.stdout
+    # An 80-column terminal: one block per benchmark, nothing cut, the power stated.
+    narrow = subprocess.run([sys.executable, "-m", "gpukeeper", "compare", *paths], capture_output=True,
+                            text=True, env={**env, "COLUMNS": "80"}, timeout=120)
+    assert narrow.returncode == 0, narrow.stderr
+    assert name in narrow.stdout and "…" not in narrow.stdout
+    assert "could detect ±" in narrow.stdout and "over 3+3 rounds" in narrow.stdout

@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from gpukeeper.cli.output import (
     FAILED,
@@ -130,38 +130,57 @@ def run(args: argparse.Namespace) -> int:
     return FAILED if regressions else OK
 
 
+#: Below this many columns the comparisons print as blocks, not as a table.
+_TABLE_WIDTH = 120
+
+
 def _print(comparisons: List, regressions: List, only_old: List[str], only_new: List[str]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     out = console()
-    table = Table(show_edge=False)
-    left = ("benchmark", "verdict", "spread between processes")
-    for column in (
-        "benchmark",
-        "verdict",
-        "old ms",
-        "new ms",
-        "change",
-        "99% interval",
-        "spread between processes",
-        "could detect",
-    ):
-        table.add_column(column, justify="left" if column in left else "right")
     colours = {"slower": "red", "faster": "green"}
-    for c in sorted(comparisons, key=lambda c: -c.ratio):
-        verdict = f"[{colours[c.verdict]}]{c.verdict}[/]" if c.verdict in colours else c.verdict
-        table.add_row(
-            escape(c.name),
-            verdict,
-            f"{c.baseline_ms:.4g}",
-            f"{c.current_ms:.4g}",
-            f"{c.change:+.1%}",
-            f"{c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%}",
-            c.spread_text(),
-            f"±{c.detectable:.1%}",
-        )
-    out.print(table)
+    ordered = sorted(comparisons, key=lambda c: -c.ratio)
+
+    def verdict_of(c: Any) -> str:
+        return f"[{colours[c.verdict]}]{c.verdict}[/]" if c.verdict in colours else c.verdict
+
+    if out.width < _TABLE_WIDTH:
+        # A table of eight columns cut every name and interval short in 80 columns: one
+        # block per benchmark instead, its name whole on a line of its own.
+        for c in ordered:
+            out.print(c.name, soft_wrap=True, markup=False, highlight=False)
+            out.print(
+                f"  {verdict_of(c)}  {c.baseline_ms:.4g} -> {c.current_ms:.4g} ms  "
+                f"{c.change:+.1%} (99% {c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%})  "
+                f"spread {escape(c.spread_text())}  could detect ±{c.detectable:.1%}"
+            )
+    else:
+        table = Table(show_edge=False)
+        left = ("benchmark", "verdict", "spread between processes")
+        for column in (
+            "benchmark",
+            "verdict",
+            "old ms",
+            "new ms",
+            "change",
+            "99% interval",
+            "spread between processes",
+            "could detect",
+        ):
+            table.add_column(column, justify="left" if column in left else "right")
+        for c in ordered:
+            table.add_row(
+                escape(c.name),
+                verdict_of(c),
+                f"{c.baseline_ms:.4g}",
+                f"{c.current_ms:.4g}",
+                f"{c.change:+.1%}",
+                f"{c.ratio_low - 1:+.1%}..{c.ratio_high - 1:+.1%}",
+                c.spread_text(),
+                f"±{c.detectable:.1%}",
+            )
+        out.print(table)
     if any(c.spread is None for c in comparisons):
         out.print(
             "spread unmeasured: one round on each side, so only a change beyond 2x is called; "

@@ -85,8 +85,9 @@ def add_benchmark_options(group: Any) -> None:
         help="measure each gpu_benchmark in K fresh processes: this one, then K-1 reruns of "
         "this invocation running only the benchmark tests; saved and compared as K "
         "rounds, so that verdicts know the spread between processes. Default auto: a run "
-        f"saved (not appended) without a compare gets {AUTO_ROUNDS} rounds when the further ones fit in "
-        f"{AUTO_BUDGET_S:g} s, else 1 (and says so); a compare gets 1, and decides with "
+        f"saved (not appended) without a compare gets {AUTO_ROUNDS} rounds when the "
+        f"further ones fit in {AUTO_BUDGET_S:g} s, else 1 (and says so); a compare gets 1, "
+        "and decides with "
         "--gpu-benchmark-confirm",
     )
     group.addoption(
