@@ -575,3 +575,26 @@ def test_the_printed_table_is_not_shown_again_as_a_cells_value() -> None:
     text = print_comparison_table([_result("only", [1.0, 2.0])], file=out)
     assert isinstance(text, str) and text == out.getvalue()
     assert isinstance(text, PrintedText) and text._ipython_display_() is None
+
+
+def test_a_result_is_named_as_the_user_calls_the_function() -> None:
+    import functools
+
+    from gpukeeper.timing.benchmark import callable_name
+
+    class _Private:
+        @staticmethod
+        def matmul() -> None:
+            pass
+
+    _Private.matmul.__module__ = "torch"
+    assert callable_name(_Private.matmul) == "torch.matmul"  # as torch.matmul's own name reads
+    assert callable_name(sorted) == "sorted"
+    assert callable_name(functools.partial(sorted, [1])) == "partial(sorted)"
+
+    def outer() -> None:
+        pass
+
+    assert callable_name(outer).endswith("outer")
+    torch = pytest.importorskip("torch")
+    assert callable_name(torch.matmul) == "torch.matmul"

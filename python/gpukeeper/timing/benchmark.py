@@ -44,6 +44,7 @@ launches, or a synchronisation inside the call.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -113,6 +114,23 @@ DEVICE_BOUND_SHARE = 0.9
 
 
 # --------------------------------------------------------------------- the function
+
+
+def callable_name(fn: Callable[..., Any]) -> str:
+    """The name a result takes from ``fn``: its qualified name, except where that names a
+    private class of a library (torch.matmul's is ``_VariableFunctionsClass.matmul``),
+    which becomes ``module.name`` (``torch.matmul``); ``functools.partial`` objects are
+    named after what they wrap."""
+    if isinstance(fn, functools.partial):
+        return f"partial({callable_name(fn.func)})"
+    qualname = getattr(fn, "__qualname__", None)
+    if not qualname:
+        return repr(fn)
+    owner = qualname.split(".")[:-1]
+    module, short = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
+    if any(part.startswith("_") for part in owner) and module and short:
+        return f"{module}.{short}"
+    return str(qualname)
 
 
 def benchmark_function(
@@ -233,7 +251,7 @@ def _check_options(
         )
     in_step, group = _check_barrier(barrier)
     check_choice(measure, "measure", MEASURES)
-    label = name if name is not None else getattr(fn, "__qualname__", None) or repr(fn)
+    label = name if name is not None else callable_name(fn)
     return _Options(
         label,
         n_calls,
