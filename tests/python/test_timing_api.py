@@ -598,3 +598,34 @@ def test_a_result_is_named_as_the_user_calls_the_function() -> None:
     assert callable_name(outer).endswith("outer")
     torch = pytest.importorskip("torch")
     assert callable_name(torch.matmul) == "torch.matmul"
+
+
+def test_a_long_run_off_a_terminal_says_once_how_long_it_will_take() -> None:
+    import subprocess
+    import sys
+
+    code = ("import time, gpukeeper\n"
+            "gpukeeper.benchmark_function(lambda: time.sleep(0.002), n_calls=10**6, warmup=1, "
+            "device='cpu', name='slow')\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("GPUKEEPER_PROGRESS",)}
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # printed after the first 16 calls, not at the end
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert "gpukeeper: benchmark 'slow': 1,000,000 calls at about" in line
+    assert "will take about" in line and (" min more" in line or " h more" in line)
+
+
+def test_an_interrupted_bar_stops_where_the_run_did() -> None:
+    import io
+
+    from gpukeeper.base.progress import ProgressBar
+
+    out = io.StringIO()
+    bar = ProgressBar(1000, "benchmark", "calls", stream=out)
+    bar.update(120)
+    bar.close(137)
+    assert "137/1000" in out.getvalue() and "1000/1000" not in out.getvalue()

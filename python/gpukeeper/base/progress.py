@@ -4,8 +4,8 @@ calls), drawn by rich.
 By default a bar appears only where someone watches: stderr is a terminal, and neither CI
 (``CI`` set) nor pytest (``PYTEST_CURRENT_TEST`` set) runs the code; ``GPUKEEPER_PROGRESS=0``
 turns it off and ``=1`` on. The bar is host work between two measured calls, so it is
-redrawn only every ``every`` steps (1% of the run by default) and never inside a
-measurement.
+redrawn only between them: every ``every`` steps (1% of the run by default), and by a
+caller that reads the clock, every quarter second as well; never inside a measurement.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def progress_wanted(explicit: Optional[bool], stream: Any = None) -> bool:
 
 class ProgressBar:
     """A bar of ``total`` steps on ``stream`` (stderr): ``update(done)`` redraws,
-    ``close()`` draws 100% and ends the line. ``every``: the steps between redraws the
-    caller should keep to."""
+    ``close()`` draws 100% (or where an interrupted run stopped) and ends the line.
+    ``every``: the steps between redraws the caller should keep to."""
 
     def __init__(
         self, total: int, description: str, unit: str = "steps", stream: Any = None
@@ -73,7 +73,9 @@ class ProgressBar:
         """Shows ``done`` of the total."""
         self._progress.update(self._task, completed=done, refresh=True)
 
-    def close(self) -> None:
-        """Shows the end and releases the terminal."""
-        self._progress.update(self._task, completed=self.total, refresh=True)
+    def close(self, done: Optional[int] = None) -> None:
+        """Shows the end (``done`` steps when the run stopped early, else the total) and
+        releases the terminal."""
+        completed = self.total if done is None else done
+        self._progress.update(self._task, completed=completed, refresh=True)
         self._progress.stop()

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -514,6 +515,9 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
     elif progress_wanted(None):
         reason = _measure_with_progress(step, stop, opts.n_calls)
     else:
+        # No bar (off a terminal, in CI): a run that will take long says so once, early,
+        # so that a billion calls are not a silent hour. The check costs a bit test a call.
+        count, told, started = 0, False, time.perf_counter()
         while True:
             t = step()
             if t is None:
@@ -522,6 +526,9 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
             if stopped is not None:
                 reason = stopped
                 break
+            count += 1
+            if not told and count & (count - 1) == 0 and count >= 16:
+                told = _say_how_long(opts, count, time.perf_counter() - started)
     samples.stop_reason = reason
     samples.total_s = stop.wall_s()
     return samples
@@ -547,6 +554,37 @@ def _measure_in_step(step: Callable[[], Optional[float]], stop: StopRule, ranks:
 
 #: A benchmark shows a progress bar (on a terminal) once it has measured for this long.
 PROGRESS_AFTER_S = 2.0
+#: Without a bar, a benchmark projected to measure longer than this says so once.
+SAY_LONG_RUN_S = 60.0
+#: A bar is redrawn at most this often (and at least every 1% of the calls).
+REDRAW_S = 0.25
+
+
+def _say_how_long(opts: _Options, count: int, elapsed: float) -> bool:
+    """Once ``count`` calls took ``elapsed`` s: when the rest of ``n_calls`` will take over
+    :data:`SAY_LONG_RUN_S`, one line on stderr saying how long. True once the question is
+    settled (said, or the run measured past :data:`PROGRESS_AFTER_S` without needing it)."""
+    if count >= opts.n_calls or elapsed <= 0:
+        return True
+    per_call = elapsed / count
+    rest = per_call * (opts.n_calls - count)
+    if rest > SAY_LONG_RUN_S:
+        sys.stderr.write(
+            f"gpukeeper: benchmark {opts.label!r}: {opts.n_calls:,} calls at about "
+            f"{per_call * 1e6:.3g} us each will take about {_duration_text(rest)} more "
+            "(fewer n_calls, or min_time_s, shortens it)\n"
+        )
+        sys.stderr.flush()
+        return True
+    return elapsed > PROGRESS_AFTER_S
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _measure_with_progress(
@@ -557,7 +595,9 @@ def _measure_with_progress(
     ``n_calls``; ``min_time_s`` may measure past them (the bar then stays full)."""
     bar: Optional[ProgressBar] = None
     started = time.perf_counter()
+    drawn = started
     count = 0
+    finished = False
     try:
         while True:
             t = step()
@@ -565,16 +605,24 @@ def _measure_with_progress(
                 continue
             reason = stop.add(t)
             if reason is not None:
+                finished = True
                 return reason
             count += 1
+            if count % 16:
+                continue
+            now = time.perf_counter()
             if bar is None:
-                if count % 16 == 0 and time.perf_counter() - started > PROGRESS_AFTER_S:
+                if now - started > PROGRESS_AFTER_S:
                     bar = ProgressBar(n_calls, "benchmark", "calls")
-            elif count % bar.every == 0:
+            elif count % bar.every == 0 or now - drawn > REDRAW_S:
+                # Every 1% of the calls or every quarter second, whichever comes first: a
+                # run of slow calls does not sit at 0% for seconds.
                 bar.update(min(count, n_calls))
+                drawn = now
     finally:
         if bar is not None:
-            bar.close()
+            # Interrupted (Ctrl-C, an error in the call): the bar stops where the run did.
+            bar.close(None if finished else min(count, n_calls))
 
 
 # The steps below bind what they use once: per call, the loop pays for the call and the
