@@ -351,3 +351,19 @@ def test_gpu_step_times_are_the_kernels_and_host_work_between_steps_is_not_count
     assert 100.0 <= r.gpu.median_ms * 1e3 <= 106.0
     assert r.gpu.max_ms * 1e3 < 150.0, f"slowest step {r.gpu.max_ms * 1e3:.1f} us"
     assert len(r.gpu.outlier_steps) <= 5
+
+
+def test_a_bar_of_slow_steps_is_redrawn_every_quarter_second() -> None:
+    from gpukeeper.md.trajectory import _progress_bar
+
+    fast = _progress_bar(True, 100_000, None, 1e-6)
+    slow = _progress_bar(True, 100_000, None, 0.05)  # 50 ms steps: 1% would be 50 s
+    marks = _progress_bar(True, 100_000, 4, 0.05)
+    try:
+        assert fast is not None and fast.every == 1000  # 1% comes first
+        assert slow is not None and slow.every == 5  # a quarter second of steps
+        assert marks is not None and marks.every == 4  # on a step that ends a GPU interval
+    finally:
+        for bar in (fast, slow, marks):
+            if bar is not None:
+                bar.close()

@@ -14,7 +14,10 @@ import os
 import sys
 from typing import Any, Optional
 
-__all__ = ["ProgressBar", "progress_wanted"]
+__all__ = ["REDRAW_S", "ProgressBar", "progress_wanted"]
+
+#: A bar is redrawn at most this often by callers that can tell (and at least every 1%).
+REDRAW_S = 0.25
 
 
 def progress_wanted(explicit: Optional[bool], stream: Any = None) -> bool:

@@ -13,7 +13,7 @@ import gpukeeper.md.events as events
 from gpukeeper import frameworks
 from gpukeeper.base.arg_checks import check_int, check_positive
 from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.base.progress import ProgressBar, progress_wanted
+from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
 from gpukeeper.md.leak import memory_outcome
 from gpukeeper.md.loop import LoopOptions, run_loop
 from gpukeeper.md.trajectory_result import LatencyStats, TrajectoryResult, latency_stats
@@ -196,14 +196,19 @@ def _memory_probes(
 
 
 def _progress_bar(
-    progress: Optional[bool], n: int, event_every: Optional[int]
+    progress: Optional[bool], n: int, event_every: Optional[int], step_s: float
 ) -> Optional[ProgressBar]:
+    """The bar of an ``n``-step run whose warm-up steps took ``step_s`` each (0: unknown):
+    redrawn every 1% of the steps, or every quarter second when that comes sooner, on
+    steps that end an interval of the GPU marks anyway."""
     if progress is None and n < PROGRESS_AUTO_MIN_STEPS:
         return None
     if not progress_wanted(progress):
         return None
     bar = ProgressBar(n, "trajectory", "steps")
-    if event_every and event_every > 1:  # on steps that end an interval anyway
+    if step_s > 0:
+        bar.every = max(1, min(bar.every, int(REDRAW_S / step_s)))
+    if event_every and event_every > 1:
         bar.every = max(event_every, bar.every // event_every * event_every)
     return bar
 
@@ -475,7 +480,8 @@ def _measure(
         run.sampler, run.cross = _memory_probes(
             plan, memory_sample_every, n, warm.host_ns, run.event_every, run.warnings
         )
-    bar = _progress_bar(progress, n, run.event_every)
+    warm_step = run.warmup_time / run.warmup_steps if run.warmup_steps else 0.0
+    bar = _progress_bar(progress, n, run.event_every, warm_step)
     # Preallocated: array stores keep no Python objects alive per step, so the
     # bookkeeping itself neither allocates nor grows the memory it watches.
     host_ns = array("q", bytes(8 * n))

@@ -166,7 +166,13 @@ class BenchmarkSession:
         if self.child:  # a further round: measure and hand back, the parent does the rest
             self.save_as, self.compare_with, self.threshold, self.rounds = None, None, None, 1
         self.root = Path(config.getoption("--gpu-benchmark-storage"))
-        if self.save_as is not None and not self.root.exists() and not self.root.parent.is_dir():
+        given = self.root != Path(DEFAULT_ROOT)  # the default folder is made as needed
+        if (
+            given
+            and self.save_as is not None
+            and not self.root.exists()
+            and not self.root.parent.is_dir()
+        ):
             # A typo would otherwise make a tree of folders no later compare looks in.
             raise InvalidInputError(
                 f"--gpu-benchmark-storage={self.root}: its parent folder {self.root.parent} does "

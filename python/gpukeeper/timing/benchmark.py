@@ -55,7 +55,7 @@ from gpukeeper import frameworks
 from gpukeeper.base.arg_checks import check_choice, check_int, check_positive
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import GpuError, InvalidInputError
-from gpukeeper.base.progress import ProgressBar, progress_wanted
+from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
 from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.timing import stats
 from gpukeeper.timing.benchmark_result import BenchmarkResult
@@ -556,8 +556,6 @@ def _measure_in_step(step: Callable[[], Optional[float]], stop: StopRule, ranks:
 PROGRESS_AFTER_S = 2.0
 #: Without a bar, a benchmark projected to measure longer than this says so once.
 SAY_LONG_RUN_S = 60.0
-#: A bar is redrawn at most this often (and at least every 1% of the calls).
-REDRAW_S = 0.25
 
 
 def _say_how_long(opts: _Options, count: int, elapsed: float) -> bool:

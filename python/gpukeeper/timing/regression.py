@@ -181,7 +181,9 @@ class Comparison:
             if self.rounds_current == 1
             else f"{self.rounds_baseline}+{self.rounds_current}"
         )
-        return f"±{self.spread:.1%} over {rounds} rounds"
+        # A saved run of one round measures no spread: it comes from this run's rounds.
+        whose = ", measured on the current side" if self.rounds_baseline == 1 else ""
+        return f"±{self.spread:.1%} over {rounds} rounds{whose}"
 
     def describe(self) -> str:
         """One line, e.g. ``slower: median 2.013 ms vs 1.001 ms, +101.1% (99% interval
@@ -195,7 +197,7 @@ class Comparison:
             if self.verdict in ("slower", "faster"):
                 return (
                     f"{head}, beyond {UNMEASURED_FACTOR:g}x; the spread between processes is "
-                    "unmeasured (one round each)"
+                    f"unmeasured (one round each): {self.power_text()}"
                 )
             return (
                 f"{head}; the spread between processes is unmeasured (one round each: save "
@@ -203,10 +205,9 @@ class Comparison:
                 f"is not called without it: {self.power_text()}"
             )
         aside = f"; {self.set_aside}" if self.set_aside else ""
-        if self.verdict in ("slower", "faster"):
-            return f"{head}, beyond the spread between processes ({self.spread_text()}){aside}"
+        where = "beyond" if self.verdict in ("slower", "faster") else "within"
         return (
-            f"{head}, within the spread between processes ({self.spread_text()}); "
+            f"{head}, {where} the spread between processes ({self.spread_text()}); "
             f"{self.power_text()}{aside}"
         )
 
