@@ -36,6 +36,7 @@ class LiveArray:
     dtype: str
     nbytes: int
     data_ptr: int
+    grad_fn: bool = False  # a PyTorch result that keeps an autograd graph alive
 
 
 def _device_filter(device: Any) -> Callable[[str, Optional[int]], bool]:
@@ -109,7 +110,9 @@ def _walk_arrays(device: Any) -> Iterator[Tuple[Tuple[str, str, int], int, LiveA
                     continue  # empty, or a wrapper subclass whose data lives elsewhere
                 label = f"{dev.type}:{dev.index}" if dev.index is not None else dev.type
                 is_base = obj._base is None
-                rank = (2 if is_base else 0) * (1 << 62) + obj.numel() * obj.element_size()
+                graph = obj.grad_fn is not None
+                rank = (2 if is_base else 0) * (1 << 62) + (1 << 61 if graph else 0)
+                rank += obj.numel() * obj.element_size()
                 entry = LiveArray(
                     "torch",
                     label,
@@ -118,6 +121,7 @@ def _walk_arrays(device: Any) -> Iterator[Tuple[Tuple[str, str, int], int, LiveA
                     str(obj.dtype).replace("torch.", ""),
                     nbytes,
                     ptr,
+                    obj.grad_fn is not None,
                 )
             except Exception:
                 continue  # sparse, meta, fake or otherwise storage-less tensors
@@ -146,7 +150,9 @@ def live_arrays(device: Any = None) -> List[LiveArray]:
     """Every PyTorch tensor and CuPy array Python can reach on ``device``, largest first.
 
     ``device``: a CUDA ordinal, ``None`` (every CUDA device) or ``"cpu"`` (host tensors).
-    Walks ``gc.get_objects()``: tens of milliseconds, meant for reports and leak hunts,
+    A tensor with a ``grad_fn`` ranks above one without for its allocation, so that an
+    allocation that keeps an autograd graph alive says so. Walks ``gc.get_objects()``:
+    tens of milliseconds, meant for reports and leak hunts,
     never for a fast path. Memory held only from C++ (an autograd graph's saved tensors,
     a library's workspace) is not seen.
     """

@@ -24,6 +24,7 @@ __all__ = [
     "least_squares_slope",
     "MemoryOutcome",
     "memory_outcome",
+    "outside_frameworks",
     "ABOVE_NOISE",
 ]
 
@@ -197,6 +198,33 @@ def combine_verdicts(primary: LeakVerdict, in_use: Optional[LeakVerdict]) -> Lea
         in_use.samples,
         f"{in_use.reason}; cross-check {note}",
     )
+
+
+def outside_frameworks(
+    before: Optional[Tuple[int, int]],
+    after: Optional[Tuple[int, int]],
+    n_steps: int,
+    tolerance_mb: float,
+) -> Tuple[Optional[LeakVerdict], float]:
+    """From (NVML bytes of this process, frameworks' reserved bytes) before and after a
+    run: a leak verdict on the device memory no framework counter explains (None when
+    it did not grow past the tolerance, or nothing was read), and the growth of the
+    frameworks' cache (reserved bytes) over the run. An engine or an extension in this
+    process that allocates with its own CUDA context or ``cudaMalloc`` is seen only here."""
+    if before is None or after is None:
+        return None, 0.0
+    cache = float(after[1] - before[1])
+    grew = float(after[0] - before[0]) - cache
+    if grew <= tolerance_mb * MB:
+        return None, cache
+    slope = grew / n_steps
+    reason = (
+        f"leak: outside every framework {grew / MB:+.2f} MB over {n_steps} steps "
+        f"({slope:+.1f} B/step; NVML's figure for this process less the frameworks' reserved "
+        f"bytes), tolerance {tolerance_mb:g} MB: an engine or an extension in this process "
+        "allocates it (its own CUDA context, or cudaMalloc outside the frameworks' allocators)"
+    )
+    return LeakVerdict("outside frameworks", True, slope, grew, 0.0, 1.0, 2, reason), cache
 
 
 @dataclass

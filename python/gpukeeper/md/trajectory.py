@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -14,13 +15,16 @@ from gpukeeper import frameworks
 from gpukeeper.base.arg_checks import check_int, check_positive
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
-from gpukeeper.md.leak import memory_outcome
+from gpukeeper.md.leak import LeakVerdict, memory_outcome, outside_frameworks
+from gpukeeper.md.leak_causes import ArraysBefore, arrays_before, leak_cause
 from gpukeeper.md.loop import LoopOptions, run_loop
 from gpukeeper.md.trajectory_result import LatencyStats, TrajectoryResult, latency_stats
 from gpukeeper.timing import memory_readers as memory
 from gpukeeper.timing.plans import Plan, choose_plan, confirm_plan, cpu_plan
 from gpukeeper.timing.sampling import StepSampler, sample_period
 from gpukeeper.timing.timer import timing_device
+
+MB = float(1 << 20)
 
 __all__ = [
     "benchmark_md_trajectory",
@@ -334,6 +338,7 @@ class _Run:
     event_every: Optional[int] = None
     sampler: Optional[StepSampler] = None
     cross: Optional[memory.MemorySeries] = None
+    arrays_before: Optional[ArraysBefore] = None
 
     def sync(self) -> None:
         """Waits for the steps' work: the frameworks' on the device, and the caller's."""
@@ -405,7 +410,7 @@ def _result(
     plan, n, warnings = run.plan, run.n, run.warnings
     mem = memory_outcome(run.sampler, final, n, run.leak_tolerance_mb, warnings)
     series = run.sampler.series if run.sampler is not None else []
-    memory.cross_check_warning(cross[0], cross[1], series, run.leak_tolerance_mb, warnings)
+    verdict, where, cause = _where_and_why(run, mem, cross, warnings)
     host_ms = [v / 1e6 for v in host_ns]
     gpu_ms = run.marks.step_times_ms() if run.marks is not None else None
     host_stats, gpu_stats, gpu_ms, busy = step_statistics(
@@ -417,7 +422,6 @@ def _result(
     if unsynchronized is not None:
         warnings.append(unsynchronized)
     steps_per_s, thr_source, coverage = throughput(n, total_time, gpu_ms, synchronized, busy)
-    verdict = mem.verdict
     return TrajectoryResult(
         name=run.label,
         device="cpu" if plan.index is None else f"cuda:{plan.index}",
@@ -450,7 +454,7 @@ def _result(
         memory_slope_bytes_per_step=mem.slope,
         memory_slope_all_bytes_per_step=mem.slope_all,
         leak_tolerance_mb=float(run.leak_tolerance_mb),
-        memory_leak=mem.leak,
+        memory_leak=verdict.leak if verdict is not None else mem.leak,
         warnings=warnings,
         work="cpu" if plan.kind == "cpu" else "gpu",
         timing_method=plan.how,
@@ -462,7 +466,44 @@ def _result(
         memory_noise_bytes=verdict.noise if verdict else None,
         memory_series=mem.all_series,
         event_every=run.event_every,
+        memory_leak_where=where,
+        memory_leak_cause=cause,
     )
+
+
+def _where_and_why(
+    run: _Run, mem: Any, cross: Tuple[Any, Any], warnings: List[str]
+) -> Tuple[Optional[LeakVerdict], Optional[str], str]:
+    """One verdict from every series read: the sampled series' (a framework's counters,
+    or host memory), and NVML's figure for this process less the frameworks' reserved
+    bytes (memory outside every framework). Either growing past the tolerance is a leak;
+    growth of the frameworks' cache alone is not. Returns the verdict, where the memory
+    grows (None when it does not) and the cause named for a leak."""
+    verdict: Optional[LeakVerdict] = mem.verdict
+    n, tolerance = run.n, run.leak_tolerance_mb
+    outside, cache = outside_frameworks(cross[0], cross[1], n, tolerance)
+    where: Optional[str] = None
+    if verdict is not None and verdict.leak:
+        where = verdict.source
+    elif outside is not None:
+        verdict, where = outside, outside.source
+        mem.leak = True
+    elif verdict is not None and cache > tolerance * MB:
+        verdict = dataclasses.replace(
+            verdict,
+            reason=f"{verdict.reason}; the frameworks' cache grew {cache / MB:+.2f} MB (reserved "
+            "bytes) while the memory in use did not: kept for reuse, not a leak",
+        )
+    if outside is not None:
+        warnings.append(outside.reason)  # also beside a framework's own leak: both are said
+    cause = ""
+    if where is not None and where != "outside frameworks" and verdict is not None:
+        cause = leak_cause(run.arrays_before, _array_device(run.plan.index), n, verdict.slope)
+    return verdict, where, cause
+
+
+def _array_device(index: Optional[int]) -> Any:
+    return "cpu" if index is None else index
 
 
 def _measure(
@@ -487,6 +528,10 @@ def _measure(
     host_ns = array("q", bytes(8 * n))
     source = data if n == len(data) else itertools.islice(itertools.cycle(data), n)
     cross_before = memory.cross_reading(run.cross, plan.index)
+    if check_memory_leak:
+        # Noted before the first step, named after the last only for a leak: a clean
+        # loop pays two walks of the live objects, outside the measured loop.
+        run.arrays_before = arrays_before(_array_device(plan.index))
     initial = run.sampler.start() if run.sampler is not None else None
     waits = plan.index is not None or run.synchronize is not None  # else nothing to wait for
     options = LoopOptions(

@@ -86,6 +86,10 @@ class TrajectoryResult:
     memory_noise_bytes: Optional[float] = None
     memory_series: Dict[str, List[int]] = field(default_factory=dict)
     event_every: Optional[int] = None  # steps per GPU event interval (None: no events)
+    # where the memory grows ("torch", "host_rss", "outside frameworks", ...; None when it
+    # does not), and the cause named for a leak ("" when none is seen)
+    memory_leak_where: Optional[str] = None
+    memory_leak_cause: str = ""
 
     # ---- the primary series (GPU time when measured, else host latency)
     @property
@@ -200,6 +204,8 @@ class TrajectoryResult:
             lines.append(
                 f"  leak verdict from {self.memory_leak_source}: {self.memory_leak_reason}"
             )
+        if self.memory_leak_cause:
+            lines.append(f"  cause: {self.memory_leak_cause}")
         return lines
 
     def __str__(self) -> str:
