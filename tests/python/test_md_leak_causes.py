@@ -98,3 +98,53 @@ def test_memory_outside_every_framework_is_a_leak_and_the_cache_is_not() -> None
     verdict, cache = outside_frameworks((100 << 20, 64 << 20), (400 << 20, 364 << 20), n, tol)
     assert verdict is None and cache == pytest.approx(300 * MB)
     assert outside_frameworks(None, (1, 1), n, tol) == (None, 0.0)
+
+
+class _Allocator:
+    """In use: 10 MB, and a 64 MB scratch for one step in every 50 (a neighbour-list
+    rebuild); a peak counter that can be reset, as PyTorch's."""
+
+    def __init__(self) -> None:
+        self.level = 10 << 20
+        self.top = self.level
+
+    def step(self, i: int) -> None:
+        if i % 50 == 0:
+            self.top = max(self.top, self.level + (64 << 20))  # allocated, used, freed
+
+    def reset(self) -> bool:
+        self.top = self.level
+        return True
+
+
+def test_the_true_peak_is_read_per_interval_and_its_recurrence_is_said() -> None:
+    from gpukeeper.md.leak import memory_outcome
+    from gpukeeper.timing.memory_readers import MemorySeries
+    from gpukeeper.timing.sampling import StepSampler
+
+    alloc = _Allocator()
+    series = MemorySeries("torch", lambda: alloc.level, True, peak=lambda: alloc.top,
+                          reset_peak=alloc.reset)
+    n, every = 400, 24
+    sampler = StepSampler([series], every, n)
+    sampler.start()
+    for i in range(n):
+        alloc.step(i)
+        if (i + 1) % every == 0:
+            sampler.sample(i)
+    final = sampler.finish()
+    warnings: list = []
+    out = memory_outcome(sampler, final, n, 1.0, warnings)
+    # The samples alone sit at 10 MB; the counter saw the 74 MB spikes between them.
+    assert max(out.bytes) == 10 << 20 and out.peak == 74 << 20
+    assert out.peak_text.startswith("peak 74.00 MB, up to 64.00 MB above the memory in use")
+    assert "in 8 of 17 sampling intervals" in out.peak_text and "about every 48 steps" in out.peak_text
+    assert out.leak is False
+
+
+def test_a_flat_run_says_its_peak_is_level() -> None:
+    from gpukeeper.md.leak import peak_pattern
+
+    text = peak_pattern([24, 48, 72], [5 << 20] * 3, [5 << 20] * 3, 1.0)
+    assert text == "peak 5.00 MB, level with the memory in use (no spike between samples)"
+    assert peak_pattern([], [], [], 1.0) == ""

@@ -25,6 +25,7 @@ __all__ = [
     "MemoryOutcome",
     "memory_outcome",
     "outside_frameworks",
+    "peak_pattern",
     "ABOVE_NOISE",
 ]
 
@@ -239,6 +240,7 @@ class MemoryOutcome:
     leak: Optional[bool] = None
     peak: Optional[int] = None
     verdict: Optional[LeakVerdict] = None
+    peak_text: str = ""  # the true peak, when it comes back and how close it is to the top
 
 
 def _verdict_warnings(
@@ -283,6 +285,13 @@ def memory_outcome(
     in_use = next((v for v, s in zip(verdicts, series) if s.in_use), None)
     verdict = verdicts[0] if series[0].in_use else combine_verdicts(verdicts[0], in_use)
     _verdict_warnings(verdict, n, leak_tolerance_mb, warnings)
+    peak, peak_text = max(bytes_l), ""
+    peaks = getattr(sampler, "peaks", None)
+    if peaks is not None and getattr(sampler, "last_peak", None) is not None:
+        # The peak of each interval, which ends at the sample after it (xs[1:]).
+        interval_peaks = list(peaks[1:count]) + [sampler.last_peak]
+        peak = max(peak, max(interval_peaks))
+        peak_text = peak_pattern(xs[1:], bytes_l[1:], interval_peaks, leak_tolerance_mb)
     return MemoryOutcome(
         [int(v) for v in xs],
         bytes_l,
@@ -290,6 +299,39 @@ def memory_outcome(
         verdicts[0].slope,
         slope_all,
         verdict.leak,
-        max(bytes_l),
+        peak,
         verdict,
+        peak_text,
     )
+
+
+def peak_pattern(
+    ends: Sequence[float], levels: Sequence[int], peaks: Sequence[int], tolerance_mb: float
+) -> str:
+    """Where a run's true peak comes, from the peak counter read (and reset) at each
+    sample: ``ends`` the step each interval ends at, ``levels`` the memory in use there,
+    ``peaks`` the interval's peak. A spike is an interval whose peak stands above both
+    ends' levels by more than the tolerance (the scratch of a neighbour-list rebuild, say:
+    an out-of-memory error comes at the spike, not at the average). Says how high, how
+    often and in which intervals; "" when the peak never stands out."""
+    if not peaks:
+        return ""
+    tol = max(tolerance_mb * MB, 1.0)
+    spikes = []
+    for k, (end, top) in enumerate(zip(ends, peaks)):
+        before = levels[k - 1] if k > 0 else levels[0]
+        if top - max(before, levels[k]) > tol:
+            spikes.append((int(end), top - max(before, levels[k])))
+    top = max(peaks)
+    if not spikes:
+        return f"peak {top / MB:.2f} MB, level with the memory in use (no spike between samples)"
+    shown = ", ".join(str(end) for end, _ in spikes[:6]) + (", ..." if len(spikes) > 6 else "")
+    above = max(extra for _, extra in spikes)
+    text = (
+        f"peak {top / MB:.2f} MB, up to {above / MB:.2f} MB above the memory in use, in "
+        f"{len(spikes)} of {len(peaks)} sampling intervals (those ending at steps {shown})"
+    )
+    if len(spikes) >= 3:
+        gaps = sorted(b[0] - a[0] for a, b in zip(spikes, spikes[1:]))
+        text += f": about every {gaps[len(gaps) // 2]} steps"
+    return text

@@ -468,6 +468,7 @@ def _result(
         event_every=run.event_every,
         memory_leak_where=where,
         memory_leak_cause=cause,
+        memory_peak_text=mem.peak_text,
     )
 
 

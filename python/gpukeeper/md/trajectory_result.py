@@ -90,6 +90,9 @@ class TrajectoryResult:
     # does not), and the cause named for a leak ("" when none is seen)
     memory_leak_where: Optional[str] = None
     memory_leak_cause: str = ""
+    # the true peak from the allocator's peak counter, per sampling interval (where it
+    # keeps one): how high, how often, in which intervals
+    memory_peak_text: str = ""
 
     # ---- the primary series (GPU time when measured, else host latency)
     @property
@@ -206,6 +209,8 @@ class TrajectoryResult:
             )
         if self.memory_leak_cause:
             lines.append(f"  cause: {self.memory_leak_cause}")
+        if self.memory_peak_text:
+            lines.append(f"  {self.memory_peak_text}")
         return lines
 
     def __str__(self) -> str:

@@ -54,10 +54,15 @@ def sample_period(
     if memory_sample_every != "auto":
         return int(memory_sample_every)
     costs = []
+    first = series[0] if series else None
+    peak = first.peak if first is not None and first.reset_peak is not None else None
     for _ in range(5):
         t0 = time.perf_counter_ns()
         for s in series:
             s.read()
+        if peak is not None:
+            peak()  # StepSampler reads and resets it at every sample too
+            first.reset_peak()  # type: ignore[union-attr,misc]
         costs.append(time.perf_counter_ns() - t0)
     cost = sorted(costs)[2]
     step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
@@ -89,26 +94,45 @@ class StepSampler:
         self.values = [array("q", bytes(8 * size)) for _ in series]
         self.count = 0
         self._pairs = list(zip(self.values, self.readers))
+        # The first series' peak counter, where its allocator keeps one that can be
+        # reset: read and reset at every sample, so that each interval has its own peak
+        # (a spike between two samples is seen, not only the samples' levels).
+        first = series[0] if series else None
+        self.peaks: Optional["array[int]"] = None
+        self._peak = first.peak if first is not None and first.reset_peak is not None else None
+        self._reset = first.reset_peak if first is not None and self._peak is not None else None
+        if self._peak is not None:
+            self.peaks = array("q", bytes(8 * size))
 
     def start(self) -> List[int]:
         """Takes the reading before the first step (recorded as step -1); returns it."""
+        if self._reset is not None and not self._reset():
+            self._peak = self._reset = self.peaks = None  # a peak that cannot be reset
         first = [r() for r in self.readers]
         self.steps[0] = -1
         for k, v in enumerate(first):
             self.values[k][0] = v
+        if self.peaks is not None:
+            self.peaks[0] = first[0]
         self.count = 1
         return first
 
     def sample(self, i: int) -> None:
-        """Takes the reading after step ``i``."""
+        """Takes the reading after step ``i`` (and the peak since the last sample)."""
         c = self.count
         self.steps[c] = i
         for values, read in self._pairs:
             values[c] = read()
+        peaks = self.peaks
+        if peaks is not None:
+            peaks[c] = self._peak() or 0  # type: ignore[misc]
+            self._reset()  # type: ignore[misc]
         self.count = c + 1
 
     def finish(self) -> List[int]:
-        """Takes the reading after the loop (and its synchronization), closes the series."""
+        """Takes the reading after the loop (and its synchronization), closes the series.
+        The peak of the last interval is kept in ``last_peak`` (None without a counter)."""
+        self.last_peak = (self._peak() or 0) if self._peak is not None else None
         last = [r() for r in self.readers]
         for s in self.series:
             s.close()
