@@ -310,25 +310,27 @@ def peak_pattern(
 ) -> str:
     """Where a run's true peak comes, from the peak counter read (and reset) at each
     sample: ``ends`` the step each interval ends at, ``levels`` the memory in use there,
-    ``peaks`` the interval's peak. A spike is an interval whose peak stands above both
-    ends' levels by more than the tolerance (the scratch of a neighbour-list rebuild, say:
-    an out-of-memory error comes at the spike, not at the average). Says how high, how
-    often and in which intervals; "" when the peak never stands out."""
+    ``peaks`` the interval's peak. Every interval peaks above the level between steps by
+    the steps' own working memory; a spike is an interval whose peak stands above the
+    typical (median) interval's peak by more than the tolerance (the scratch of a
+    neighbour-list rebuild, say: an out-of-memory error comes at the spike, not at the
+    average). Says how high, how often and in which intervals; "" without peaks."""
     if not peaks:
         return ""
     tol = max(tolerance_mb * MB, 1.0)
-    spikes = []
-    for k, (end, top) in enumerate(zip(ends, peaks)):
-        before = levels[k - 1] if k > 0 else levels[0]
-        if top - max(before, levels[k]) > tol:
-            spikes.append((int(end), top - max(before, levels[k])))
+    typical = tstats.median([float(p) for p in peaks])
     top = max(peaks)
+    working = max(0.0, typical - tstats.median([float(v) for v in levels])) if levels else 0.0
+    spikes = [(int(end), p - typical) for end, p in zip(ends, peaks) if p - typical > tol]
     if not spikes:
-        return f"peak {top / MB:.2f} MB, level with the memory in use (no spike between samples)"
+        return (
+            f"peak {top / MB:.2f} MB, about {working / MB:.2f} MB above the memory in use "
+            "between steps in every sampling interval (the steps' own working memory): no spike"
+        )
     shown = ", ".join(str(end) for end, _ in spikes[:6]) + (", ..." if len(spikes) > 6 else "")
     above = max(extra for _, extra in spikes)
     text = (
-        f"peak {top / MB:.2f} MB, up to {above / MB:.2f} MB above the memory in use, in "
+        f"peak {top / MB:.2f} MB, up to {above / MB:.2f} MB above a typical interval's peak, in "
         f"{len(spikes)} of {len(peaks)} sampling intervals (those ending at steps {shown})"
     )
     if len(spikes) >= 3:
