@@ -137,7 +137,7 @@ def test_the_true_peak_is_read_per_interval_and_its_recurrence_is_said() -> None
     out = memory_outcome(sampler, final, n, 1.0, warnings)
     # The samples alone sit at 10 MB; the counter saw the 74 MB spikes between them.
     assert max(out.bytes) == 10 << 20 and out.peak == 74 << 20
-    assert out.peak_text.startswith("peak 74.00 MB, up to 64.00 MB above a typical interval's peak")
+    assert out.peak_text.startswith("peak 74.00 MB: spikes of up to 64.00 MB above the steps' own")
     assert "in 8 of 17 sampling intervals" in out.peak_text and "about every 48 steps" in out.peak_text
     assert out.leak is False
 
@@ -146,6 +146,10 @@ def test_a_flat_run_says_its_peak_is_level() -> None:
     from gpukeeper.md.leak import peak_pattern
 
     text = peak_pattern([24, 48, 72], [5 << 20] * 3, [9 << 20] * 3, 1.0)
-    assert text.startswith("peak 9.00 MB, about 4.00 MB above the memory in use between steps")
+    assert text.startswith("peak 9.00 MB, about 4.00 MB above the memory in use in every")
     assert text.endswith("no spike")
     assert peak_pattern([], [], [], 1.0) == ""
+    # A leak's rising level, with the same working memory each interval: no spike.
+    rising = [(5 + k) << 20 for k in range(6)]
+    text = peak_pattern([24 * (k + 1) for k in range(6)], rising, [r + (3 << 20) for r in rising], 1.0)
+    assert text.endswith("no spike")

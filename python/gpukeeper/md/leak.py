@@ -310,28 +310,32 @@ def peak_pattern(
 ) -> str:
     """Where a run's true peak comes, from the peak counter read (and reset) at each
     sample: ``ends`` the step each interval ends at, ``levels`` the memory in use there,
-    ``peaks`` the interval's peak. Every interval peaks above the level between steps by
-    the steps' own working memory; a spike is an interval whose peak stands above the
-    typical (median) interval's peak by more than the tolerance (the scratch of a
+    ``peaks`` the interval's peak. Every interval peaks above the memory in use around it
+    by the steps' own working memory (the typical excess); a spike is an interval whose
+    excess passes the typical one by more than the tolerance (the scratch of a
     neighbour-list rebuild, say: an out-of-memory error comes at the spike, not at the
-    average). Says how high, how often and in which intervals; "" without peaks."""
-    if not peaks:
+    average). Measured against each interval's own level, a leak's rising level is no
+    spike. Says how high, how often and in which intervals; "" without peaks."""
+    if not peaks or len(levels) != len(peaks):
         return ""
     tol = max(tolerance_mb * MB, 1.0)
-    typical = tstats.median([float(p) for p in peaks])
+    excess = [
+        p - max(levels[k - 1] if k > 0 else levels[0], levels[k]) for k, p in enumerate(peaks)
+    ]
+    typical = tstats.median([float(e) for e in excess])
     top = max(peaks)
-    working = max(0.0, typical - tstats.median([float(v) for v in levels])) if levels else 0.0
-    spikes = [(int(end), p - typical) for end, p in zip(ends, peaks) if p - typical > tol]
+    spikes = [(int(end), e - typical) for end, e in zip(ends, excess) if e - typical > tol]
     if not spikes:
         return (
-            f"peak {top / MB:.2f} MB, about {working / MB:.2f} MB above the memory in use "
-            "between steps in every sampling interval (the steps' own working memory): no spike"
+            f"peak {top / MB:.2f} MB, about {max(typical, 0.0) / MB:.2f} MB above the memory in "
+            "use in every sampling interval (the steps' own working memory): no spike"
         )
     shown = ", ".join(str(end) for end, _ in spikes[:6]) + (", ..." if len(spikes) > 6 else "")
     above = max(extra for _, extra in spikes)
     text = (
-        f"peak {top / MB:.2f} MB, up to {above / MB:.2f} MB above a typical interval's peak, in "
-        f"{len(spikes)} of {len(peaks)} sampling intervals (those ending at steps {shown})"
+        f"peak {top / MB:.2f} MB: spikes of up to {above / MB:.2f} MB above the steps' own "
+        f"working memory in {len(spikes)} of {len(peaks)} sampling intervals (those ending at "
+        f"steps {shown})"
     )
     if len(spikes) >= 3:
         gaps = sorted(b[0] - a[0] for a, b in zip(spikes, spikes[1:]))
