@@ -161,8 +161,9 @@ def test_kernel(gpu_benchmark, i):
     saved = list(Path(pytester.path, "store").rglob("base.json"))
     assert len(saved) == 1, saved
     data = json.loads(saved[0].read_text())
-    names = data["results"] if "results" in data else data
-    assert len(names) == 4
+    assert len(data["benchmarks"]) == 4
+    # Saved with the default rounds: the controller ran the further rounds, once each.
+    assert {len(v) for v in data["later_rounds"].values()} == {4}
     again = pytester.runpytest_subprocess("-q", "-n", "2", "--gpu-benchmark-compare=base",
                                           "--gpu-benchmark-storage=store", "-p", "no:cacheprovider")
     again.assert_outcomes(passed=4)
