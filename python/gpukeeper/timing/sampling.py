@@ -61,8 +61,11 @@ def sample_period(
         for s in series:
             s.read()
         if peak is not None:
-            peak()  # StepSampler reads and resets it at every sample too
-            first.reset_peak()  # type: ignore[union-attr,misc]
+            try:
+                peak()  # StepSampler reads and resets it at every sample too
+                first.reset_peak()  # type: ignore[union-attr,misc]
+            except Exception:
+                peak = None  # StepSampler.start finds it unusable as well
         costs.append(time.perf_counter_ns() - t0)
     cost = sorted(costs)[2]
     step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
@@ -106,7 +109,7 @@ class StepSampler:
 
     def start(self) -> List[int]:
         """Takes the reading before the first step (recorded as step -1); returns it."""
-        if self._reset is not None and not self._reset():
+        if self._reset is not None and not self._reset_ok():
             self._peak = self._reset = self.peaks = None  # a peak that cannot be reset
         first = [r() for r in self.readers]
         self.steps[0] = -1
@@ -116,6 +119,12 @@ class StepSampler:
             self.peaks[0] = first[0]
         self.count = 1
         return first
+
+    def _reset_ok(self) -> bool:
+        try:
+            return bool(self._reset()) and self._peak() is not None  # type: ignore[misc]
+        except Exception:  # an allocator without the counter (a stand-in, an old release)
+            return False
 
     def sample(self, i: int) -> None:
         """Takes the reading after step ``i`` (and the peak since the last sample)."""
