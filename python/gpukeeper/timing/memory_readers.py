@@ -106,7 +106,7 @@ def framework_series(index: int) -> MemorySeries:
     that sees all of them); PyTorch's resettable peak when its counters are read (the
     pool's, when PyTorch allocates through gpukeeper)."""
     read, source = frameworks.allocated_reader(index)
-    if source not in ("torch", "gpukeeper_torch_allocator"):
+    if source != "torch":
         return MemorySeries(source, read, True)
     # PyTorch's own peak; under use_torch_allocator() the pool behind it keeps the peak,
     # and the one whose reset worked is the one read.
