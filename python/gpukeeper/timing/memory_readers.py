@@ -103,25 +103,17 @@ def jax_series(index: int) -> Optional[MemorySeries]:
 
 def framework_series(index: int) -> MemorySeries:
     """The loaded frameworks' allocated bytes on device ``index`` (the cheapest reader
-    that sees all of them); PyTorch's resettable peak when its counters are read (the
-    pool's, when PyTorch allocates through gpukeeper)."""
+    that sees all of them); PyTorch's resettable peak when its counters are read."""
     read, source = frameworks.allocated_reader(index)
     if source != "torch":
         return MemorySeries(source, read, True)
-    # PyTorch's own peak; under use_torch_allocator() the pool behind it keeps the peak,
-    # and the one whose reset worked is the one read.
-    holders = [frameworks.adapter("torch"), frameworks.adapter("gpukeeper")]
-    chosen = [holders[0]]
-
-    def reset_peak() -> bool:
-        for holder in holders:
-            if holder.reset_peak(index):
-                chosen[0] = holder
-                return True
-        return False
-
+    torch = frameworks.adapter("torch")
     return MemorySeries(
-        source, read, True, peak=lambda: chosen[0].peak(index), reset_peak=reset_peak
+        source,
+        read,
+        True,
+        peak=lambda: torch.peak(index),
+        reset_peak=lambda: torch.reset_peak(index),
     )
 
 
