@@ -20,7 +20,6 @@ and is reused when present. Without network, --from names a folder that holds th
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gk_cache  # noqa: E402  (scripts/gk_cache.py)
 
 
 class Piece(NamedTuple):
@@ -64,11 +66,7 @@ def say(text: str) -> None:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("GPUKEEPER_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "gpukeeper")
-    return Path(base) / "cuda-runtime"
+    return gk_cache.cache_root("cuda-runtime")
 
 
 def _wheel_name(requirement: str) -> str:

@@ -33,6 +33,9 @@ import zipfile
 from pathlib import Path
 from typing import IO, Dict, List, Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gk_cache  # noqa: E402  (scripts/gk_cache.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -58,11 +61,7 @@ def say(text: str) -> None:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("GPUKEEPER_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "gpukeeper")
-    return Path(base) / "torch-headers"
+    return gk_cache.cache_root("torch-headers")
 
 
 def read_facts(folder: Path) -> Dict[str, str]:

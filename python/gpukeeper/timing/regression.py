@@ -438,38 +438,13 @@ def compare_runs(
     d = mean_c - mean_b
     s, df = _pooled_std([log_b, log_c])
     if df == 0:
-        # One process each: the calls say only how well each process knew itself.
-        boot_low, boot_high = _bootstrap(base, cur, fn)
         spread: Optional[float] = None
-        low, high = (boot_low, boot_high) if math.isfinite(boot_low) else (math.exp(d), math.exp(d))
-        if low > UNMEASURED_FACTOR:
-            verdict = "slower"
-        elif high < 1 / UNMEASURED_FACTOR:
-            verdict = "faster"
-        else:
-            verdict = "undecided"
+        low, high, verdict = _unmeasured(base, cur, fn, d)
     else:
-        # Each look of a sequence (decide) spends its share of the 1% (Bonferroni), so that
-        # drawing rounds until decided does not raise the false-alarm rate.
-        half = _t_quantile(df, _TAIL / looks) * s * math.sqrt(1 / len(log_b) + 1 / len(log_c))
-        boot_low, boot_high = _bootstrap(
-            _subsample(base, _FLOOR_MAX_SAMPLE),
-            _subsample(cur, _FLOOR_MAX_SAMPLE),
-            fn,
-            _FLOOR_RESAMPLES,
-        )
-        if math.isfinite(boot_low) and boot_low > 0:
-            half = max(half, math.log(boot_high / boot_low) / 2)
+        half = _half_width(base, cur, fn, s, df, len(log_b), len(log_c), looks)
         low, high = math.exp(d - half), math.exp(d + half)
         spread = math.exp(half) - 1
-        if low > 1.0:
-            verdict = "slower"
-        elif high < 1.0:
-            verdict = "faster"
-        elif low >= 1.0 - band and high <= 1.0 + band:
-            verdict = "same"
-        else:
-            verdict = "undecided"
+        verdict = _measured_verdict(low, high, band)
     return Comparison(
         name,
         stat,
@@ -484,6 +459,56 @@ def compare_runs(
         len(cur_rounds),
         aside,
     )
+
+
+def _unmeasured(
+    base: List[float], cur: List[float], fn: Callable[[Sequence[float]], float], d: float
+) -> Tuple[float, float, str]:
+    """(low, high, verdict) with one process each: the calls say only how well each
+    process knew itself, and only a change beyond :data:`UNMEASURED_FACTOR` is called."""
+    boot_low, boot_high = _bootstrap(base, cur, fn)
+    low, high = (boot_low, boot_high) if math.isfinite(boot_low) else (math.exp(d), math.exp(d))
+    if low > UNMEASURED_FACTOR:
+        return low, high, "slower"
+    if high < 1 / UNMEASURED_FACTOR:
+        return low, high, "faster"
+    return low, high, "undecided"
+
+
+def _half_width(
+    base: List[float],
+    cur: List[float],
+    fn: Callable[[Sequence[float]], float],
+    s: float,
+    df: int,
+    rounds_b: int,
+    rounds_c: int,
+    looks: int,
+) -> float:
+    """The interval's half width in log units: Student's t over the rounds, never
+    narrower than what resampling the calls gives. Each look of a sequence (decide)
+    spends its share of the 1% (Bonferroni), so that drawing rounds until decided does
+    not raise the false-alarm rate."""
+    half = _t_quantile(df, _TAIL / looks) * s * math.sqrt(1 / rounds_b + 1 / rounds_c)
+    boot_low, boot_high = _bootstrap(
+        _subsample(base, _FLOOR_MAX_SAMPLE),
+        _subsample(cur, _FLOOR_MAX_SAMPLE),
+        fn,
+        _FLOOR_RESAMPLES,
+    )
+    if math.isfinite(boot_low) and boot_low > 0:
+        half = max(half, math.log(boot_high / boot_low) / 2)
+    return half
+
+
+def _measured_verdict(low: float, high: float, band: float) -> str:
+    if low > 1.0:
+        return "slower"
+    if high < 1.0:
+        return "faster"
+    if low >= 1.0 - band and high <= 1.0 + band:
+        return "same"
+    return "undecided"
 
 
 def regression(comparison: Comparison, threshold: Optional[FailThreshold]) -> bool:
