@@ -10,8 +10,9 @@ runs, and decided there: a test found slower past the threshold, or undecided wi
 change past it, is measured again in fresh processes of that test alone, one after
 another, until the verdict is decided, ``--gpu-benchmark-confirm`` rounds have run or
 the time budget (``--gpu-benchmark-confirm-budget``, by default 3x the benchmark's own
-time; the first two rounds always run) is spent. A regression then fails that test, in
-pytest's summary and in its JUnit report like any failed test. With several rounds the
+time plus 2 s for each process's start; the first two rounds always run) is spent. A
+regression then fails that test, in pytest's summary and in its JUnit report like any
+failed test. With several rounds the
 comparison is made at the end, over all of them; a regression found there fails the test
 run, and the summary names it.
 
@@ -123,7 +124,7 @@ def add_benchmark_options(group: Any) -> None:
         metavar="SECONDS",
         help="with --gpu-benchmark-confirm: start no further round once this many seconds "
         "went to a test's confirmation; the first two rounds always run (default: 3x the "
-        "benchmark's own time)",
+        "benchmark's own time, plus 2 s for each fresh process's start)",
     )
     group.addoption(
         "--gpu-benchmark-storage",
@@ -217,7 +218,10 @@ class BenchmarkSession:
         if base is None:
             return None
         confirm = self.confirm if self.threshold is not None else 0
-        budget = self.confirm_budget if self.confirm_budget is not None else 3.0 * seconds
+        # 3x the benchmark's own time, plus each fresh process's start: a fast benchmark
+        # would otherwise spend its budget on starting pytest and stop undecided.
+        default = 3.0 * seconds + ROUND_START_S * confirm
+        budget = self.confirm_budget if self.confirm_budget is not None else default
         first = compare_runs(base, [result], threshold=self.threshold)
 
         def fresh_rounds() -> Iterator[BenchmarkResult]:
