@@ -18,7 +18,7 @@
 #   3. roundtrip  Python allocation round trip          -> alloc_roundtrip.json
 #      torch_allocator, cleanup_bench, report_bench      -> <name>.json
 #      torch_steps, torch_compat (PyTorch's features)    -> <name>.json
-#      timing_accuracy, md_overhead (issue 4)            -> <name>.json
+#      timing_accuracy, md_overhead                      -> <name>.json
 #   4. traces     record PyTorch traces (GPU only)      -> traces/*.trace, traces/record_traces.json
 #                 and synthetic traces (always)         -> traces/synth/*.trace
 #   5. replay     trace_replay over all of them         -> trace_replay.json
@@ -79,7 +79,7 @@ fi
 # ---------------------------------------------------------------- 3. Python round trip
 step roundtrip "$py" "$here/python/alloc_roundtrip.py" --json "$out/alloc_roundtrip.json" "${quick_flag[@]}"
 
-# ---------------------------------------------------------------- 3b. issue 3: frameworks on the pool, cleanup, report
+# ---------------------------------------------------------------- 3b. frameworks on the pool, cleanup, report
 step torch_allocator "$py" "$here/python/torch_allocator_bench.py" --json "$out/torch_allocator.json" "${quick_flag[@]}"
 step torch_steps "$py" "$here/python/torch_steps_bench.py" --json "$out/torch_steps.json" "${quick_flag[@]}"
 step torch_compat "$py" "$here/python/torch_compat_matrix.py" --json "$out/torch_compat.json"
@@ -89,7 +89,7 @@ for bench in cleanup_bench report_bench; do
   fi
 done
 
-# ---------------------------------------------------------------- 3c. issue 4: timing accuracy and trajectory overhead
+# ---------------------------------------------------------------- 3c. timing accuracy and trajectory overhead
 step timing_accuracy "$py" "$here/python/timing_accuracy_bench.py" --json "$out/timing_accuracy.json" "${quick_flag[@]}"
 md_args=()
 [ "$quick" = 1 ] && md_args=(--steps 2000 --busy-steps 200 --repeats 2)

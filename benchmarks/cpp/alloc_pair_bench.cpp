@@ -384,11 +384,11 @@ int main(int argc, char** argv) {
   print_table(mixed_rows, mixed_title);
 
   // ------------------------------------------------------------- targets
-  // Issue 2: C++ pair <= 50 ns median on cached sizes, and >= 10x faster than cudaMallocAsync.
+  // Targets: C++ pair <= 50 ns median on cached sizes, and >= 10x faster than cudaMallocAsync.
   std::vector<std::string> target_json;
   bool all_met = true;
   bool any_checked = false;
-  std::printf("\nTargets (issue 2): pool pair <= 50 ns median, >= 10x faster than cudaMallocAsync\n");
+  std::printf("\nTargets: pool pair <= 50 ns median, >= 10x faster than cudaMallocAsync\n");
   std::vector<std::string> target_pools = {have_cuda ? "gpukeeper_pool_device" : "gpukeeper_pool_host"};
   {
     target_pools.push_back(have_cuda ? "gpukeeper_pool_device_expandable"

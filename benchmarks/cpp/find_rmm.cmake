@@ -1,4 +1,4 @@
-# RMM for rmm_pair_bench (issue 13: gpukeeper's pool against RMM's in one run).
+# RMM for rmm_pair_bench (gpukeeper's pool against RMM's in one run).
 #
 # Looked for only when named, so that a build that names nothing is the same as without
 # this file (CI has no RMM):

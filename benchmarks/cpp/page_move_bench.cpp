@@ -1,5 +1,5 @@
-// What one page move of an expandable segment costs, call by call, on the device
-// (issue 13): warm replays of the expandable layouts are slow only because of page moves,
+// What one page move of an expandable segment costs, call by call, on the device:
+// warm replays of the expandable layouts are slow only because of page moves,
 // so which driver call dominates decides what to change (fewer calls, batched calls, or
 // calls off the hot path). Every row goes through gpukeeper's VirtualMemory
 // (cuda_virtual_memory.cpp), the code the pool runs. Rows, each timed call by call on an

@@ -1,5 +1,5 @@
-// Alloc+free pair latency of gpukeeper's pool against RMM's, side by side in one run
-// (issue 13). Built only when CMake found RMM (-DGPUKEEPER_RMM_ROOT=..., see
+// Alloc+free pair latency of gpukeeper's pool against RMM's, side by side in one run.
+// Built only when CMake found RMM (-DGPUKEEPER_RMM_ROOT=..., see
 // find_rmm.cmake). Rows:
 //
 //   gpukeeper CachingPool over the device upstream

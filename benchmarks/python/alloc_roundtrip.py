@@ -173,7 +173,7 @@ def main(argv=None) -> int:
 
     # Target: the gpukeeper round trip no slower than CuPy's pool in the same run.
     targets = []
-    print("\nTarget (issue 2): gpukeeper round trip no slower than CuPy's pool")
+    print("\nTarget: gpukeeper round trip no slower than CuPy's pool")
     for size, key in SIZES:
         g = get("gpukeeper_release", key)
         c = get("cupy_alloc", key)

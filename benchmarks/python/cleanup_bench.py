@@ -15,7 +15,7 @@ With CUDA (PyTorch sees a GPU) the memory is a CUDA tensor and CUDA is initialis
 timing; without, it is a buffer of a gpukeeper host pool (the only memory GPUContext
 watches then) and the output says "cpu mode". The collector is disabled while timing (as
 timeit does), so that cycles are found by GPUContext and not by an automatic collection.
-Target (issue 3): median enter+exit with nothing leaked <= 1 ms.
+Target: median enter+exit with nothing leaked <= 1 ms.
 
   python cleanup_bench.py [--json PATH] [--quick] [--iterations N]
 """

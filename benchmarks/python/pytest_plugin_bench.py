@@ -10,7 +10,7 @@ With --cuda (and PyTorch seeing a GPU) the conftest initialises CUDA and keeps a
 as a GPU test suite would. Each mode also runs a file of one test: its time less the
 baseline's is the one-time cost (importing gpukeeper, reading the options), and the
 per-test cost is the slope, ((N tests - 1 test) - the baseline's same difference) / (N - 1),
-medians over the rounds. Target (issue 11): at most 50 us per test when no memory is held.
+medians over the rounds. Target: at most 50 us per test when no memory is held.
 
 The slope of whole pytest runs is noisy on a shared machine, so the same costs are also
 taken in process, directly: the leak check's start+finish with nothing held (what

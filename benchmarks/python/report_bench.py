@@ -7,7 +7,7 @@ Rows (each timed call by call, after warm-up; median, p10, p90 and min in micros
   memory_by_framework(device)      the frameworks' part alone (what cleanup reads)
   torch allocated+reserved         torch.cuda.memory_allocated + memory_reserved: the
                                    floor for reading PyTorch's figures (GPU only)
-  manager.get_memory_info()        seed 003's (used, available, total)
+  manager.get_memory_info()        the manager's (used, available, total)
   report.to_json() / str(report)   formatting an existing report
 
 State while timing: torch imported, and on a GPU one live 64 MiB tensor plus a cached

@@ -8,7 +8,7 @@ before its first CUDA allocation), alternating, in one run of this program:
     max_memory_allocated(), memory_reserved(), memory_stats()), which under
     use_torch_allocator() answer from gpukeeper's books.
 Prints a table of medians and writes JSON (--json PATH). Targets: within 10% of PyTorch
-on torch.empty+del and 2% on the step (issue 3); a memory query at most 1 us (issue 9).
+on torch.empty+del and 2% on the step; a memory query at most 1 us.
 
     python benchmarks/python/torch_allocator_bench.py [--json out.json] [--rounds 3]
 """

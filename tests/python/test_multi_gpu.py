@@ -1,4 +1,4 @@
-"""Several GPUs in one process (issue 14): the report, pools, GPUContext, timing and
+"""Several GPUs in one process: the report, pools, GPUContext, timing and
 device info on the second device. Runs on a machine with at least two GPUs; skips
 elsewhere (CI has none)."""
 
