@@ -157,10 +157,14 @@ def _interval_means(work: List[int], ends: List[int]) -> List[float]:
 
 def test_choose_event_every_keeps_device_and_host_cost_in_budget():
     choose = md_events.choose_event_every
-    # 100 us steps, 1 us of host per mark: the device's 2 us a mark needs k=4 for 0.5%.
-    assert choose(100_000, 1_000, 10_000) == 4
-    # The host's 400 ns budget decides when marks are dear on the host.
-    assert choose(100_000, 3_000, 10_000) == math.ceil(3_000 / md_events.HOST_BUDGET_NS)
+    # 100 us steps, 1 us of host per mark: the device's 2 us a mark needs k=4 for 0.5%,
+    # the host's 0.1 % of a step (100 ns) k=10.
+    assert choose(100_000, 1_000, 10_000) == 10
+    assert choose(1_000_000, 300, 10_000) == 1
+    # The host's 400 ns budget decides when marks are dear on the host and steps long.
+    assert choose(10_000_000, 3_000, 10_000) == math.ceil(3_000 / md_events.HOST_BUDGET_NS)
+    # 25 us steps: the host's share decides (within 0.1 % of the step).
+    assert choose(25_000, 2_000, 10**6) == 80
     # Long steps: every step has its own mark.
     assert choose(10_000_000, 100, 10_000) == 1
     # Short steps: many steps per mark, but at least MIN_INTERVALS intervals.
@@ -170,8 +174,9 @@ def test_choose_event_every_keeps_device_and_host_cost_in_budget():
     # No step time measured: the host's budget alone.
     assert choose(0, 1_000, 10_000) == 3
     for step_ns in (20_000, 100_000, 400_000):
-        k = choose(step_ns, 0, 10**6)
+        k = choose(step_ns, 1_500, 10**6)
         assert md_events.EVENT_DEVICE_NS / k <= md_events.DEVICE_SHARE * step_ns * 1.0001
+        assert 1_500 / k <= md_events.HOST_SHARE * step_ns * 1.0001
 
 
 # --------------------------------------------------------------------- what the GPU times hold

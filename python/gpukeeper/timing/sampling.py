@@ -27,10 +27,11 @@ __all__ = [
 #: "auto" keeps the memory reads under this many ns per step (with ~0.2 us for the
 #: timing, the whole bookkeeping stays under 1 us whatever the step costs)...
 SAMPLE_BUDGET_NS = 400.0
-#: ...and under this share of a step. 0.4 us is 1.6 % of an MD engine's 25 us step, and
-#: the reads cost such a loop about twice what they cost alone (a 25 us step on the CPU
-#: lost 3-4 % of its throughput to reads every 10-13 steps, 1 % with one every 1000).
-SAMPLE_SHARE = 0.0025
+#: ...and under this share of a step. The reads cost a loop about twice what they cost
+#: alone (a 25 us step on the CPU lost 3-4 % of its throughput to reads every 10-13 steps,
+#: 1 % with one every 1000), so 0.1 % here is about 0.2 % of the loop: with the loop's one
+#: clock read a step, a 25 us step keeps its throughput within 0.5 % of a plain loop.
+SAMPLE_SHARE = 0.001
 #: A memory reader this slow (ns a read) is sampled by its share of the run, not by count.
 SLOW_READER_NS = 200_000
 #: The names benchmark results have always given a series (``BenchmarkResult.memory_source``).
@@ -46,7 +47,7 @@ def sample_period(
 ) -> int:
     """Steps between memory samples: as given, or "auto" from the cost of a reading of
     every series, measured here: a read every ``ceil(cost / budget)`` steps, the budget
-    being 0.4 us or 0.25 % of the warm-up's median step if less, with at least 16 samples
+    being 0.4 us or 0.1 % of the warm-up's median step if less, with at least 16 samples
     over the run (fewer, at least 3, when a slow reader such as NVML's
     process list would cost more than 0.5% of the run). ``align``: under "auto", the
     period is made a multiple of it (the GPU event interval, so that a sample falls on a
