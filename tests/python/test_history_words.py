@@ -21,12 +21,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Built from pieces so that this file does not match itself.
 _WORDS = re.compile(
-    r"\b(?:" + "iss" + r"ues?\s*#?\d+" + "|" + "se" + r"eds?\s*#?0\d\d" + r")",
+    r"\b(?:issues?\s*#?\d+|seeds?\s*#?0\d\d)",
     re.IGNORECASE,
 )
-_EXEMPT = {"CHANGELOG.md"}
+# The changelog is history; this file holds examples of what the pattern catches.
+_EXEMPT = {"CHANGELOG.md", Path(__file__).resolve().relative_to(ROOT).as_posix()}
 
 
 def _tracked_files() -> List[str]:
