@@ -6,10 +6,14 @@ timing and benchmarking (down to MD trajectories) that are right on an asynchron
 Everything works (on host memory) without a GPU.
 """
 
+import importlib
+import importlib.abc
+import importlib.util
 import sys
+import types
+import warnings
 from typing import Any
 
-from gpukeeper.account import device_utils, faiss_helpers, memory_manager
 from gpukeeper.account.account_reader import memory_report, memory_reports
 from gpukeeper.account.device_account import MemoryReport
 from gpukeeper.account.device_utils import (
@@ -47,7 +51,6 @@ from gpukeeper.cleanup import (
 )
 from gpukeeper.integrations import restore_cupy_allocator, use_cupy_allocator, use_torch_allocator
 from gpukeeper.md import TrajectoryResult, benchmark_md_trajectory
-from gpukeeper.pool import memory_pool, oom_retry
 from gpukeeper.pool.memory_pool import BufferBatch, ManagedBuffer, MemoryPool, PoolStats, Precision
 from gpukeeper.pool.oom_retry import retry_on_oom
 from gpukeeper.timing import (
@@ -60,18 +63,59 @@ from gpukeeper.timing import (
     print_comparison_table,
 )
 
-# The helper modules' code that gpukeeper grew from imports these five paths (the table in
-# docs/getting-started.md), so each stays importable as a name for the module that holds it.
-for _old, _module in {
-    "device": device_utils,
-    "faiss_helpers": faiss_helpers,
-    "manager": memory_manager,
-    "memory": memory_pool,
-    "oom": oom_retry,
-}.items():
-    sys.modules[f"{__name__}.{_old}"] = _module
-    globals()[_old] = _module
-del _old, _module
+# Former module paths (before the package's layer folders): each still imports, as the
+# module that holds its code now, with a DeprecationWarning naming that module, until the
+# next release. The requirements import their names from `gpukeeper` and
+# `gpukeeper.cleanup`, never through these paths.
+_FORMER_PATHS = {
+    "device": "gpukeeper.account.device_utils",
+    "faiss_helpers": "gpukeeper.account.faiss_helpers",
+    "manager": "gpukeeper.account.memory_manager",
+    "memory": "gpukeeper.pool.memory_pool",
+    "oom": "gpukeeper.pool.oom_retry",
+}
+
+
+def _former_path_warning(old: str) -> None:
+    new = _FORMER_PATHS[old]
+    warnings.warn(
+        f"gpukeeper.{old} is deprecated and goes in the next release: import {new} "
+        "(or the names from gpukeeper itself)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+class _FormerPathFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import gpukeeper.<former>``: warns, then hands the importer the moved module."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        package, _, old = fullname.rpartition(".")
+        if package != __name__ or old not in _FORMER_PATHS:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> None:
+        return None  # a placeholder, replaced in exec_module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        old = module.__name__.rpartition(".")[2]
+        _former_path_warning(old)
+        # The import system returns what sys.modules holds once this returns: the moved
+        # module itself, so that both paths name one module object.
+        sys.modules[module.__name__] = importlib.import_module(_FORMER_PATHS[old])
+
+
+if not any(isinstance(f, _FormerPathFinder) for f in sys.meta_path):
+    sys.meta_path.append(_FormerPathFinder())
+
+
+def __getattr__(name: str) -> Any:
+    """``gpukeeper.<former>`` as an attribute: warns, then gives the moved module."""
+    if name in _FORMER_PATHS:
+        _former_path_warning(name)
+        return importlib.import_module(_FORMER_PATHS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_ipython_extension(ipython: Any) -> None:
