@@ -43,7 +43,8 @@
 // budget, the history by every hand-out and free, the layout by carve() and own_fit()):
 // wrapping them as adaptors around an upstream would put an indirection or a second lock
 // on the allocation path. caching_pool_validation.cpp holds the options check, the
-// out-of-memory message and PoolAudit's code; caching_pool_limits.cpp PressureCallbacks'.
+// out-of-memory message and validate(). Each part's header sits beside its own .cpp
+// (pool_audit.cpp, pressure_callbacks.cpp, ...).
 #pragma once
 
 #include <atomic>

@@ -6,8 +6,7 @@
 // blocks on them say), then compares what it counted with the pool's counters, free
 // indexes and history. A type of its own because it changes nothing and needs only the
 // parts it reads, passed in: the pool calls it under its lock, and a test can audit
-// segments and blocks it made by hand. The out-of-line members are in
-// caching_pool_validation.cpp.
+// segments and blocks it made by hand. The out-of-line members are in pool_audit.cpp.
 #pragma once
 
 #include <cstddef>

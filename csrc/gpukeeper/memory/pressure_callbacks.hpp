@@ -7,7 +7,7 @@
 // copied out first), and a callback that throws is counted (errors()), never propagated
 // into an allocation. It never takes the pool's lock and knows nothing of the pool: the
 // pool measures the pressure and passes it in. The out-of-line members are in
-// caching_pool_limits.cpp.
+// pressure_callbacks.cpp.
 #pragma once
 
 #include <atomic>
