@@ -208,7 +208,7 @@ def test_memory_report_html_holds_the_table() -> None:
     html = _checked_html(report)
     assert "gpukeeper memory report: CPU mode" in html and "allocated" in html
     total = next(line for line in report.table().splitlines() if line.startswith("total"))
-    assert " ".join(total.split()[1:]) in html  # the same figure, e.g. "15.52 GiB"
+    assert " ".join(total.split()[1:]) in html  # the same figure, e.g. "15.5 GiB"
     for note in report.notes:
         assert html_escape(note) in html
 

@@ -169,7 +169,7 @@ def test_report_attributes_an_engine_context_to_other_contexts(monkeypatch, one_
     assert r.other_contexts_bytes == 1200 * MiB
     assert r.context_and_libraries_bytes == 0
     table = str(r)
-    assert "other contexts in this process" in table and "1.17 GiB" in table
+    assert "other contexts in this process" in table and "1.2 GiB" in table
     assert "CUDA contexts of this process on the device: 1" in table
     back = MemoryReport.from_dict(r.to_dict())
     assert back == r and back.other_contexts_bytes == 1200 * MiB

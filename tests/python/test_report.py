@@ -249,7 +249,7 @@ def test_context_is_process_memory_minus_frameworks_reserved(monkeypatch, fake_c
     assert [p.pid for p in r.other_processes] == [1]
     assert r.other_processes_bytes == 5 * GiB
     table = str(r)
-    assert "CUDA context + libraries" in table and "560.00 MiB" in table
+    assert "CUDA context + libraries" in table and "560.0 MiB" in table
     assert "pid 1 " in table
     assert MemoryReport.from_dict(json.loads(r.to_json())) == r
 

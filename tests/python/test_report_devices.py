@@ -278,11 +278,11 @@ def test_two_devices_text_has_a_section_each_and_the_total(two_devices):
     assert sections[3].startswith("total over CUDA device 0, CUDA device 1")
     cells = [re.split(r"\s{2,}", line.strip()) for line in sections[3].splitlines()[2:]]
     total_rows = {row[0]: row[1:] for row in cells}
-    assert total_rows["total"] == ["160.00 GiB"]
-    assert total_rows["frameworks"] == ["600.00 MiB", "1.00 GiB"]
-    assert total_rows["peak allocated"] == ["800.00 MiB"]
-    assert total_rows["other processes"] == ["4.00 GiB"]
-    assert total_rows["this process (NVML)"] == ["2.00 GiB"]
+    assert total_rows["total"] == ["160.0 GiB"]
+    assert total_rows["frameworks"] == ["600.0 MiB", "1.0 GiB"]
+    assert total_rows["peak allocated"] == ["800.0 MiB"]
+    assert total_rows["other processes"] == ["4.0 GiB"]
+    assert total_rows["this process (NVML)"] == ["2.0 GiB"]
 
 
 def test_two_devices_html(two_devices):
@@ -290,7 +290,7 @@ def test_two_devices_html(two_devices):
     everything.hostname = "<b>x</b>"
     html = everything._repr_html_()
     assert "CUDA device 0 (Fake GPU 0)" in html and "CUDA device 1 (Fake GPU 1)" in html
-    assert "total over CUDA device 0, CUDA device 1" in html and "160.00 GiB" in html
+    assert "total over CUDA device 0, CUDA device 1" in html and "160.0 GiB" in html
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
 
 

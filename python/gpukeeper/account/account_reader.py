@@ -24,7 +24,7 @@ from gpukeeper.account.process_account import DevicesReport
 from gpukeeper.base import device_names as devices
 from gpukeeper.base import host_memory as host
 from gpukeeper.base.arg_checks import check_choice
-from gpukeeper.base.byte_figures import bytes_text, sum_known
+from gpukeeper.base.byte_figures import fmt_bytes, sum_known
 from gpukeeper.base.nvml import (
     NVML,
     ProcessMemory,
@@ -217,8 +217,8 @@ def _this_process_reading(device: int, pid: int, processes, reserved_known, nvml
         # someone else: a host PID that equals ours inside a container.
         process_bytes, others = None, processes
         this_process = (
-            f"unknown: NVML lists pid {pid} with {bytes_text(mine[0].used_bytes)}, less than the "
-            f"{bytes_text(reserved_known)} its frameworks reserved (another PID namespace's pid?)"
+            f"unknown: NVML lists pid {pid} with {fmt_bytes(mine[0].used_bytes)}, less than the "
+            f"{fmt_bytes(reserved_known)} its frameworks reserved (another PID namespace's pid?)"
         )
     elif mine:
         process_bytes = mine[0].used_bytes

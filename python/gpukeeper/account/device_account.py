@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
-from gpukeeper.base.byte_figures import bytes_text, figure_table, sum_known
+from gpukeeper.base.byte_figures import figure_table, fmt_bytes, sum_known
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.html_table import html_table
 from gpukeeper.base.nvml import ProcessMemory
@@ -274,12 +274,18 @@ class MemoryReport:
             title = f"gpukeeper memory report: CUDA device {self.device} ({self.name})"
         rows = framework_rows(self.frameworks, self.mode)
         allocated, reserved = self.frameworks_allocated_bytes, self.frameworks_reserved_bytes
-        rows.append(("frameworks", bytes_text(allocated), bytes_text(reserved)))
+        rows.append(
+            (
+                "frameworks",
+                fmt_bytes(allocated, unknown="unknown"),
+                fmt_bytes(reserved, unknown="unknown"),
+            )
+        )
         if self.peaks:
             rows.append(
                 (
                     f"peak allocated ({', '.join(self.peaks)})",
-                    bytes_text(self.peak_allocated_bytes),
+                    fmt_bytes(self.peak_allocated_bytes, unknown="unknown"),
                     "",
                 )
             )
@@ -287,33 +293,63 @@ class MemoryReport:
             if self.other_contexts and self.primary_context is not False:
                 # Both exist: NVML's one figure per process cannot be split between them.
                 rows.append(
-                    ("CUDA contexts + libraries + engines", "", bytes_text(self.unaccounted_bytes))
+                    (
+                        "CUDA contexts + libraries + engines",
+                        "",
+                        fmt_bytes(self.unaccounted_bytes, unknown="unknown"),
+                    )
                 )
             else:
                 rows.append(
-                    ("CUDA context + libraries", "", bytes_text(self.context_and_libraries_bytes))
+                    (
+                        "CUDA context + libraries",
+                        "",
+                        fmt_bytes(self.context_and_libraries_bytes, unknown="unknown"),
+                    )
                 )
             if self.other_contexts:
                 rows.append(
-                    ("other contexts in this process", "", bytes_text(self.other_contexts_bytes))
+                    (
+                        "other contexts in this process",
+                        "",
+                        fmt_bytes(self.other_contexts_bytes, unknown="unknown"),
+                    )
                 )
             rows.append(
-                (f"this process (pid {self.pid}, NVML)", "", bytes_text(self.process_bytes))
+                (
+                    f"this process (pid {self.pid}, NVML)",
+                    "",
+                    fmt_bytes(self.process_bytes, unknown="unknown"),
+                )
             )
             others = f"other processes ({len(self.other_processes)})"
-            rows.append((others, "", bytes_text(self.other_processes_bytes)))
+            rows.append((others, "", fmt_bytes(self.other_processes_bytes, unknown="unknown")))
             for p in self.other_processes:
-                rows.append((f"  pid {p.pid} {p.name or '?'}", "", bytes_text(p.used_bytes)))
+                rows.append(
+                    (
+                        f"  pid {p.pid} {p.name or '?'}",
+                        "",
+                        fmt_bytes(p.used_bytes, unknown="unknown"),
+                    )
+                )
         else:
             rows.append(
-                (f"this process (pid {self.pid}, resident)", "", bytes_text(self.process_bytes))
+                (
+                    f"this process (pid {self.pid}, resident)",
+                    "",
+                    fmt_bytes(self.process_bytes, unknown="unknown"),
+                )
             )
         whole = "used (whole device)" if self.mode == "cuda" else "used (whole host)"
-        rows.append((whole, "", bytes_text(self.used_bytes)))
+        rows.append((whole, "", fmt_bytes(self.used_bytes, unknown="unknown")))
         rows.append(
-            ("free" if self.mode == "cuda" else "available", "", bytes_text(self.free_bytes))
+            (
+                "free" if self.mode == "cuda" else "available",
+                "",
+                fmt_bytes(self.free_bytes, unknown="unknown"),
+            )
         )
-        rows.append(("total", "", bytes_text(self.total_bytes)))
+        rows.append(("total", "", fmt_bytes(self.total_bytes, unknown="unknown")))
         lines = [f"NVML: {self.nvml}; free/total from {self.memory_source}"]
         if self.mode == "cuda":
             lines.append(f"this process in NVML's list: {self.this_process}")
@@ -350,7 +386,13 @@ def framework_rows(memory: Dict[str, FrameworkMemory], mode: str) -> List[Tuple[
         label = name
         if name == "gpukeeper":
             label = "gpukeeper host pools" if mode == "cpu" else "gpukeeper pools"
-        rows.append((f"  {label}", bytes_text(m.allocated), bytes_text(m.reserved)))
+        rows.append(
+            (
+                f"  {label}",
+                fmt_bytes(m.allocated, unknown="unknown"),
+                fmt_bytes(m.reserved, unknown="unknown"),
+            )
+        )
     if not memory:
         rows.append(("  (no framework holds memory)", "", ""))
     return rows

@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union, overload
 from gpukeeper.account.device_account import MemoryReport, framework_rows
 from gpukeeper.base import device_names
 from gpukeeper.base.arg_checks import check_optional_int
-from gpukeeper.base.byte_figures import bytes_text, figure_table, sum_known
+from gpukeeper.base.byte_figures import figure_table, fmt_bytes, sum_known
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.html_table import html_fields, html_table
 from gpukeeper.frameworks import FrameworkMemory, memory_dict
@@ -313,23 +313,37 @@ class DevicesReport:
         rows.append(
             (
                 "frameworks",
-                bytes_text(self.frameworks_allocated_bytes),
-                bytes_text(self.frameworks_reserved_bytes),
+                fmt_bytes(self.frameworks_allocated_bytes, unknown="unknown"),
+                fmt_bytes(self.frameworks_reserved_bytes, unknown="unknown"),
             )
         )
         if self.peak_allocated_bytes is not None:
-            rows.append(("peak allocated", bytes_text(self.peak_allocated_bytes), ""))
+            rows.append(
+                ("peak allocated", fmt_bytes(self.peak_allocated_bytes, unknown="unknown"), "")
+            )
         if cuda:
             rows.append(
-                ("CUDA contexts + libraries", "", bytes_text(self.context_and_libraries_bytes))
+                (
+                    "CUDA contexts + libraries",
+                    "",
+                    fmt_bytes(self.context_and_libraries_bytes, unknown="unknown"),
+                )
             )
-            rows.append(("this process (NVML)", "", bytes_text(self.process_bytes)))
-            rows.append(("other processes", "", bytes_text(self.other_processes_bytes)))
+            rows.append(
+                ("this process (NVML)", "", fmt_bytes(self.process_bytes, unknown="unknown"))
+            )
+            rows.append(
+                ("other processes", "", fmt_bytes(self.other_processes_bytes, unknown="unknown"))
+            )
         else:
-            rows.append(("this process (resident)", "", bytes_text(self.process_bytes)))
-        rows.append(("used", "", bytes_text(self.used_bytes)))
-        rows.append(("free" if cuda else "available", "", bytes_text(self.free_bytes)))
-        rows.append(("total", "", bytes_text(self.total_bytes)))
+            rows.append(
+                ("this process (resident)", "", fmt_bytes(self.process_bytes, unknown="unknown"))
+            )
+        rows.append(("used", "", fmt_bytes(self.used_bytes, unknown="unknown")))
+        rows.append(
+            ("free" if cuda else "available", "", fmt_bytes(self.free_bytes, unknown="unknown"))
+        )
+        rows.append(("total", "", fmt_bytes(self.total_bytes, unknown="unknown")))
         return title, rows
 
     def table(self) -> str:

@@ -11,17 +11,20 @@ lives here, below both.
 6
 >>> sum_known([1, None]) is None
 True
->>> bytes_text(3 << 20)
-'3.00 MiB'
->>> bytes_text(None)
-'unknown'
+>>> fmt_bytes(3 << 20)
+'3.0 MiB'
+>>> fmt_bytes(None), fmt_bytes(None, unknown="unknown")
+('?', 'unknown')
+
+:func:`fmt_bytes` is the one place Python turns a byte count into text (the compiled
+core's messages have their own, in C++).
 """
 
 from __future__ import annotations
 
 from typing import Iterable, List, Optional, Sequence
 
-__all__ = ["bytes_text", "figure_table", "fmt_bytes", "sum_known"]
+__all__ = ["figure_table", "fmt_bytes", "sum_known"]
 
 
 def sum_known(values: Iterable[Optional[int]]) -> Optional[int]:
@@ -35,33 +38,19 @@ def sum_known(values: Iterable[Optional[int]]) -> Optional[int]:
     return total
 
 
-def fmt_bytes(n: Optional[int]) -> str:
-    """``n`` bytes as short text with one decimal (``"1.5 GiB"``, ``"512 B"``), ``"?"``
-    for None: the compact form of tables and one-line messages (cleanup reports, the
-    rank table); :func:`bytes_text` is the reports' form."""
+def fmt_bytes(n: Optional[int], *, unknown: str = "?") -> str:
+    """``n`` bytes as short text in B, KiB, MiB or GiB with one decimal (``"1.5 GiB"``;
+    bytes below 1 KiB as a whole number, ``"512 B"``), and ``unknown`` for None (``"?"``
+    in one-line messages and compact tables; the memory reports pass ``"unknown"``).
+    Negative figures keep their sign: a difference of two readings can be below zero."""
     if n is None:
-        return "?"
+        return unknown
     sign = "-" if n < 0 else ""
-    size: float = abs(n)  # an int until divided: bytes print without a decimal
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{sign}{size} {unit}" if unit == "B" else f"{sign}{size:.1f} {unit}"
-        size /= 1024
-    return f"{sign}{size} B"  # unreachable
-
-
-def bytes_text(n: Optional[int]) -> str:
-    """``n`` bytes as text with two decimals in B, KiB, MiB or GiB (``"1.50 GiB"``);
-    ``"unknown"`` for None. Negative figures keep their sign: a difference of two
-    readings can be below zero."""
-    if n is None:
-        return "unknown"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
+    size = abs(n)
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{sign}{n / scale:.2f} {unit}"
-    return f"{sign}{n} B"
+        if size >= scale:
+            return f"{sign}{size / scale:.1f} {unit}"
+    return f"{sign}{size} B"
 
 
 def figure_table(

@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _bytes(n: Optional[int]) -> str:
     from gpukeeper.base.byte_figures import fmt_bytes
 
-    return "?" if n is None else fmt_bytes(n)
+    return fmt_bytes(n)
 
 
 def _device_table(report: Any) -> Any:
