@@ -12,6 +12,8 @@ import textwrap
 import pytest
 
 from gpukeeper.md.leak import MB, outside_frameworks
+from gpukeeper.timing.memory_readers import MemorySeries
+from gpukeeper.timing.sampling import StepSampler
 
 torch = pytest.importorskip("torch")
 
@@ -98,6 +100,44 @@ def test_memory_outside_every_framework_is_a_leak_and_the_cache_is_not() -> None
     verdict, cache = outside_frameworks((100 << 20, 64 << 20), (400 << 20, 364 << 20), n, tol)
     assert verdict is None and cache == pytest.approx(300 * MB)
     assert outside_frameworks(None, (1, 1), n, tol) == (None, 0.0)
+
+
+def test_readings_during_the_run_tell_a_one_off_allocation_from_a_leak() -> None:
+    n, tol, base = 400, 1.0, 64 << 20
+    steps = [50 * k for k in range(1, 8)]
+    # A library that sets itself up once, 40 MB at step 120, and then nothing more.
+    once = [(float(x), base + (40 << 20 if x >= 120 else 0)) for x in steps]
+    verdict, _ = outside_frameworks((base, 0), (base + (40 << 20), 0), n, tol, once)
+    assert verdict is None
+    # The same 40 MB from the end points alone is called a leak: the readings matter.
+    assert outside_frameworks((base, 0), (base + (40 << 20), 0), n, tol)[0] is not None
+    # A tenth of a MiB a step, read at every 50th step: a leak, slope and all.
+    steady = [(float(x), base + x * (100 << 10)) for x in steps]
+    verdict, _ = outside_frameworks((base, 0), (base + n * (100 << 10), 0), n, tol, steady)
+    assert verdict is not None and verdict.leak and verdict.samples == 9
+    assert verdict.slope == pytest.approx(100 << 10, rel=1e-6)
+    assert "9 readings" in verdict.reason
+
+
+def test_the_sampler_takes_the_dear_reading_at_its_own_period() -> None:
+    level = [0]
+    series = [MemorySeries("counter", lambda: level[0], True)]
+    side_calls: list = []
+
+    def side() -> int:
+        side_calls.append(level[0])
+        return level[0] * 2
+
+    sampler = StepSampler(series, 10, 200, side, 4)
+    sampler.start()
+    for i in range(200):
+        level[0] = i
+        if i % 10 == 9:
+            sampler.sample(i)
+    sampler.finish()
+    assert sampler.side_count == len(side_calls) == 5  # samples 4, 8, 12, 16, 20
+    assert list(sampler.side_steps[:5]) == [39, 79, 119, 159, 199]
+    assert list(sampler.side_values[:5]) == [78, 158, 238, 318, 398]
 
 
 class _Allocator:

@@ -206,26 +206,44 @@ def outside_frameworks(
     after: Optional[Tuple[int, int]],
     n_steps: int,
     tolerance_mb: float,
+    middle: Sequence[Tuple[float, int]] = (),
 ) -> Tuple[Optional[LeakVerdict], float]:
     """From (NVML bytes of this process, frameworks' reserved bytes) before and after a
-    run: a leak verdict on the device memory no framework counter explains (None when
-    it did not grow past the tolerance, or nothing was read), and the growth of the
-    frameworks' cache (reserved bytes) over the run. An engine or an extension in this
-    process that allocates with its own CUDA context or ``cudaMalloc`` is seen only here."""
+    run, and ``middle`` readings of their difference taken during it ((calls made, bytes)):
+    a leak verdict on the device memory no framework counter explains (None when it did
+    not grow past the tolerance, or nothing was read), and the growth of the frameworks'
+    cache (reserved bytes) over the run. An engine or an extension in this process that
+    allocates with its own CUDA context or ``cudaMalloc`` is seen only here.
+
+    With two readings inside the run or more, the series gets :func:`leak_verdict`'s
+    rules (the second half's slope, against its noise), so a one-off allocation during
+    the run is not a leak; with the end points alone, their difference decides."""
     if before is None or after is None:
         return None, 0.0
     cache = float(after[1] - before[1])
-    grew = float(after[0] - before[0]) - cache
-    if grew <= tolerance_mb * MB:
-        return None, cache
-    slope = grew / n_steps
+    xs = [0.0] + [float(x) for x, _ in middle] + [float(n_steps)]
+    ys = [float(before[0] - before[1])] + [float(v) for _, v in middle]
+    ys.append(float(after[0] - after[1]))
+    how = "NVML's figure for this process less the frameworks' reserved bytes"
+    if len(xs) >= 4:
+        series = leak_verdict(xs, ys, n_steps, tolerance_mb, "outside frameworks")
+        if not series.leak:
+            return None, cache
+        grew, slope, noise, steady = series.growth, series.slope, series.noise, series.steady
+        how += f", {len(xs)} readings"
+    else:
+        grew = ys[-1] - ys[0]
+        if grew <= tolerance_mb * MB:
+            return None, cache
+        slope, noise, steady = grew / n_steps, 0.0, 1.0
     reason = (
         f"leak: outside every framework {grew / MB:+.2f} MB over {n_steps} steps "
-        f"({slope:+.1f} B/step; NVML's figure for this process less the frameworks' reserved "
-        f"bytes), tolerance {tolerance_mb:g} MB: an engine or an extension in this process "
-        "allocates it (its own CUDA context, or cudaMalloc outside the frameworks' allocators)"
+        f"({slope:+.1f} B/step; {how}), tolerance {tolerance_mb:g} MB: an engine or an "
+        "extension in this process allocates it (its own CUDA context, or cudaMalloc "
+        "outside the frameworks' allocators)"
     )
-    return LeakVerdict("outside frameworks", True, slope, grew, 0.0, 1.0, 2, reason), cache
+    verdict = LeakVerdict("outside frameworks", True, slope, grew, noise, steady, len(xs), reason)
+    return verdict, cache
 
 
 @dataclass

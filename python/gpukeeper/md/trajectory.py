@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 import gpukeeper.md.events as events
 from gpukeeper import frameworks
 from gpukeeper.base.arg_checks import check_int, check_positive
+from gpukeeper.base import nvml
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
 from gpukeeper.md.leak import LeakVerdict, memory_outcome, outside_frameworks
@@ -193,10 +194,46 @@ def _memory_probes(
     warnings: List[str],
 ) -> Tuple[Optional[StepSampler], Optional[memory.MemorySeries]]:
     """The memory sampler of the run and the NVML cross-check series (either may be None):
-    the series :func:`gpukeeper.timing.memory_readers.memory_series` picks for the plan."""
+    the series :func:`gpukeeper.timing.memory_readers.memory_series` picks for the plan.
+    The memory outside every framework (NVML's figure less the frameworks' reserved
+    bytes) is also read during the run, as often as :data:`OUTSIDE_SHARE` of the run's
+    time allows (at most :data:`OUTSIDE_READS` times)."""
     series, cross = memory.memory_series(plan.kind, plan.index, plan.synchronize, warnings)
     every = sample_period(series, memory_sample_every, n, warm_ns, align=event_every or 1)
-    return StepSampler(series, every, n), cross
+    side, side_every = None, 0
+    if cross is not None and plan.index is not None:
+        side = _outside_reader(cross, plan.index)
+        side_every = _outside_period(side, n, every, warm_ns)
+    return StepSampler(series, every, n, side, side_every), cross
+
+
+#: The readings of the memory outside every framework during a run cost at most this
+#: share of its time (an NVML process list is read: hundreds of microseconds) ...
+OUTSIDE_SHARE = 0.001
+#: ... and are at most this many.
+OUTSIDE_READS = 16
+
+
+def _outside_reader(cross: memory.MemorySeries, index: int) -> Callable[[], int]:
+    nvml, reserved = cross.read, frameworks.reserved_bytes
+
+    def read() -> int:
+        return nvml() - reserved(index)
+
+    return read
+
+
+def _outside_period(read: Callable[[], int], n: int, every: int, warm_ns: List[int]) -> int:
+    """Memory samples between two readings of ``read`` (0: none during the run)."""
+    t0 = time.perf_counter_ns()
+    read()
+    cost = time.perf_counter_ns() - t0
+    step_ns = sorted(warm_ns)[len(warm_ns) // 2] if warm_ns else 0
+    reads = min(OUTSIDE_READS, int(OUTSIDE_SHARE * n * step_ns / max(cost, 1)))
+    samples = n // every
+    if reads < 2 or samples < 2:
+        return 0
+    return max(1, samples // (reads + 1))
 
 
 def _progress_bar(
@@ -411,6 +448,7 @@ def _result(
     mem = memory_outcome(run.sampler, final, n, run.leak_tolerance_mb, warnings)
     series = run.sampler.series if run.sampler is not None else []
     verdict, where, cause = _where_and_why(run, mem, cross, warnings)
+    headroom = _headroom(run, mem, series)
     host_ms = [v / 1e6 for v in host_ns]
     gpu_ms = run.marks.step_times_ms() if run.marks is not None else None
     host_stats, gpu_stats, gpu_ms, busy = step_statistics(
@@ -469,6 +507,7 @@ def _result(
         memory_leak_where=where,
         memory_leak_cause=cause,
         memory_peak_text=mem.peak_text,
+        memory_headroom_bytes=headroom,
     )
 
 
@@ -482,7 +521,14 @@ def _where_and_why(
     grows (None when it does not) and the cause named for a leak."""
     verdict: Optional[LeakVerdict] = mem.verdict
     n, tolerance = run.n, run.leak_tolerance_mb
-    outside, cache = outside_frameworks(cross[0], cross[1], n, tolerance)
+    middle: List[Tuple[float, int]] = []
+    if run.sampler is not None:
+        sampler = run.sampler
+        middle = [
+            (float(sampler.side_steps[k] + 1), int(sampler.side_values[k]))
+            for k in range(sampler.side_count)
+        ]
+    outside, cache = outside_frameworks(cross[0], cross[1], n, tolerance, middle)
     where: Optional[str] = None
     if verdict is not None and verdict.leak:
         where = verdict.source
@@ -501,6 +547,29 @@ def _where_and_why(
     if where is not None and where != "outside frameworks" and verdict is not None:
         cause = leak_cause(run.arrays_before, _array_device(run.plan.index), n, verdict.slope)
     return verdict, where, cause
+
+
+def _headroom(run: _Run, mem: Any, series: List[memory.MemorySeries]) -> Optional[int]:
+    """The device's free bytes at the run's peak, and its words added to the peak's: the
+    free bytes after the run, less what the peak took beyond what the process still
+    holds now (the frameworks' reserved bytes when the series counts bytes in use: a
+    cache that kept the spike's memory has it already). None off the GPU, without a
+    peak, or where the device's free memory cannot be read."""
+    index = run.plan.index
+    if index is None or mem.peak is None or not mem.bytes or not series:
+        return None
+    try:
+        free, total, _how = nvml.device_free_total(index)
+        held = frameworks.reserved_bytes(index) if series[0].in_use else mem.bytes[-1]
+    except Exception:
+        return None
+    headroom = free - max(0, mem.peak - held)
+    text = (
+        f"headroom at the peak: about {headroom / MB:.0f} MB of the device's {total / MB:.0f} MB "
+        "free (read after the run: other processes move it)"
+    )
+    mem.peak_text = f"{mem.peak_text}; {text}" if mem.peak_text else text
+    return headroom
 
 
 def _array_device(index: Optional[int]) -> Any:

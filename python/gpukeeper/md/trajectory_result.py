@@ -93,6 +93,9 @@ class TrajectoryResult:
     # the true peak from the allocator's peak counter, per sampling interval (where it
     # keeps one): how high, how often, in which intervals
     memory_peak_text: str = ""
+    # the device's free bytes at the peak (what was free after the run, less what the peak
+    # took beyond the memory still held then; None off the GPU or where NVML cannot tell)
+    memory_headroom_bytes: Optional[int] = None
 
     # ---- the primary series (GPU time when measured, else host latency)
     @property
@@ -311,6 +314,10 @@ class TrajectoryResult:
             "memory_leak_source": self.memory_leak_source,
             "memory_leak_reason": self.memory_leak_reason,
             "memory_noise_bytes": self.memory_noise_bytes,
+            "memory_leak_where": self.memory_leak_where,
+            "memory_leak_cause": self.memory_leak_cause,
+            "memory_peak_text": self.memory_peak_text,
+            "memory_headroom_bytes": self.memory_headroom_bytes,
         }
         if include_steps:
             d["host_times_ms"] = list(self.host_times_ms)
