@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 
 import gpukeeper.md.events as events
 from gpukeeper import frameworks
-from gpukeeper.base.arg_checks import check_int, check_positive
 from gpukeeper.base import nvml
+from gpukeeper.base.arg_checks import check_int, check_positive
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
 from gpukeeper.md.leak import LeakVerdict, memory_outcome, outside_frameworks
