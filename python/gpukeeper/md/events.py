@@ -12,7 +12,8 @@ work comes between two steps, see ``restart``), ``k`` chosen by
 :func:`choose_event_every` so that the events cost the device at most 0.5% of a step and
 the host at most 0.4 us or 0.1% of a step, whichever is less. The host latency of
 every step is still measured (``perf_counter_ns``, the host laps between marks); the GPU
-time of a step is its interval's divided over the interval's steps. ``event_every=1`` gives per-step marks.
+time of a step is its interval's divided over the interval's steps. ``event_every=1``
+gives per-step marks.
 
 The events are the timing layer's (:func:`gpukeeper.timing.timer.select_backend`):
 gpukeeper's pooled ``_core.Event`` when the core sees the device (recording one is a
