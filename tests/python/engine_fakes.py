@@ -1,7 +1,8 @@
-"""Fakes for the engine and JAX tests on a machine without a GPU.
+"""Fakes for the NVML, engine and JAX tests on a machine without a GPU.
 
-- ``FakeNvml``: just enough of pynvml (one device, a compute-process list whose entry for
-  this process can change between reads).
+- ``FakeNvml``: pynvml for every test that fakes NVML (devices, process lists whose entry
+  for this process can change between reads, failures on demand, the function table);
+  ``proc`` makes an entry of its lists and ``install_nvml`` puts it in place.
 - ``FakeDriver``: what ``frameworks`` asks the CUDA driver (primary-context state, the
   context current on this thread).
 - ``fake_jax``: a ``jax`` module with one GPU device, arrays that record
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import types
@@ -54,50 +56,128 @@ class _Info:
         self.__dict__.update(kw)
 
 
+def proc(pid: int, used: Optional[int]) -> Any:
+    """One entry of NVML's process list: ``used`` None where NVML cannot tell."""
+    return _Info(pid=pid, usedGpuMemory=used)
+
+
+#: NVML's "not available" figure in its C structs (what the wrapper turns into None).
+NOT_AVAILABLE = ctypes.c_ulonglong(-1).value
+
+
+class ProcessInfoV3(ctypes.Structure):
+    """The fields of NVML's ``nvmlProcessInfo_v3_t`` that gpukeeper reads."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
 class FakeNvml(types.ModuleType):
-    """pynvml with one device. ``used`` is this process's device memory: an int, or a
-    callable returning it (called on every read, so a test can make it grow)."""
+    """pynvml with ``count`` devices of ``total``/``free`` bytes named ``name``.
+
+    The compute-process list is ``processes`` (``proc(pid, used)`` entries, or
+    ``(pid, used)`` pairs with :data:`NOT_AVAILABLE` for an unknown figure), then this
+    process when ``used`` is given: an int, or a callable returning it (called on every
+    read, so a test can make it grow). ``graphics`` is the graphics list. ``fail_init``
+    and ``fail_processes`` make those calls fail. ``function_table=True`` adds the pieces
+    of pynvml's function table that ``nvml.running_processes`` reads the list through in
+    one driver call. Counters: ``reads`` (every read of the compute list),
+    ``driver_calls`` (through the function table), ``wrapper_calls`` (through the
+    wrapper), ``by_index`` (the indices asked for a handle)."""
 
     class NVMLError(Exception):
         pass
 
     NVML_CLOCK_SM = 0
     NVML_CLOCK_MEM = 1
+    NVML_SUCCESS = 0
+    NVML_ERROR_INSUFFICIENT_SIZE = 7
+    NVML_VALUE_NOT_AVAILABLE_ulonglong = ctypes.c_ulonglong(-1)
 
-    def __init__(self, used: Any = None, others: Optional[List[Any]] = None) -> None:
+    def __init__(self, processes: Optional[List[Any]] = None, *, used: Any = None,
+                 count: int = 1, total: int = 80 * GiB, free: int = 60 * GiB,
+                 name: Any = "Fake GPU", function_table: bool = False) -> None:
         super().__init__("pynvml")
+        self.processes = list(processes or [])
         self.used = used
-        self.others = others or []
-        self.reads = 0
+        self.count, self.total, self.free, self.name = count, total, free, name
+        self.fail_init = False
+        self.fail_processes = False
+        self.graphics: List[Any] = []
+        self.by_index: List[int] = []
+        self.reads = self.driver_calls = self.wrapper_calls = 0
+        if function_table:
+            self.c_nvmlProcessInfo_v3_t = ProcessInfoV3
+            self._nvmlGetFunctionPointer = self._function_pointer
+
+    def _listed(self) -> List[Any]:
+        if self.fail_processes:
+            raise self.NVMLError("Insufficient Permissions")
+        self.reads += 1
+        listed = [proc(p[0], None if p[1] == NOT_AVAILABLE else p[1])
+                  if isinstance(p, tuple) else p for p in self.processes]
+        if self.used is not None:
+            used = self.used() if callable(self.used) else self.used
+            listed.append(proc(os.getpid(), int(used)))
+        return listed
+
+    def _function_pointer(self, name: str) -> Any:
+        assert name == "nvmlDeviceGetComputeRunningProcesses_v3"
+
+        def fn(handle: Any, count_ref: Any, entries: Any) -> int:
+            self.driver_calls += 1
+            listed = self._listed()
+            count = ctypes.cast(count_ref, ctypes.POINTER(ctypes.c_uint)).contents
+            if entries is None or count.value < len(listed):
+                count.value = len(listed)
+                return self.NVML_ERROR_INSUFFICIENT_SIZE if listed else self.NVML_SUCCESS
+            for i, p in enumerate(listed):
+                figure = p.usedGpuMemory
+                entries[i].pid = p.pid
+                entries[i].usedGpuMemory = NOT_AVAILABLE if figure is None else figure
+            count.value = len(listed)
+            return self.NVML_SUCCESS
+
+        return fn
+
+    @staticmethod
+    def nvmlStructToFriendlyObject(entry: Any) -> Any:
+        return _Info(pid=entry.pid, usedGpuMemory=entry.usedGpuMemory)
 
     def nvmlInit(self) -> None:
-        pass
+        if self.fail_init:
+            raise self.NVMLError("Driver Not Loaded")
 
     def nvmlSystemGetDriverVersion(self) -> str:
         return "999.99"
 
     def nvmlDeviceGetCount(self) -> int:
-        return 1
+        return self.count
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        self.by_index.append(index)
         return ("handle", index)
 
-    def nvmlDeviceGetName(self, handle: Any) -> str:
-        return "Fake GPU"
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus: str) -> Any:
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return f"GPU-fake{handle[1]}-0000"
+
+    def nvmlDeviceGetName(self, handle: Any) -> Any:
+        return self.name
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
-        return _Info(total=80 * GiB, free=60 * GiB, used=20 * GiB)
+        return _Info(total=self.total, free=self.free, used=self.total - self.free)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> List[Any]:
-        self.reads += 1
-        listed = list(self.others)
-        if self.used is not None:
-            used = self.used() if callable(self.used) else self.used
-            listed.append(_Info(pid=os.getpid(), usedGpuMemory=int(used)))
-        return listed
+        self.wrapper_calls += 1
+        return self._listed()
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> List[Any]:
-        return []
+        return list(self.graphics)
 
     def nvmlDeviceGetClockInfo(self, handle: Any, which: int) -> int:
         return 1980
@@ -157,7 +237,7 @@ def install_engine(monkeypatch: Any, used: Any) -> FakeNvml:
     """An engine (OpenMM) holding its own CUDA context on device 0; no framework."""
     hide_frameworks(monkeypatch)
     install_driver(monkeypatch, FakeDriver({0: False}))
-    return install_nvml(monkeypatch, FakeNvml(used))
+    return install_nvml(monkeypatch, FakeNvml(used=used))
 
 
 class FakeTorch(types.ModuleType):

@@ -1,14 +1,22 @@
-"""A simulated GPU for the timing tests: one stream on the host's clock, whose kernels take a
+"""Simulated GPUs for the timing tests, two kinds.
+
+``SimDevice``: one stream on the host's clock, whose kernels take a
 set device time after a set host launch cost, with gates and events that behave as CUDA's.
 
 It makes the three regimes a loop can be in reproducible without a GPU: the device sets
 the pace (long kernels), the host's launches do (many short kernels), or the call waits
 for the device inside (a synchronize behind a closed gate).
+
+``ClockSimDevice``: a device clock of its own (ns) that marks, gates and spin kernels
+advance as a GPU would, with no host time spent: what ``gpukeeper check``'s timing check
+reads is then known exactly (``ClockSimBackend``, ``ClockSimGates``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
+import types
 from typing import Any, List, Optional, Tuple
 
 from gpukeeper.base.device_names import DeviceSpec
@@ -131,3 +139,81 @@ class SimBackend(TimerBackend):
 
     def synchronize(self) -> None:
         spin_until(self.sim.busy_until)
+
+
+# --------------------------------------------------------------------- a clock of its own
+
+
+class ClockSimDevice:
+    """A device clock (ns) that marks, gates and spin kernels advance as a GPU would."""
+
+    LAUNCH_NS = 4_000  # an ungated kernel on an idle stream starts this long after its mark
+
+    def __init__(self, bracket_ns: int) -> None:
+        self.now = 1_000_000_000
+        self.bracket_ns = bracket_ns  # what a gated event pair costs the device itself
+        self.closed = False
+        self.marks_behind_gate = 0
+        self.time_out = False
+        self.kernels: List[int] = []
+
+    def spin(self, duration_ns: int, stream: Any = 0, out: Any = None) -> None:
+        if not self.closed:
+            self.now += self.LAUNCH_NS
+        first = self.now
+        self.now += int(duration_ns)
+        self.kernels.append(int(duration_ns))
+        if out is not None:
+            (ctypes.c_uint64 * 2).from_address(out)[:] = [first, self.now]
+
+
+class ClockSimBackend(TimerBackend):
+    """Events on the clocked device: a mark reads its clock; the first mark behind a
+    closed gate adds the bracket's own cost."""
+
+    name = "gpukeeper"
+    is_gpu = True
+
+    def __init__(self, device: Any, sim: ClockSimDevice) -> None:
+        super().__init__(device)
+        self.sim = sim
+
+    def current_stream(self) -> Any:
+        return 0
+
+    def new_event(self) -> List[int]:
+        return [0]
+
+    def record(self, event: List[int], stream: Any) -> None:
+        sim = self.sim
+        event[0] = sim.now
+        if sim.closed:
+            sim.marks_behind_gate += 1
+            if sim.marks_behind_gate == 1:  # the bracket's own cost follows the start mark
+                sim.now += sim.bracket_ns
+
+    def elapsed_ms(self, start: List[int], end: List[int]) -> float:
+        return (end[0] - start[0]) / 1e6
+
+
+class ClockSimGates:
+    """``_core``'s gate API on the clocked device, with a launch floor of ``floor_ns``."""
+
+    def __init__(self, sim: ClockSimDevice, floor_ns: int) -> None:
+        self.sim = sim
+        self.floor_ns = floor_ns
+
+    def launch_floor_ms(self, device: int = 0, refresh: bool = False) -> float:
+        return self.floor_ns / 1e6
+
+    def StreamGate(self, stream: Any, device: int, timeout_ms: float) -> Any:  # noqa: N802
+        sim = self.sim
+        sim.closed, sim.marks_behind_gate = True, 0
+        gate = types.SimpleNamespace(outcome="pending")
+
+        def open_() -> None:
+            sim.closed = False
+            gate.outcome = "timed_out" if sim.time_out else "opened"
+
+        gate.open = open_
+        return gate

@@ -11,18 +11,17 @@ launch latency after its start mark. The real device is checked by the GPU round
 
 from __future__ import annotations
 
-import ctypes
-import types
-from typing import Any, List
+from typing import Any
 
 import pytest
+from sim_device import ClockSimBackend, ClockSimDevice, ClockSimGates
 
 import gpukeeper
 from gpukeeper import _core
 from gpukeeper.base import device_names as devices
 from gpukeeper.cli import install_check as check_module
 from gpukeeper.cli.install_check import CheckResult, run_checks
-from gpukeeper.timing import TimerBackend, register_backend
+from gpukeeper.timing import register_backend
 from gpukeeper.timing import timer as timer_module
 
 CUDA = bool(gpukeeper.cuda_available())
@@ -67,80 +66,10 @@ def test_a_failing_check_is_a_result_not_a_crash() -> None:
 # --------------------------------------------------------------------- simulated GPU
 
 
-class SimDevice:
-    """A device clock (ns) that marks, gates and spin kernels advance as a GPU would."""
-
-    LAUNCH_NS = 4_000  # an ungated kernel on an idle stream starts this long after its mark
-
-    def __init__(self, bracket_ns: int) -> None:
-        self.now = 1_000_000_000
-        self.bracket_ns = bracket_ns  # what a gated event pair costs the device itself
-        self.closed = False
-        self.marks_behind_gate = 0
-        self.time_out = False
-        self.kernels: List[int] = []
-
-    def spin(self, duration_ns: int, stream: Any = 0, out: Any = None) -> None:
-        if not self.closed:
-            self.now += self.LAUNCH_NS
-        first = self.now
-        self.now += int(duration_ns)
-        self.kernels.append(int(duration_ns))
-        if out is not None:
-            (ctypes.c_uint64 * 2).from_address(out)[:] = [first, self.now]
-
-
-class SimBackend(TimerBackend):
-    name = "gpukeeper"
-    is_gpu = True
-
-    def __init__(self, device: Any, sim: SimDevice) -> None:
-        super().__init__(device)
-        self.sim = sim
-
-    def current_stream(self) -> Any:
-        return 0
-
-    def new_event(self) -> List[int]:
-        return [0]
-
-    def record(self, event: List[int], stream: Any) -> None:
-        sim = self.sim
-        event[0] = sim.now
-        if sim.closed:
-            sim.marks_behind_gate += 1
-            if sim.marks_behind_gate == 1:  # the bracket's own cost follows the start mark
-                sim.now += sim.bracket_ns
-
-    def elapsed_ms(self, start: List[int], end: List[int]) -> float:
-        return (end[0] - start[0]) / 1e6
-
-
-class SimGates:
-    def __init__(self, sim: SimDevice, floor_ns: int) -> None:
-        self.sim = sim
-        self.floor_ns = floor_ns
-
-    def launch_floor_ms(self, device: int = 0, refresh: bool = False) -> float:
-        return self.floor_ns / 1e6
-
-    def StreamGate(self, stream: Any, device: int, timeout_ms: float) -> Any:  # noqa: N802
-        sim = self.sim
-        sim.closed, sim.marks_behind_gate = True, 0
-        gate = types.SimpleNamespace(outcome="pending")
-
-        def open_() -> None:
-            sim.closed = False
-            gate.outcome = "timed_out" if sim.time_out else "opened"
-
-        gate.open = open_
-        return gate
-
-
-def _simulate(monkeypatch: pytest.MonkeyPatch, bracket_ns: int, floor_ns: int) -> SimDevice:
+def _simulate(monkeypatch: pytest.MonkeyPatch, bracket_ns: int, floor_ns: int) -> ClockSimDevice:
     """Device 0 as the simulated device for the check's GPU path."""
-    sim = SimDevice(bracket_ns)
-    gates = SimGates(sim, floor_ns)
+    sim = ClockSimDevice(bracket_ns)
+    gates = ClockSimGates(sim, floor_ns)
     monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
     monkeypatch.setattr(check_module, "cuda_available", lambda: True)
     monkeypatch.setattr(_core, "calibration_kernels_available", lambda: True)
@@ -149,7 +78,7 @@ def _simulate(monkeypatch: pytest.MonkeyPatch, bracket_ns: int, floor_ns: int) -
     monkeypatch.setattr(timer_module, "gates", lambda: gates)
     # register_backend replaces the "gpukeeper" entry; setitem puts the real one back.
     monkeypatch.setitem(timer_module._BACKENDS, "gpukeeper", timer_module._BACKENDS["gpukeeper"])
-    register_backend("gpukeeper", lambda spec: SimBackend(spec, sim), lambda spec: spec.is_cuda, priority=5)
+    register_backend("gpukeeper", lambda spec: ClockSimBackend(spec, sim), lambda spec: spec.is_cuda, priority=5)
     return sim
 
 
@@ -162,7 +91,7 @@ def test_simulated_gpu_timing_check_passes_with_the_right_floor(monkeypatch: pyt
         # hidden: kernel + bracket - floor = the kernel's own duration
         assert data[key]["hidden_error_us"] == pytest.approx(0.0, abs=1e-6)
         # plain: the launch latency in front of the kernel is in the reading
-        assert data[key]["plain_error_us"] == pytest.approx(SimDevice.LAUNCH_NS / 1e3)
+        assert data[key]["plain_error_us"] == pytest.approx(ClockSimDevice.LAUNCH_NS / 1e3)
     assert "floor 2.50 us subtracted" in detail and "plain event pair on 10 us: +4.00 us" in detail
     measured = [ns for ns in sim.kernels if ns]
     assert measured == [10_000] * 14 + [100_000] * 14 + [1_000_000] * 14  # 7 hidden + 7 plain each

@@ -13,6 +13,7 @@ import pytest
 
 import gpukeeper
 from engine_fakes import (
+    proc,
     MD_STEPS,
     fresh_nvml,  # noqa: F401  (a fixture)
     md_step,
@@ -66,9 +67,8 @@ def test_nvml_reading_of_this_process(monkeypatch):
 
 
 def test_nvml_hidden_pid_namespace_is_unknown(monkeypatch):
-    from engine_fakes import _Info
 
-    install_nvml(monkeypatch, FakeNvml(used=None, others=[_Info(pid=4_000_001, usedGpuMemory=GiB)]))
+    install_nvml(monkeypatch, FakeNvml([proc(4_000_001, GiB)]))
     reading = nvml.this_process_memory(0)
     assert reading.listed is None and "PID namespace" in reading.reason
     read, why = nvml.process_memory_reader(0)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 import pytest
-from child_process import answer_from_fork
+from torch_cuda import torch_cuda
+from child_process import answer_from_fork, signal_child
 
 import gpukeeper
 from gpukeeper import InvalidInputError
@@ -80,57 +81,31 @@ print("DONE", flush=True)
 '''
 
 
-def run_child(
+def run_guard_child(
     tmp_path: Path, mode: str, send: Optional[int] = None, timeout: float = 30.0
 ) -> Tuple[int, str, str, float]:
-    """Runs the child in `mode`; sends `send` once it is ready. Returns (status, stdout,
-    stderr, seconds from the signal (or start) to exit)."""
+    """Runs CHILD in `mode` (see child_process.signal_child)."""
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    proc = subprocess.Popen(
-        [sys.executable, str(script), mode],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # A suite started in the background by a shell inherits SIGINT ignored, and Python
-        # then installs no KeyboardInterrupt handler: the child gets the default back.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        start = time.monotonic()
-        if send is not None:
-            line = proc.stdout.readline()
-            assert line.strip() == "READY", (line, proc.stderr.read() if proc.poll() is not None else "")
-            time.sleep(0.1)  # let the child get into its loop or its hang
-            start = time.monotonic()
-            proc.send_signal(send)
-            out, err = proc.communicate(timeout=timeout)
-            out = line + out
-        else:
-            out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err, time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    return signal_child(script, mode, send, timeout)
 
 
 def test_normal_end(tmp_path):
-    status, out, err, _ = run_child(tmp_path, "normal")
+    status, out, err, _ = run_guard_child(tmp_path, "normal")
     assert status == 0, err
     assert "CONTEXT None 0" in out and "DONE" in out
     assert "LeakWarning" not in err
 
 
 def test_exception_inside_context(tmp_path):
-    status, out, err, _ = run_child(tmp_path, "raise")
+    status, out, err, _ = run_guard_child(tmp_path, "raise")
     assert status == 1
     assert "RuntimeError: boom" in err
     assert "CONTEXT RuntimeError" in out
 
 
 def test_sigterm_inside_context_exits_143_after_cleanup(tmp_path):
-    status, out, err, took = run_child(tmp_path, "wait", send=signal.SIGTERM)
+    status, out, err, took = run_guard_child(tmp_path, "wait", send=signal.SIGTERM)
     assert status == 128 + signal.SIGTERM, (out, err)
     assert took < 5, took
     # The block unwound: the context cleaned up and saw the exit.
@@ -140,7 +115,7 @@ def test_sigterm_inside_context_exits_143_after_cleanup(tmp_path):
 
 
 def test_sigint_inside_context_raises_keyboardinterrupt(tmp_path):
-    status, out, err, took = run_child(tmp_path, "wait", send=signal.SIGINT)
+    status, out, err, took = run_guard_child(tmp_path, "wait", send=signal.SIGINT)
     assert status in (-signal.SIGINT, 128 + signal.SIGINT), (status, err)
     assert took < 5, took
     assert "CONTEXT KeyboardInterrupt" in out
@@ -148,14 +123,14 @@ def test_sigint_inside_context_raises_keyboardinterrupt(tmp_path):
 
 
 def test_sigterm_while_blocked_in_c_is_forced_out(tmp_path):
-    status, out, err, took = run_child(tmp_path, "hang", send=signal.SIGTERM)
+    status, out, err, took = run_guard_child(tmp_path, "hang", send=signal.SIGTERM)
     assert status == 128 + signal.SIGTERM
     assert 1.0 < took < 6, took  # exit_timeout=1.5 s
     assert "exiting now with status 143" in err
 
 
 def test_hung_synchronization_at_exit_does_not_hang(tmp_path):
-    status, out, err, took = run_child(tmp_path, "hung-sync")
+    status, out, err, took = run_guard_child(tmp_path, "hung-sync")
     assert status == 0, err
     assert took < 6, took  # sync_timeout=0.5 s
     assert "synchronization timed out" in err
@@ -163,20 +138,20 @@ def test_hung_synchronization_at_exit_does_not_hang(tmp_path):
 
 
 def test_memory_held_at_exit_is_warned(tmp_path):
-    status, out, err, _ = run_child(tmp_path, "global-leak")
+    status, out, err, _ = run_guard_child(tmp_path, "global-leak")
     assert status == 0, err
     assert "LeakWarning" in err
     assert "1.0 MiB still held" in err and "gpukeeper 1.0 MiB on host" in err
 
 
 def test_previous_python_handler_is_chained_and_decides(tmp_path):
-    status, out, err, _ = run_child(tmp_path, "user-handler", send=signal.SIGTERM)
+    status, out, err, _ = run_guard_child(tmp_path, "user-handler", send=signal.SIGTERM)
     assert status == 0, err  # the user's handler chose to carry on; no forced exit
     assert "USER HANDLER" in out and "DONE" in out
 
 
 def test_ignored_signal_stays_ignored(tmp_path):
-    status, out, err, _ = run_child(tmp_path, "ignored", send=signal.SIGTERM)
+    status, out, err, _ = run_guard_child(tmp_path, "ignored", send=signal.SIGTERM)
     assert status == 0, err
     assert "DONE" in out
 
@@ -397,9 +372,7 @@ def _device_used() -> int:
     ],
 )
 def test_gpu_child_leaves_no_memory_on_the_device(tmp_path, mode, send, statuses):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch without CUDA")
+    torch = torch_cuda()
     torch.cuda.synchronize()
     before = _device_used()
     script = tmp_path / "gpu_child.py"

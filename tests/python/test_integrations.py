@@ -4,7 +4,7 @@ import ctypes
 from pathlib import Path
 
 import pytest
-from child_process import run_json_child
+from child_process import run_child
 
 import gpukeeper
 from gpukeeper import _core, frameworks
@@ -13,10 +13,6 @@ from gpukeeper.integrations import torch_allocator
 
 CHILD = Path(__file__).with_name("torch_allocator_child.py")
 needs_cuda = pytest.mark.skipif(not gpukeeper.cuda_available(), reason="needs a CUDA device")
-
-
-def run_child(mode: str) -> dict:
-    return run_json_child(CHILD, mode, timeout=240)
 
 
 def test_the_module_exports_the_pluggable_allocator_symbols():
@@ -71,8 +67,8 @@ def test_host_pools_are_not_counted_as_device_memory():
 
 @needs_cuda
 def test_torch_trains_the_same_on_gpukeeper_and_books_match_live_tensors():
-    ours = run_child("gpukeeper")
-    theirs = run_child("torch")
+    ours = run_child(CHILD, "gpukeeper", timeout=240)
+    theirs = run_child(CHILD, "torch", timeout=240)
     assert ours["requested"] == ours["tensor_bytes"]
     assert ours["torch_view"] == ours["pool_allocated"] >= ours["tensor_bytes"]
     assert ours["requested_after_del"] == 0
@@ -87,7 +83,7 @@ def test_torch_trains_the_same_on_gpukeeper_and_books_match_live_tensors():
 
 @needs_cuda
 def test_use_torch_allocator_after_the_first_tensor_is_a_clear_error():
-    late = run_child("late")
+    late = run_child(CHILD, "late", timeout=240)
     assert late["error"] and "before the first CUDA tensor" in late["error"]
 
 

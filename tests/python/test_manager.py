@@ -9,6 +9,7 @@ import threading
 from fractions import Fraction
 
 import pytest
+from torch_cuda import torch_cuda
 
 import gpukeeper
 from gpukeeper import _core, frameworks
@@ -377,9 +378,7 @@ def test_gpu_manager_figures():
 
 @gpu
 def test_gpu_free_cache_releases_torch_cache():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
+    torch = torch_cuda()
     x = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda:0")
     del x
     assert torch.cuda.memory_reserved(0) >= 256 * MiB
@@ -390,9 +389,7 @@ def test_gpu_free_cache_releases_torch_cache():
 
 @gpu
 def test_gpu_allocate_releases_a_cached_torch_block():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
+    torch = torch_cuda()
     m = get_gpu_memory_manager(0)
     m.free_cache()
     free = m.get_available_memory()

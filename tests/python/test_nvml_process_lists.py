@@ -4,63 +4,19 @@ where the table is missing or the buffer too small."""
 
 from __future__ import annotations
 
-import ctypes
 from types import SimpleNamespace
 from typing import Any, List
 
+import engine_fakes
 import pytest
+from engine_fakes import NOT_AVAILABLE
 
 from gpukeeper.base import nvml
 
-NOT_AVAILABLE = ctypes.c_ulonglong(-1).value
 
-
-class Entry(ctypes.Structure):
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
-
-
-class FakeNvml:
-    """pynvml's pieces that running_processes uses, over a list of (pid, bytes)."""
-
-    NVML_SUCCESS = 0
-    NVML_ERROR_INSUFFICIENT_SIZE = 7
-    NVML_VALUE_NOT_AVAILABLE_ulonglong = ctypes.c_ulonglong(-1)
-    c_nvmlProcessInfo_v3_t = Entry
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, processes: List[Any]) -> None:
-        self.processes = processes
-        self.driver_calls = 0
-        self.wrapper_calls = 0
-
-    def _nvmlGetFunctionPointer(self, name: str):
-        assert name == "nvmlDeviceGetComputeRunningProcesses_v3"
-
-        def fn(handle, count_ref, entries):
-            self.driver_calls += 1
-            count = ctypes.cast(count_ref, ctypes.POINTER(ctypes.c_uint)).contents
-            if entries is None or count.value < len(self.processes):
-                count.value = len(self.processes)
-                return self.NVML_ERROR_INSUFFICIENT_SIZE if self.processes else self.NVML_SUCCESS
-            for i, (pid, used) in enumerate(self.processes):
-                entries[i].pid, entries[i].usedGpuMemory = pid, used
-            count.value = len(self.processes)
-            return self.NVML_SUCCESS
-
-        return fn
-
-    @staticmethod
-    def nvmlStructToFriendlyObject(entry: Entry) -> Any:
-        return SimpleNamespace(pid=entry.pid, usedGpuMemory=entry.usedGpuMemory)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> List[Any]:
-        self.wrapper_calls += 1
-        return [
-            SimpleNamespace(pid=p, usedGpuMemory=None if u == NOT_AVAILABLE else u)
-            for p, u in self.processes
-        ]
+def FakeNvml(processes: List[Any]) -> Any:  # noqa: N802
+    """pynvml's function table and list wrapper over ``processes``, (pid, bytes) pairs."""
+    return engine_fakes.FakeNvml(processes, function_table=True)
 
 
 GETTER = "nvmlDeviceGetComputeRunningProcesses"
@@ -100,7 +56,7 @@ def test_without_the_function_table_the_wrapper_answers():
 def test_a_driver_error_is_raised_as_nvmls():
     fake = FakeNvml([(7, 70)])
     fake._nvmlGetFunctionPointer = lambda name: lambda handle, count, entries: 999
-    with pytest.raises(FakeNvml.NVMLError):
+    with pytest.raises(engine_fakes.FakeNvml.NVMLError):
         nvml.running_processes(fake, None, GETTER)
 
 

@@ -11,6 +11,7 @@ import gc
 import logging
 
 import pytest
+from torch_cuda import torch_cuda
 
 import gpukeeper
 from gpukeeper import frameworks
@@ -276,13 +277,6 @@ def test_bad_options_are_invalid_input(call):
 # --------------------------------------------------------------------- real GPU
 
 
-def _torch_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
-    return torch
-
-
 def _fill_with_cached_torch_block(torch, keep_free):
     """Fills the device but `keep_free` bytes with a PyTorch block, then frees it into
     PyTorch's cache: the memory is reserved by PyTorch but used by nothing."""
@@ -297,7 +291,7 @@ def _fill_with_cached_torch_block(torch, keep_free):
 
 @gpu
 def test_gpu_cached_torch_block_blocks_a_gpukeeper_pool_until_released(pools):
-    torch = _torch_cuda()
+    torch = torch_cuda()
     pool = pools("device")
     cached = _fill_with_cached_torch_block(torch, keep_free=4 * GiB)
     calls = []
@@ -320,7 +314,7 @@ def test_gpu_cached_torch_block_blocks_a_gpukeeper_pool_until_released(pools):
 
 @gpu
 def test_gpu_torch_oom_from_a_cupy_cache_is_retried():
-    torch = _torch_cuda()
+    torch = torch_cuda()
     cupy = pytest.importorskip("cupy")
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info(0)
@@ -347,7 +341,7 @@ def test_gpu_torch_oom_from_a_cupy_cache_is_retried():
 
 @gpu
 def test_gpu_oom_falls_back_to_cpu():
-    torch = _torch_cuda()
+    torch = torch_cuda()
     total = torch.cuda.get_device_properties(0).total_memory
     calls = []
 

@@ -11,6 +11,7 @@ import re
 import subprocess
 
 import pytest
+from torch_cuda import torch_cuda_usable
 
 pytest.importorskip("gpukeeper.pytest_plugin")
 
@@ -156,15 +157,7 @@ def test_report_seen(request):
     assert "Captured gpukeeper teardown" in out and "GPUContext cleanup in" in out
 
 
-def _torch_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
-@pytest.mark.skipif(not _torch_cuda(), reason="needs PyTorch with a usable CUDA device")
+@pytest.mark.skipif(not torch_cuda_usable(), reason="needs PyTorch with a usable CUDA device")
 def test_cuda_tensor_leak_is_named_by_shape_dtype_and_line(pytester: pytest.Pytester) -> None:
     _plugin_loaded(pytester)
     # torch's compiler stack is loaded, as in many real suites: the leak is still named, and

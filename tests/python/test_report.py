@@ -12,14 +12,16 @@ import json
 import os
 import sys
 import types
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
+import engine_fakes
 import pytest
+from engine_fakes import fresh_nvml, install_nvml, proc  # noqa: F401  (fresh_nvml: a fixture)
+from torch_cuda import torch_cuda
 
 import gpukeeper
 from gpukeeper import _core, frameworks
 from gpukeeper.base import device_names as devices
-from gpukeeper.base import nvml
 from gpukeeper.account import account_reader as report
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import FrameworkMemory
@@ -32,12 +34,7 @@ GiB = 1 << 30
 gpu = pytest.mark.skipif(not CUDA, reason=f"no usable CUDA device: {CUDA.reason}")
 
 
-@pytest.fixture(autouse=True)
-def fresh_nvml():
-    """Each test loads NVML anew (some swap pynvml for a fake) and leaves it reset."""
-    nvml.NVML.reset()
-    yield
-    nvml.NVML.reset()
+pytestmark = pytest.mark.usefixtures("fresh_nvml")  # some tests swap pynvml for a fake
 
 
 # --------------------------------------------------------------------- host (any machine)
@@ -151,66 +148,9 @@ def test_nonexistent_device_is_invalid_input():
 # --------------------------------------------------------------------- CUDA branch, faked
 
 
-class _Info:
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
-
-
-class FakeNvml(types.ModuleType):
-    """Just enough of pynvml: one or more devices, a process list, failures on demand."""
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, processes: List[Any], total: int = 80 * GiB, free: int = 60 * GiB) -> None:
-        super().__init__("pynvml")
-        self.processes = processes
-        self.total, self.free = total, free
-        self.fail_init = False
-        self.fail_processes = False
-        self.graphics: List[Any] = []
-        self.by_index: List[int] = []
-
-    def nvmlInit(self) -> None:
-        if self.fail_init:
-            raise self.NVMLError("Driver Not Loaded")
-
-    def nvmlSystemGetDriverVersion(self) -> str:
-        return "999.99"
-
-    def nvmlDeviceGetCount(self) -> int:
-        return 2
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
-        self.by_index.append(index)
-        return ("handle", index)
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any:
-        raise self.NVMLError("Not Found")
-
-    def nvmlDeviceGetHandleByPciBusId(self, bus: str) -> Any:
-        raise self.NVMLError("Not Found")
-
-    def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        return f"GPU-fake{handle[1]}-0000"
-
-    def nvmlDeviceGetName(self, handle: Any) -> bytes:
-        return b"Fake GPU"  # old nvidia-ml-py versions return bytes
-
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
-        return _Info(total=self.total, free=self.free, used=self.total - self.free)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> List[Any]:
-        if self.fail_processes:
-            raise self.NVMLError("Insufficient Permissions")
-        return list(self.processes)
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> List[Any]:
-        return list(self.graphics)
-
-
-def proc(pid: int, used: Optional[int]) -> Any:
-    return _Info(pid=pid, usedGpuMemory=used)
+def FakeNvml(processes: List[Any], **kw: Any) -> Any:  # noqa: N802
+    """pynvml with two devices and this report's processes (old pynvml's bytes name)."""
+    return engine_fakes.FakeNvml(processes, count=2, name=b"Fake GPU", **kw)
 
 
 @pytest.fixture
@@ -229,15 +169,9 @@ def fake_cuda(monkeypatch):
     return memory
 
 
-def install(monkeypatch, fake: FakeNvml) -> FakeNvml:
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    nvml.NVML.reset()
-    return fake
-
-
 def test_context_is_process_memory_minus_frameworks_reserved(monkeypatch, fake_cuda):
     me = os.getpid()
-    fake = install(monkeypatch, FakeNvml([proc(me, 1200 * MiB), proc(1, 5 * GiB)]))
+    fake = install_nvml(monkeypatch, FakeNvml([proc(me, 1200 * MiB), proc(1, 5 * GiB)]))
     r = memory_report("cuda")  # the current device
     assert r.mode == "cuda" and r.device == 0 and r.name == "Fake GPU"
     assert r.nvml == "ok (driver 999.99)"
@@ -257,7 +191,7 @@ def test_context_is_process_memory_minus_frameworks_reserved(monkeypatch, fake_c
 def test_hidden_pids_make_this_process_unknown(monkeypatch, fake_cuda):
     # In a container NVML lists host PIDs: ours is not among them, and theirs do not
     # exist here. The report must not guess which one is this process.
-    install(monkeypatch, FakeNvml([proc(4_000_001, 900 * MiB), proc(4_000_002, 2 * GiB)]))
+    install_nvml(monkeypatch, FakeNvml([proc(4_000_001, 900 * MiB), proc(4_000_002, 2 * GiB)]))
     r = memory_report(0)
     assert r.this_process.startswith("unknown")
     assert r.process_bytes is None
@@ -270,7 +204,7 @@ def test_hidden_pids_make_this_process_unknown(monkeypatch, fake_cuda):
 def test_pid_clash_across_namespaces_is_unknown(monkeypatch, fake_cuda):
     # Our container PID is listed, but with less than our frameworks reserved (640 MiB):
     # that entry is a host process that happens to have the same number.
-    install(monkeypatch, FakeNvml([proc(os.getpid(), 100 * MiB)]))
+    install_nvml(monkeypatch, FakeNvml([proc(os.getpid(), 100 * MiB)]))
     r = memory_report(0)
     assert r.this_process.startswith("unknown")
     assert r.process_bytes is None and r.context_and_libraries_bytes is None
@@ -281,7 +215,7 @@ def test_pid_clash_across_namespaces_is_unknown(monkeypatch, fake_cuda):
 def test_process_without_context_is_not_listed(monkeypatch, fake_cuda):
     fake_cuda["torch"] = FrameworkMemory("torch", 0, 0)
     fake_cuda["gpukeeper"] = FrameworkMemory("gpukeeper", 0, 0)
-    install(monkeypatch, FakeNvml([proc(1, 3 * GiB)]))
+    install_nvml(monkeypatch, FakeNvml([proc(1, 3 * GiB)]))
     r = memory_report(0)
     assert r.process_bytes == 0
     assert r.this_process.startswith("not listed")
@@ -292,13 +226,13 @@ def test_context_without_memory_but_not_listed_is_unknown(monkeypatch, fake_cuda
     fake_cuda["torch"] = FrameworkMemory("torch", 0, 0)
     fake_cuda["gpukeeper"] = FrameworkMemory("gpukeeper", 0, 0)
     monkeypatch.setattr(report, "_holds_context", lambda device: device == 0)
-    install(monkeypatch, FakeNvml([proc(1, 3 * GiB)]))
+    install_nvml(monkeypatch, FakeNvml([proc(1, 3 * GiB)]))
     assert memory_report(0).this_process.startswith("unknown")
     assert memory_report(1).this_process.startswith("not listed")
 
 
 def test_nvml_process_query_failure_is_a_note(monkeypatch, fake_cuda):
-    fake = install(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
+    fake = install_nvml(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
     fake.fail_processes = True
     r = memory_report(0)
     assert r.memory_source == "nvml"  # memory info still works
@@ -310,7 +244,7 @@ def test_nvml_process_query_failure_is_a_note(monkeypatch, fake_cuda):
 def test_nvml_init_failure_falls_back_to_cuda_mem_get_info(monkeypatch, fake_cuda):
     fake = FakeNvml([])
     fake.fail_init = True
-    install(monkeypatch, fake)
+    install_nvml(monkeypatch, fake)
     r = memory_report(1)
     assert r.nvml.startswith("unavailable: nvmlInit failed")
     assert (r.free_bytes, r.total_bytes, r.memory_source) == (50 * GiB, 79 * GiB, "cudaMemGetInfo")
@@ -328,7 +262,7 @@ def test_nvml_missing_on_a_gpu_machine(monkeypatch, fake_cuda):
 
 
 def test_nvml_unknown_process_memory(monkeypatch, fake_cuda):
-    install(monkeypatch, FakeNvml([proc(os.getpid(), None)]))
+    install_nvml(monkeypatch, FakeNvml([proc(os.getpid(), None)]))
     r = memory_report(0)
     assert r.process_bytes is None
     assert "does not report" in r.this_process
@@ -337,7 +271,7 @@ def test_nvml_unknown_process_memory(monkeypatch, fake_cuda):
 
 def test_framework_without_reserved_figure(monkeypatch, fake_cuda):
     fake_cuda["jax"] = FrameworkMemory("jax", 10 * MiB, None)
-    install(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
+    install_nvml(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
     r = memory_report(0)
     assert r.frameworks_reserved_bytes is None
     assert r.context_and_libraries_bytes is None
@@ -345,8 +279,8 @@ def test_framework_without_reserved_figure(monkeypatch, fake_cuda):
 
 
 def test_cuda_visible_devices_maps_to_nvml_index(monkeypatch, fake_cuda):
+    fake = install_nvml(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
-    fake = install(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
     memory_report(0)
     assert fake.by_index == [1]
     memory_report(1)
@@ -354,15 +288,15 @@ def test_cuda_visible_devices_maps_to_nvml_index(monkeypatch, fake_cuda):
 
 
 def test_cuda_visible_devices_uuid_prefix(monkeypatch, fake_cuda):
+    install_nvml(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-fake1")
-    install(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
     r = memory_report(0)
     assert any("GPU-fake1" in n for n in r.notes)
 
 
 def test_compute_and_graphics_process_counted_once(monkeypatch, fake_cuda):
     me = os.getpid()
-    fake = install(monkeypatch, FakeNvml([proc(me, GiB), proc(1, 2 * GiB)]))
+    fake = install_nvml(monkeypatch, FakeNvml([proc(me, GiB), proc(1, 2 * GiB)]))
     fake.graphics = [proc(1, 2 * GiB), proc(me, GiB)]
     r = memory_report(0)
     assert r.process_bytes == GiB
@@ -371,7 +305,7 @@ def test_compute_and_graphics_process_counted_once(monkeypatch, fake_cuda):
 
 
 def test_all_devices(monkeypatch, fake_cuda):
-    install(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
+    install_nvml(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
     reports = memory_reports()
     assert [r.device for r in reports] == [0, 1]
     everything = memory_report()  # the same devices, with their totals
@@ -380,7 +314,7 @@ def test_all_devices(monkeypatch, fake_cuda):
 
 
 def test_device_spellings(monkeypatch, fake_cuda):
-    install(monkeypatch, FakeNvml([]))
+    install_nvml(monkeypatch, FakeNvml([]))
     assert memory_report("cuda:1").device == 1
     assert memory_report("cuda").device == 0
     assert memory_report(types.SimpleNamespace(type="cuda", index=1)).device == 1
@@ -392,16 +326,9 @@ def test_device_spellings(monkeypatch, fake_cuda):
 # --------------------------------------------------------------------- real GPU
 
 
-def _torch_cuda():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
-    return torch
-
-
 @gpu
 def test_torch_tensor_shows_in_torch_allocated():
-    torch = _torch_cuda()
+    torch = torch_cuda()
     torch.zeros(1, device="cuda:0")  # initialise torch's CUDA state first
     before = memory_report(0).frameworks["torch"]
     x = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda:0")
@@ -416,7 +343,7 @@ def test_torch_tensor_shows_in_torch_allocated():
 
 @gpu
 def test_context_and_libraries_is_positive_and_plausible():
-    torch = _torch_cuda()
+    torch = torch_cuda()
     x = torch.ones(1024, 1024, device="cuda:0")
     y = x @ x  # loads cuBLAS
     torch.cuda.synchronize()

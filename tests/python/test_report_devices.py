@@ -14,11 +14,11 @@ import re
 from typing import Any, Dict, List, Optional
 
 import pytest
+from engine_fakes import fresh_nvml  # noqa: F401  (a fixture)
 
 import gpukeeper
 from gpukeeper import _core, frameworks
 from gpukeeper.base import device_names as devices
-from gpukeeper.base import nvml
 from gpukeeper.account import account_reader as report
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import FrameworkMemory, host_pool_peak
@@ -33,11 +33,7 @@ CUDA = gpukeeper.cuda_available()
 cpu_only = pytest.mark.skipif(bool(CUDA), reason="checks the CPU-mode report of a machine without CUDA")
 
 
-@pytest.fixture(autouse=True)
-def fresh_nvml():
-    nvml.NVML.reset()
-    yield
-    nvml.NVML.reset()
+pytestmark = pytest.mark.usefixtures("fresh_nvml")  # some tests swap pynvml for a fake
 
 
 # --------------------------------------------------------------------- CPU mode

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from torch_cuda import torch_cuda
 
 import gpukeeper
 from gpukeeper import CudaAvailability, MemoryPool, build_info, cuda_available
@@ -109,8 +110,6 @@ def test_device_memory_info():
 
 @pytest.mark.gpu
 def test_device_memory_info_matches_torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
+    torch = torch_cuda()
     _, total = _core.device_memory_info(0)
     assert total == torch.cuda.mem_get_info(0)[1]

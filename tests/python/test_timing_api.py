@@ -17,6 +17,7 @@ import types
 from typing import Any, Dict, List
 
 import pytest
+from torch_cuda import torch_cuda
 
 import gpukeeper
 from gpukeeper import GpuError, InvalidInputError
@@ -497,16 +498,9 @@ def test_profiler_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
 # --------------------------------------------------------------------- GPU
 
 
-def _torch_cuda() -> Any:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch cannot use CUDA here")
-    return torch
-
-
 @pytest.mark.skipif(not CUDA, reason="needs a usable CUDA device")
 def test_timer_follows_torchs_current_stream() -> None:
-    torch = _torch_cuda()
+    torch = torch_cuda()
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     ref_start = torch.cuda.Event(enable_timing=True)
@@ -532,7 +526,7 @@ def test_timer_follows_torchs_current_stream() -> None:
 
 @pytest.mark.skipif(not CUDA, reason="needs a usable CUDA device")
 def test_l2_flush_buffer_is_exactly_l2() -> None:
-    torch = _torch_cuda()
+    torch = torch_cuda()
     from gpukeeper.timing import L2Flusher, l2_cache_size
 
     backend = select_backend("cuda")
@@ -548,7 +542,7 @@ def test_l2_flush_buffer_is_exactly_l2() -> None:
 
 @pytest.mark.skipif(not CUDA, reason="needs a usable CUDA device")
 def test_benchmark_on_gpu_uses_events() -> None:
-    torch = _torch_cuda()
+    torch = torch_cuda()
     x = torch.randn(256, 256, device="cuda")
     r = benchmark_function(torch.mm, x, x, n_calls=20, warmup=3, l2_flush=True)
     assert r.timing == "gpu" and r.backend == "torch" and r.device.startswith("cuda")

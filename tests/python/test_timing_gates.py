@@ -27,6 +27,7 @@ import warnings
 from typing import Any, Dict, List, Optional
 
 import pytest
+from torch_cuda import torch_cuda
 
 import gpukeeper
 from gpukeeper import GpuError, InvalidInputError, _core
@@ -599,9 +600,7 @@ def test_fake_benchmark_without_a_gate_kernel(fake_gpu: types.SimpleNamespace) -
 
 
 def _torch_gates() -> Any:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("PyTorch cannot use CUDA here")
+    torch = torch_cuda()
     if not _core.stream_gates_available():
         pytest.skip("built without CUDA: no gate kernel")
     stream = torch.cuda.current_stream()

@@ -7,6 +7,7 @@ import types
 from typing import Any, Iterator, List
 
 import pytest
+from torch_cuda import torch_cuda
 
 from gpukeeper import benchmark_function, compare_implementations
 from gpukeeper.base.errors import InvalidInputError
@@ -217,13 +218,6 @@ def test_ranks_agree_on_the_round_size(monkeypatch: pytest.MonkeyPatch) -> None:
 # ===================================================================== GPU (torch)
 
 
-def _torch_cuda() -> Any:
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
 def _wall_per_call(torch: Any, fn: Any, n: int, repeats: int = 5) -> float:
     """The truth the loop time is held to: n back-to-back calls between two
     synchronisations, by the wall clock, per call (median of ``repeats``)."""
@@ -276,7 +270,7 @@ def _held(attempts: List[Any], rel: float) -> bool:
 
 @pytest.mark.gpu
 def test_gpu_launch_bound_region_matches_the_loops_wall_clock() -> None:
-    torch = _torch_cuda()
+    torch = torch_cuda()
     small_kernels = _small_kernels(torch.randn(256, device="cuda"), 20)
     results: List[BenchmarkResult] = []
 
@@ -293,7 +287,7 @@ def test_gpu_launch_bound_region_matches_the_loops_wall_clock() -> None:
 
 @pytest.mark.gpu
 def test_gpu_device_bound_matmul_reads_the_same_both_ways() -> None:
-    torch = _torch_cuda()
+    torch = torch_cuda()
     a = torch.randn(4096, 4096, device="cuda")
     results: List[BenchmarkResult] = []
 
@@ -310,7 +304,7 @@ def test_gpu_device_bound_matmul_reads_the_same_both_ways() -> None:
 
 @pytest.mark.gpu
 def test_gpu_graph_speedup_is_the_loops() -> None:
-    torch = _torch_cuda()
+    torch = torch_cuda()
     eager = _small_kernels(torch.randn(256, device="cuda"), 30)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

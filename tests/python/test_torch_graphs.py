@@ -5,11 +5,10 @@ tests/cpp/test_graph_pools.cpp."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from child_process import run_json_child
+from child_process import run_child
 
 from gpukeeper import _core
 from gpukeeper.integrations import torch_allocator
@@ -17,11 +16,6 @@ from gpukeeper.integrations import torch_allocator
 torch = pytest.importorskip("torch")
 
 CHILD = Path(__file__).with_name("torch_graphs_child.py")
-
-
-def run_child(mode: str, timeout: float = 400, route: str = "auto") -> dict:
-    env = dict(os.environ, GPUKEEPER_TORCH_ROUTE=route)
-    return run_json_child(CHILD, mode, timeout=timeout, env=env)
 
 
 def test_linking_without_pytorchs_libraries_says_why():
@@ -41,7 +35,7 @@ gpu = pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("route", ["auto", "pluggable"])
 def test_gpu_a_graphs_memory_is_never_handed_to_eager_tensors(route):
-    out = run_child("isolation", route=route)
+    out = run_child(CHILD, "isolation", route=route, timeout=400)
     assert out["graph_status"] == ""
     [pool] = out["pools_after_capture"]
     assert pool["uses"] == 1 and not pool["capturing"]
@@ -59,7 +53,7 @@ def test_gpu_a_graphs_memory_is_never_handed_to_eager_tensors(route):
 
 @gpu
 def test_gpu_a_captured_training_step_trains_as_eager():
-    out = run_child("train_step")
+    out = run_child(CHILD, "train_step", timeout=400)
     assert out["graph_status"] == ""
     assert out["loss_max_diff"] < 1e-4, out["losses"]
     assert out["weight_max_diff"] < 1e-4
@@ -68,14 +62,14 @@ def test_gpu_a_captured_training_step_trains_as_eager():
 
 @gpu
 def test_gpu_make_graphed_callables_trains_as_eager():
-    out = run_child("graphed_callables")
+    out = run_child(CHILD, "graphed_callables", timeout=400)
     assert out["weight_max_diff"] < 1e-4
     assert out["pools"], "the forward and backward graphs have a private pool"
 
 
 @gpu
 def test_gpu_torch_compile_reduce_overhead_matches_eager_or_says_what_is_missing():
-    out = run_child("compiled")
+    out = run_child(CHILD, "compiled", timeout=400)
     # Inductor's CUDA graph trees check the live allocations of their pool and checkpoint
     # it (checkPoolLiveAllocations, getCheckpointState, setCheckpointPoolState): PyTorch
     # gives these to its own allocator only, and a pluggable one raises, naming the call.
@@ -95,6 +89,6 @@ def test_gpu_torch_compile_reduce_overhead_matches_eager_or_says_what_is_missing
 
 @gpu
 def test_gpu_capture_is_refused_where_the_callbacks_cannot_be_set():
-    out = run_child("refused")
+    out = run_child(CHILD, "refused", timeout=400)
     assert out["raised"] is not None and "a test says so" in out["raised"]
     assert "use_torch_allocator()" in out["raised"]

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from child_process import run_json_child
+from child_process import run_child
 
 import gpukeeper
 from gpukeeper import _core
@@ -188,15 +188,10 @@ def test_the_oom_error_is_pytorchs_own_type():
 # --------------------------------------------------------------------- on the GPU
 
 
-def run_child(mode: str, timeout: float = 300, route: str = "auto") -> dict:
-    env = dict(os.environ, GPUKEEPER_TORCH_ROUTE=route)
-    return run_json_child(CHILD, mode, timeout=timeout, env=env)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("route", ["auto", "pluggable"])
 def test_gpu_torchs_memory_api_answers_from_the_pool(route):
-    out = run_child("api", route=route)
+    out = run_child(CHILD, "api", route=route)
     assert out["allocated"] == out["pool_allocated"] > 0
     assert out["reserved"] == out["pool_reserved"] >= out["allocated"]
     assert out["stats_allocated"] == out["allocated"]
@@ -216,7 +211,7 @@ def test_gpu_torchs_memory_api_answers_from_the_pool(route):
 
 @pytest.mark.gpu
 def test_gpu_oom_under_the_hook_is_torchs_oom():
-    out = run_child("oom")
+    out = run_child(CHILD, "oom")
     assert out["plain_except"] == "OutOfMemoryError"
     assert "CUDA out of memory" in out["message"] and "gpukeeper" in out["message"]
     assert out["retry_on_oom"] == "fallback"
@@ -230,7 +225,7 @@ def test_gpu_oom_under_the_hook_is_torchs_oom():
 
 @pytest.mark.gpu
 def test_gpu_a_real_training_loop_logs_peak_memory_every_step():
-    out = run_child("train", timeout=600)
+    out = run_child(CHILD, "train", timeout=600)
     assert out["steps"] >= 5
     assert all(p > 0 for p in out["peaks"])
     assert out["peaks_match_pool"]
