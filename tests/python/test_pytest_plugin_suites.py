@@ -26,6 +26,14 @@ def take(mib):  # mib MiB, freed on return: get_managed_buffer counts float32 el
 """
 
 
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inner sessions run their own xdist controller: when this suite itself runs
+    under xdist (``-n 2``), they must not inherit this worker's identity."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def _plugin_loaded(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     if "--gpu-memory" not in result.stdout.str():
