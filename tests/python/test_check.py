@@ -32,6 +32,7 @@ CPU_CHECKS = ["build", "runtime", "pool[host]", "pool[host+exp]", "cleanup", "re
 # --------------------------------------------------------------------- CPU mode
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.skipif(CUDA, reason="checks CPU mode")
 def test_every_check_passes_in_cpu_mode() -> None:
     results = list(run_checks())
@@ -53,6 +54,7 @@ def test_require_gpu_fails_without_one() -> None:
     assert results["timing"].ok  # the host clock is still checked, and right
 
 
+@pytest.mark.quiet_machine
 def test_a_failing_check_is_a_result_not_a_crash() -> None:
     def broken() -> Any:
         raise ZeroDivisionError("inside a check")

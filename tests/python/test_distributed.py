@@ -139,6 +139,7 @@ def test_barrier_keeps_ranks_calling_together(api_run):
     assert seen[0]["bench"]["stop_reason"] == "n_calls"
 
 
+@pytest.mark.quiet_machine
 def test_aggregate_names_the_slowest_rank(api_run):
     n, _, seen = api_run
     agg = seen[0]["aggregate"]
@@ -192,6 +193,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=NCCL)])
 def test_sigterm_from_the_launcher_ends_every_rank(tmp_path, backend):
     """torchrun forwards SIGTERM to the ranks; one waits in a collective for a peer that

@@ -187,6 +187,7 @@ def _run_child(tmp_path: Path, code: str, *args: str) -> Dict[str, Any]:
     return out
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["plain", "torch"])
 def test_openmm_trajectory_is_gpu_work_with_nvml_memory(tmp_path: Path, mode: str) -> None:

@@ -104,6 +104,7 @@ def test_exception_inside_context(tmp_path):
     assert "CONTEXT RuntimeError" in out
 
 
+@pytest.mark.quiet_machine
 def test_sigterm_inside_context_exits_143_after_cleanup(tmp_path):
     status, out, err, took = run_guard_child(tmp_path, "wait", send=signal.SIGTERM)
     assert status == 128 + signal.SIGTERM, (out, err)
@@ -114,6 +115,7 @@ def test_sigterm_inside_context_exits_143_after_cleanup(tmp_path):
     assert "Traceback" not in err
 
 
+@pytest.mark.quiet_machine
 def test_sigint_inside_context_raises_keyboardinterrupt(tmp_path):
     status, out, err, took = run_guard_child(tmp_path, "wait", send=signal.SIGINT)
     assert status in (-signal.SIGINT, 128 + signal.SIGINT), (status, err)
@@ -122,6 +124,7 @@ def test_sigint_inside_context_raises_keyboardinterrupt(tmp_path):
     assert "KeyboardInterrupt" in err
 
 
+@pytest.mark.quiet_machine
 def test_sigterm_while_blocked_in_c_is_forced_out(tmp_path):
     status, out, err, took = run_guard_child(tmp_path, "hang", send=signal.SIGTERM)
     assert status == 128 + signal.SIGTERM
@@ -129,6 +132,7 @@ def test_sigterm_while_blocked_in_c_is_forced_out(tmp_path):
     assert "exiting now with status 143" in err
 
 
+@pytest.mark.quiet_machine
 def test_hung_synchronization_at_exit_does_not_hang(tmp_path):
     status, out, err, took = run_guard_child(tmp_path, "hung-sync")
     assert status == 0, err
@@ -301,6 +305,7 @@ def test_bad_arguments(clean_guard, kwargs):
     assert not exit_guard_installed()
 
 
+@pytest.mark.quiet_machine
 def test_timed_sync_reports_a_stuck_device(clean_guard, monkeypatch):
     install_exit_guard(sync_timeout=0.2)
     release = threading.Event()
@@ -371,6 +376,7 @@ def _device_used() -> int:
         ("wait", signal.SIGTERM, (128 + signal.SIGTERM,)),
     ],
 )
+@pytest.mark.quiet_machine
 def test_gpu_child_leaves_no_memory_on_the_device(tmp_path, mode, send, statuses):
     torch = torch_cuda()
     torch.cuda.synchronize()

@@ -68,6 +68,7 @@ def test_the_rule() -> None:
     assert not reads_nvml("events", None, 0, 0)
 
 
+@pytest.mark.quiet_machine
 def test_short_steps_are_sampled_less_often() -> None:
     # A read of at least 20 us: within 0.4 us a step when steps take 10 ms (a read every
     # 50 steps or so), within 0.1 % of a step when they take 25 us (every 800 at least).

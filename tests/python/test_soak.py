@@ -22,6 +22,7 @@ soak = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(soak)
 
 
+@pytest.mark.quiet_machine
 def test_a_short_cpu_soak_is_flat_and_reports_its_figures(tmp_path):
     out = tmp_path / "soak.json"
     env = dict(os.environ, GPUKEEPER_PROGRESS="0")

@@ -52,6 +52,7 @@ def busy(ms: float) -> None:
 # --------------------------------------------------------------------- CUDATimer (CPU)
 
 
+@pytest.mark.quiet_machine
 def test_timer_context_manager_on_cpu() -> None:
     with CUDATimer("block", device="cpu") as t:
         busy(5)
@@ -62,6 +63,7 @@ def test_timer_context_manager_on_cpu() -> None:
     assert "block" in repr(t) and "ms" in repr(t)
 
 
+@pytest.mark.quiet_machine
 def test_timer_start_stop_and_reuse() -> None:
     t = CUDATimer(device="cpu")
     for ms in (2, 6):
@@ -87,6 +89,7 @@ def test_timer_misuse_is_a_gpu_error() -> None:
     t.stop()
 
 
+@pytest.mark.quiet_machine
 def test_timer_stops_when_the_body_raises() -> None:
     t = CUDATimer(device="cpu")
     with pytest.raises(KeyError):
@@ -151,6 +154,7 @@ def test_registered_backend_is_preferred() -> None:
     assert CUDATimer(device="cpu").backend == "cpu"
 
 
+@pytest.mark.quiet_machine
 def test_time_call_on_cpu() -> None:
     t = CUDATimer("call", device="cpu")
     took = t.time_call(busy, (3.0,))
@@ -196,6 +200,7 @@ def test_timer_on_a_backend_instance() -> None:
 # --------------------------------------------------------------------- benchmark_function
 
 
+@pytest.mark.quiet_machine
 def test_benchmark_known_duration() -> None:
     calls: List[Any] = []
 
@@ -235,12 +240,14 @@ def test_benchmark_stops_early_when_quiet() -> None:
     assert 10 <= r.n_calls < 5000
 
 
+@pytest.mark.quiet_machine
 def test_benchmark_min_time_extends_the_run() -> None:
     r = benchmark_function(busy, 2.0, n_calls=2, warmup=0, device="cpu", min_time_s=0.03)
     assert r.n_calls > 2 and sum(r.times_ms) >= 30.0  # preemption may make calls longer, not fewer ms
     assert r.stop_reason == "min_time_s"
 
 
+@pytest.mark.quiet_machine
 def test_stop_rule() -> None:
     from gpukeeper.timing.stopping import StopRule
 
@@ -498,6 +505,7 @@ def test_profiler_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
 # --------------------------------------------------------------------- GPU
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.skipif(not CUDA, reason="needs a usable CUDA device")
 def test_timer_follows_torchs_current_stream() -> None:
     torch = torch_cuda()
@@ -540,6 +548,7 @@ def test_l2_flush_buffer_is_exactly_l2() -> None:
     assert int(buffer.max()) == 0
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.skipif(not CUDA, reason="needs a usable CUDA device")
 def test_benchmark_on_gpu_uses_events() -> None:
     torch = torch_cuda()

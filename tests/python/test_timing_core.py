@@ -59,6 +59,7 @@ def test_timer_on_device_0_uses_the_gpu():
     assert _core.Timer(0).is_gpu
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.skipif(CUDA, reason="checks the fallback without a usable GPU")
 def test_timer_without_gpu_falls_back_to_cpu():
     t = _core.Timer()  # device 0, no device: steady clock
@@ -138,6 +139,7 @@ def _need_kernels():
         pytest.skip("built without CUDA: no calibration kernels")
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 @pytest.mark.parametrize("ns", [10_000, 100_000, 1_000_000])
 def test_calibrate_measures_spin_kernels(ns):
@@ -150,6 +152,7 @@ def test_calibrate_measures_spin_kernels(ns):
     assert best["kernel_ns"] - 1_500 <= event_ns <= best["kernel_ns"] * 1.05 + 15_000
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_timer_and_pool_reuse():
     _need_kernels()
@@ -177,6 +180,7 @@ def test_gpu_timer_and_pool_reuse():
     assert _core.event_pool_stats(0)["created"] == created
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_elapsed_releases_the_gil():
     _need_kernels()

@@ -129,6 +129,7 @@ def test_event_and_synchronize_reject_bad_devices(device: Any) -> None:
         _core.synchronize(device)
 
 
+@pytest.mark.quiet_machine
 def test_core_timer_hide_flag_on_the_cpu_is_moot() -> None:
     t = _core.Timer(-1, 0, hide_launch_latency=True)
     assert not t.is_gpu and not t.hides_launch_latency
@@ -149,6 +150,7 @@ def test_timing_warning_is_a_user_warning() -> None:
 # ===================================================================== the CPU
 
 
+@pytest.mark.quiet_machine
 def test_cpu_timer_with_hide_flag_is_moot() -> None:
     t = CUDATimer("host", device="cpu", hide_launch_latency=True, gate_timeout_ms=5)
     assert t.backend == "cpu" and not t.is_gpu
@@ -354,6 +356,7 @@ def _fake_timer(**kw: Any) -> CUDATimer:
     return CUDATimer("fake", device="cpu", backend="fakegpu", **kw)
 
 
+@pytest.mark.quiet_machine
 def test_fake_timer_gates_the_interval(fake_gpu: types.SimpleNamespace) -> None:
     t = _fake_timer(hide_launch_latency=True, gate_timeout_ms=12.5)
     assert t.is_gpu and t.hides_launch_latency
@@ -373,6 +376,7 @@ def test_fake_timer_gates_the_interval(fake_gpu: types.SimpleNamespace) -> None:
     assert "launch latency hidden" in repr(t)
 
 
+@pytest.mark.quiet_machine
 def test_fake_timer_warns_when_the_gate_times_out(fake_gpu: types.SimpleNamespace) -> None:
     fake_gpu.gates.floor_ms = 0.25
     t = _fake_timer(hide_launch_latency=True, gate_timeout_ms=20)
@@ -433,6 +437,7 @@ def test_fake_timer_without_a_gate_kernel_is_a_gpu_error(fake_gpu: types.SimpleN
     assert _fake_timer().launch_hidden is None  # without the flag nothing is needed
 
 
+@pytest.mark.quiet_machine
 def test_fake_time_call_gates_and_subtracts_the_floor(fake_gpu: types.SimpleNamespace) -> None:
     fake_gpu.gates.floor_ms = 0.5
     t = _fake_timer(hide_launch_latency=True, gate_timeout_ms=9.0)
@@ -452,6 +457,7 @@ def test_fake_time_call_gates_and_subtracts_the_floor(fake_gpu: types.SimpleName
     assert took.host_ms >= t.raw_elapsed_ms  # launch plus wait holds the whole bracket
 
 
+@pytest.mark.quiet_machine
 def test_fake_time_call_reports_a_timeout_without_a_warning(fake_gpu: types.SimpleNamespace) -> None:
     fake_gpu.gates.floor_ms = 0.5
     t = _fake_timer(hide_launch_latency=True)
@@ -484,6 +490,7 @@ def test_fake_time_call_opens_the_gate_when_fn_raises(fake_gpu: types.SimpleName
     assert fake_gpu.gates.made[-1].is_open and len(fake_gpu.gates.made) == 2
 
 
+@pytest.mark.quiet_machine
 def test_fake_timer_stops_and_starts_hiding(fake_gpu: types.SimpleNamespace) -> None:
     fake_gpu.gates.floor_ms = 0.25
     t = _fake_timer(hide_launch_latency=True)
@@ -660,6 +667,7 @@ def test_gpu_gate_as_a_context_manager_opens_on_exit() -> None:
     assert gate.outcome == "opened"
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_unopened_gate_times_out() -> None:
     torch = _torch_gates()
@@ -695,6 +703,7 @@ def test_gpu_gate_slots_are_reused() -> None:
     assert stats["retiring"] == 0
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_core_events() -> None:
     torch = _torch_gates()
@@ -737,6 +746,7 @@ def test_gpu_hidden_timer_reads_the_kernel_alone() -> None:
     assert plain_error > hidden_error, (hidden_error, plain_error)
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_hidden_timer_around_a_synchronize_warns() -> None:
     torch = _torch_gates()
@@ -750,6 +760,7 @@ def test_gpu_hidden_timer_around_a_synchronize_warns() -> None:
     assert time.perf_counter() - t0 < 2.0
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_benchmark_hides_the_launch_latency() -> None:
     torch = _torch_gates()
@@ -779,6 +790,7 @@ def test_gpu_benchmark_ungated_reads_more() -> None:
     assert plain.device_median_ms > hidden.device_median_ms, (plain.device_median_ms, hidden.device_median_ms)
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_benchmark_of_a_synchronizing_function_falls_back() -> None:
     torch = _torch_gates()
@@ -798,6 +810,7 @@ def test_gpu_benchmark_of_a_synchronizing_function_falls_back() -> None:
     assert r.bound == "sync" and r.median_ms * 1e3 >= 9.9
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_benchmark_remeasures_a_timed_out_call() -> None:
     torch = _torch_gates()
@@ -872,6 +885,7 @@ def test_gpu_hidden_timer_on_a_side_stream() -> None:
     assert -500.0 <= error <= 500.0, error
 
 
+@pytest.mark.quiet_machine
 def test_fake_timer_subtracts_the_launch_floor(fake_gpu: types.SimpleNamespace) -> None:
     fake_gpu.gates.floor_ms = 0.25
     t = _fake_timer(hide_launch_latency=True)
@@ -893,6 +907,7 @@ def test_fake_timer_subtracts_the_launch_floor(fake_gpu: types.SimpleNamespace) 
     assert plain.floor_ms == 0.0 and plain.elapsed_ms == plain.raw_elapsed_ms
 
 
+@pytest.mark.quiet_machine
 def test_fake_benchmark_subtracts_and_reports_the_floor(fake_gpu: types.SimpleNamespace) -> None:
     fake_gpu.gates.floor_ms = 0.5
 

@@ -38,6 +38,7 @@ def _bench(fn: Any, **kw: Any) -> BenchmarkResult:
     return benchmark_function(fn, device="cpu", **kw)
 
 
+@pytest.mark.quiet_machine
 def test_launch_bound_call_leads_with_the_loop_time(sim: SimDevice) -> None:
     # 20 kernels of 5 us behind 40 us launches: the device works 0.1 ms of each 0.8 ms.
     def small_kernels() -> None:
@@ -60,6 +61,7 @@ def test_launch_bound_call_leads_with_the_loop_time(sim: SimDevice) -> None:
     assert 0.78 <= d.loop_median_ms < 3.0 and d.bound == "launch"
 
 
+@pytest.mark.quiet_machine
 def test_device_bound_call_reads_the_same_both_ways(sim: SimDevice) -> None:
     def one_long_kernel() -> None:
         sim.kernel(0.5, 0.01)
@@ -81,6 +83,7 @@ def test_a_call_that_waits_inside_is_sync_bound(sim: SimDevice) -> None:
     assert any(w.startswith("launch latency included") for w in r.warnings)
 
 
+@pytest.mark.quiet_machine
 def test_speedup_is_a_ratio_of_loop_times(sim: SimDevice) -> None:
     # "eager": 20 launches of 40 us for 0.1 ms of device work; "graph": one 10 us launch
     # for the same device work. The loop sees ~8x; the device sees the same work.
@@ -98,6 +101,7 @@ def test_speedup_is_a_ratio_of_loop_times(sim: SimDevice) -> None:
     assert device["graph"].speedup == pytest.approx(1.0, rel=0.3)
 
 
+@pytest.mark.quiet_machine
 def test_batches_last_about_the_target(sim: SimDevice) -> None:
     def call() -> None:
         sim.kernel(0.2, 0.01)
@@ -108,6 +112,7 @@ def test_batches_last_about_the_target(sim: SimDevice) -> None:
     assert r.loop_issue_ms is not None and len(r.loop_issue_ms) == len(r.loop_times_ms or [])
 
 
+@pytest.mark.quiet_machine
 def test_loop_time_is_the_wall_clock_of_a_plain_loop(sim: SimDevice) -> None:
     def call() -> None:
         for _ in range(4):
@@ -268,6 +273,7 @@ def _held(attempts: List[Any], rel: float) -> bool:
     return min(before, after) * (1 - rel) <= value <= max(before, after) * (1 + rel)
 
 
+@pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_launch_bound_region_matches_the_loops_wall_clock() -> None:
     torch = torch_cuda()

@@ -255,6 +255,7 @@ def test_gpu_installing_after_cuda_is_in_use_is_a_typed_error(component):
     assert "before the first CUDA tensor" in out["message"]
 
 
+@pytest.mark.quiet_machine
 @gpu
 def test_gpu_recording_history_costs_at_most_twice_native(component):
     mine = feature("gpukeeper", "history_cost")
