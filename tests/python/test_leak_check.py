@@ -88,3 +88,84 @@ def test_bad_arguments_are_typed(kwargs) -> None:
 def test_finish_without_start_is_typed() -> None:
     with pytest.raises(InvalidInputError, match="without start"):
         LeakCheck().finish()
+
+
+# --------------------------------------------------------------------- outside every framework
+
+
+@pytest.fixture
+def framework_on_gpu(monkeypatch):
+    """A framework holding 20 MiB on device 0, and NVML's figure for the process beside it
+    (``state["nvml"]``, bytes): what an engine or an extension allocates moves only that."""
+    from gpukeeper import frameworks
+    from gpukeeper.frameworks import FrameworkMemory
+
+    state = {"nvml": 600 * MiB}
+    held = FrameworkMemory("torch", 10 * MiB, 20 * MiB)
+    monkeypatch.setattr(frameworks, "active_devices", lambda: [0])
+    monkeypatch.setattr(frameworks, "gpu_frameworks_loaded", lambda: True)
+    monkeypatch.setattr(frameworks, "memory_by_framework", lambda d=0: {"torch": held})
+    monkeypatch.setattr(
+        frameworks,
+        "outside_memory",
+        lambda d, reserved: FrameworkMemory(
+            frameworks.OUTSIDE, state["nvml"] - reserved, state["nvml"] - reserved
+        ),
+    )
+    monkeypatch.setattr(frameworks, "synchronize_all", lambda d=None: None)
+    monkeypatch.setattr(frameworks, "release_all_caches", lambda d=None: {})
+    return state
+
+
+def test_memory_outside_every_framework_is_a_leak(framework_on_gpu, full_cleanups) -> None:
+    from gpukeeper.cleanup.cleanup_report import leak_message
+
+    check = LeakCheck()
+    check.start()
+    framework_on_gpu["nvml"] += 300 * MiB  # a raw cudaMalloc the frameworks never see
+    report = check.finish()
+    assert full_cleanups == ["LeakCheck"]
+    assert report is not None and report.held == {"cuda:0": {"outside frameworks": 300 * MiB}}
+    text = leak_message(report, tracking=False)
+    assert "outside every framework" in text and "an engine or an extension" in text
+    assert "no live tensor" not in text  # that line is about the frameworks' memory
+
+
+def test_setup_outside_the_frameworks_is_not_a_leak(framework_on_gpu, full_cleanups) -> None:
+    # A kernel module loaded for the first time, a library's handle: a few MiB, once.
+    check = LeakCheck()
+    check.start()
+    framework_on_gpu["nvml"] += 4 * MiB
+    assert check.finish() is None and full_cleanups == []
+
+
+def test_a_kept_autograd_graph_is_named_as_the_cause() -> None:
+    from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray, leak_message
+
+    leaks = [
+        LeakedArray("torch", "cuda:0", "Tensor", (), "float32", 4, True, (), grad_fn=True),
+        LeakedArray("torch", "cuda:0", "Tensor", (64,), "float32", 256, True, ()),
+    ]
+    report = CleanupReport(
+        "GPUContext", [0], {}, {}, {}, {"cuda:0": {"torch": 8 * MiB}}, leaks, 2, 0, 0, True, 0.0
+    )
+    text = leak_message(report, tracking=False)
+    assert "1 of the tensors still held carry a grad_fn" in text and ".detach()" in text
+    plain = CleanupReport(
+        "GPUContext", [0], {}, {}, {}, {"cuda:0": {"torch": 8 * MiB}}, leaks[1:], 1, 0, 0, True, 0.0
+    )
+    assert "grad_fn" not in leak_message(plain, tracking=False) and "grad_fn" not in plain.table()
+
+
+def test_gpucontext_reports_memory_outside_every_framework(framework_on_gpu) -> None:
+    from gpukeeper.cleanup.context import GPUContext
+
+    ctx = GPUContext(warn_on_leak=False, deferred_release=False)
+    with ctx:
+        framework_on_gpu["nvml"] += 64 * MiB
+    assert ctx.report is not None
+    assert ctx.report.held == {"cuda:0": {"outside frameworks": 64 * MiB}}
+    assert "outside every framework" in ctx.report.table()
+    with ctx:
+        framework_on_gpu["nvml"] += 2 * MiB  # setup, not a leak
+    assert ctx.report is not None and not ctx.report.leaked

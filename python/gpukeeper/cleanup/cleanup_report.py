@@ -24,7 +24,8 @@ class LeakedArray:
     tracker, or because the framework held nothing on entry), False when the tracker did
     not see it being made (so it most likely predates the context), None when unknown.
     ``created_at``: the creating lines, innermost first, as ``"file:line in function"``
-    (only with ``track_allocations=True``).
+    (only with ``track_allocations=True``). ``grad_fn``: the tensor carries an autograd
+    graph, which keeps the tensors saved for its backward alive too.
     """
 
     framework: str
@@ -35,6 +36,7 @@ class LeakedArray:
     nbytes: int
     inside: Optional[bool] = None
     created_at: Tuple[str, ...] = ()
+    grad_fn: bool = False  # a result of autograd: its graph (and what it saved) lives on
 
     def _shape(self) -> str:
         return (
@@ -248,18 +250,40 @@ class CleanupReport:
             else "nothing cached"
         )
 
+    def cause_lines(self) -> List[str]:
+        """The causes the held memory points to: an autograd graph kept with a result,
+        memory outside every framework (an engine's or an extension's)."""
+        lines = []
+        graphs = sum(1 for a in self.leaks if a.grad_fn)
+        if graphs:
+            lines.append(
+                f"{graphs} of the tensors still held carry a grad_fn: an autograd graph survives "
+                "with them, and the tensors it saved for backward hold memory no list shows; a "
+                "result kept without .detach() is the usual cause"
+            )
+        outside = sum(per.get(frameworks.OUTSIDE, 0) for per in self.held.values())
+        if outside:
+            lines.append(
+                f"{fmt_bytes(outside)} outside every framework (NVML's figure for this process "
+                "less the frameworks' reserved bytes): an engine or an extension in this process "
+                "allocates it (its own CUDA context, or cudaMalloc past the frameworks' "
+                "allocators)"
+            )
+        return lines
+
     def _trailing_lines(self) -> List[str]:
         """What the leaks list leaves out: how many more, or that no visible object
-        holds the memory."""
+        holds the memory; and the causes it points to."""
         lines = []
         if self.leaks_found > len(self.leaks):
             lines.append(f"... and {self.leaks_found - len(self.leaks)} more")
-        if self.leaked and self.leaks_found == 0:
+        in_frameworks = any(n != frameworks.OUTSIDE for per in self.held.values() for n in per)
+        if in_frameworks and self.leaks_found == 0:
             lines.append(
                 "(no live tensor or array visible to Python holds it: autograd graphs, "
                 "C++ caches or objects of another library)"
             )
-        return lines
+        return lines + self.cause_lines()
 
     def table(self) -> str:
         """A readable multi-line table."""
@@ -337,6 +361,7 @@ def leak_message(report: CleanupReport, tracking: bool, hint: Optional[str] = No
         lines.append("  " + leak.describe())
     if report.leaks_found > len(shown):
         lines.append(f"  ... and {report.leaks_found - len(shown)} more (see the report)")
+    lines += ["  " + line for line in report.cause_lines()]
     hints = hint or (
         "del the names bound in the block, build the model inside a function, "
         "or call cleanup_models()"

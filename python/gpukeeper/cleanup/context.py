@@ -193,7 +193,7 @@ class GPUContext(contextlib.ContextDecorator):
     def __enter__(self) -> "GPUContext":
         started = time.perf_counter()
         devices = devices_in_use(self._fixed)
-        baseline = measure(devices)
+        baseline = measure(devices, outside=True)
         names = snapshot_names(caller_frame(1)) if self.release_names else None
         tracker = None
         if self.track_allocations:
@@ -238,6 +238,7 @@ class GPUContext(contextlib.ContextDecorator):
             max_listed=self.max_listed,
             tracker=frame.tracker,
             exc_type=exc_type.__name__ if exc_type is not None else None,
+            outside=True,
         )
         if emptied:
             report.notes.append(

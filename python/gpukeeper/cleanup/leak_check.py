@@ -3,8 +3,10 @@
 A ``GPUContext`` always synchronizes and releases the caches at exit: that is what it is
 for, and it costs a few hundred microseconds with CUDA. A check run around every test of
 a suite must cost almost nothing when the test gave everything back, so ``LeakCheck``
-reads each framework's allocated-bytes counters before and after and stops there when
-none is above its baseline (beyond the tolerance). Those counters are kept on the host
+reads each framework's allocated-bytes counters before and after, and NVML's figure for
+the process on each device a framework uses (the memory outside every framework: an
+engine's or an extension's ``cudaMalloc``), and stops there when none is above its
+baseline (beyond the tolerance). Those counters are kept on the host
 and move when a tensor is freed, queued work or not, so no synchronize is needed to read
 them. Only when memory is held does it run the full cleanup (synchronize, release,
 collect garbage, measure again) against the same baseline, which tells a real leak from
@@ -58,7 +60,7 @@ class LeakCheck:
     def start(self) -> None:
         """Takes the baseline: one counter read per framework and device in use."""
         self._devices = devices_in_use(None)
-        self._baseline = measure(self._devices)
+        self._baseline = measure(self._devices, outside=True)
         if self.track_allocations:
             self._tracker = AllocationTracker(4)
             self._tracker.start()
@@ -76,7 +78,7 @@ class LeakCheck:
         baseline, self._baseline = self._baseline, None
         self.stop_tracking()
         devices = sorted(set(self._devices) | set(devices_in_use(None)))
-        held = held_above(baseline, measure(devices))
+        held = held_above(baseline, measure(devices, outside=True))
         if sum(n for per in held.values() for n in per.values()) <= self.tolerance_bytes:
             return None
         report, error = run_cleanup(
@@ -90,6 +92,7 @@ class LeakCheck:
             find_leaks=True,
             max_listed=self.max_listed,
             tracker=self._tracker,
+            outside=True,
         )
         if error is not None:
             report.notes.append(f"cleanup failed: {type(error).__name__}: {error}")

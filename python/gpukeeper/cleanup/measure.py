@@ -6,9 +6,14 @@ from typing import Dict, Iterable, List, Optional
 
 from gpukeeper import frameworks
 from gpukeeper.cleanup.cleanup_report import Snapshot
-from gpukeeper.frameworks import FrameworkMemory
+from gpukeeper.frameworks import OUTSIDE, FrameworkMemory
 
 HOST = "host"
+
+#: Growth of the memory outside every framework smaller than this is not held: loading a
+#: kernel's module for the first time or a library's handle takes some memory once, and
+#: NVML counts in pages of 2 MiB.
+OUTSIDE_SLACK = 8 << 20
 
 
 def devices_in_use(fixed: Optional[List[int]]) -> List[int]:
@@ -23,7 +28,11 @@ def devices_in_use(fixed: Optional[List[int]]) -> List[int]:
     return [d for d in fixed if d in active]
 
 
-def measure(devices: Iterable[int]) -> Snapshot:
+def measure(devices: Iterable[int], outside: bool = False) -> Snapshot:
+    """Per location and framework, the bytes allocated and reserved now. ``outside``: on
+    each device where a framework holds memory, also NVML's figure for this process less
+    what the frameworks reserve (under ``OUTSIDE``): memory an engine or an extension
+    allocates past them. It costs an NVML process list a device."""
     snap: Snapshot = {}
     for d in devices:
         per = frameworks.memory_by_framework(d)
@@ -33,6 +42,10 @@ def measure(devices: Iterable[int]) -> Snapshot:
             engine = frameworks.engine_memory(d)
             if engine is not None:
                 per = {engine.name: engine}
+        elif outside:
+            beside = frameworks.outside_memory(d, sum(m.reserved or 0 for m in per.values()))
+            if beside is not None:
+                per = {**per, OUTSIDE: beside}
         if per:
             snap[f"cuda:{d}"] = per
     host = frameworks.host_pool_memory()
@@ -79,6 +92,8 @@ def held_above(baseline: Optional[Snapshot], after: Snapshot) -> Dict[str, Dict[
             then = level_of(base.get(name)) if baseline is not None else 0
             if now is None or then is None:
                 continue  # the framework cannot tell (JAX without memory stats)
+            if name == OUTSIDE and (name not in base or now - then <= OUTSIDE_SLACK):
+                continue  # not read at the baseline (the context came after), or setup
             if now > then:
                 held.setdefault(loc, {})[name] = now - then
     return held

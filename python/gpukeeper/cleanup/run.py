@@ -34,8 +34,10 @@ def run_cleanup(
     tracker: Optional[AllocationTracker] = None,
     exc_type: Optional[str] = None,
     sync: Optional[Callable[[], bool]] = None,
+    outside: bool = False,
 ) -> Tuple[CleanupReport, Optional[BaseException]]:
     """Synchronize, release, measure; collect and repeat only while memory is held.
+    ``outside``: measure the memory outside every framework too (the baseline did).
 
     Returns the report and the first error a framework raised (the caller decides whether
     to raise it: never over an exception already propagating from the block).
@@ -51,7 +53,7 @@ def run_cleanup(
     def release_and_measure() -> Snapshot:
         nonlocal error
         after, error = _release_and_measure(
-            can_release, fixed, now_devices, devices, released, notes, error
+            can_release, fixed, now_devices, devices, released, notes, error, outside
         )
         return after
 
@@ -122,6 +124,7 @@ def _release_and_measure(
     released: Dict[str, int],
     notes: List[str],
     error: Optional[BaseException],
+    outside: bool,
 ) -> Tuple[Snapshot, Optional[BaseException]]:
     """(the snapshot after releasing, the first error so far)."""
     if can_release:
@@ -131,7 +134,7 @@ def _release_and_measure(
             if error is None:
                 error = e
             notes.append(f"release failed: {type(e).__name__}: {e}")
-    return measure(devices), error
+    return measure(devices, outside), error
 
 
 def _collect_while_held(

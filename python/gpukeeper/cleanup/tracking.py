@@ -202,5 +202,13 @@ def _leaked(
         if baseline is not None and level_of(base) == 0:
             inside = True  # the framework held nothing there on entry
     return LeakedArray(
-        arr.framework, arr.device, arr.kind, arr.shape, arr.dtype, arr.nbytes, inside, site
+        arr.framework,
+        arr.device,
+        arr.kind,
+        arr.shape,
+        arr.dtype,
+        arr.nbytes,
+        inside,
+        site,
+        bool(arr.grad_fn),
     )

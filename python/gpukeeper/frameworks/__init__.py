@@ -22,12 +22,14 @@ from gpukeeper.base import device_names as _devices
 from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, memory_dict
 from gpukeeper.frameworks.contexts import (
     ENGINE,
+    OUTSIDE,
     ContextCensus,
     active_devices,
     context_census,
     context_devices,
     engine_memory,
     gpu_frameworks_loaded,
+    outside_memory,
 )
 from gpukeeper.frameworks.cupy_adapter import (
     CupyAdapter,
@@ -79,6 +81,8 @@ from gpukeeper.frameworks.torch_adapter import (
 __all__ = [
     "ADAPTERS",
     "ENGINE",
+    "OUTSIDE",
+    "outside_memory",
     "ContextCensus",
     "FrameworkAdapter",
     "FrameworkMemory",

@@ -22,10 +22,15 @@ __all__ = [
     "context_devices",
     "engine_memory",
     "gpu_frameworks_loaded",
+    "OUTSIDE",
+    "outside_memory",
 ]
 
 #: The name under which memory of CUDA contexts that no framework owns is counted.
 ENGINE = "engine"
+#: The name under which memory of this process that no loaded framework's counter
+#: explains is counted: NVML's figure for the process less the frameworks' reserved bytes.
+OUTSIDE = "outside frameworks"
 
 
 def _cuda_maybe_in_use() -> bool:
@@ -183,3 +188,19 @@ def engine_memory(device: int) -> Optional[FrameworkMemory]:
     if not reading.listed or reading.used_bytes is None:
         return None
     return FrameworkMemory(ENGINE, reading.used_bytes, reading.used_bytes)
+
+
+def outside_memory(device: int, reserved: int) -> Optional[FrameworkMemory]:
+    """The device memory of this process beside the loaded frameworks': NVML's figure for
+    the process on ``device`` less ``reserved`` (the bytes the frameworks hold there). It
+    holds the CUDA context itself and whatever an engine or an extension in the process
+    allocates past the frameworks' allocators (``cudaMalloc``, its own context); a change
+    in it is theirs. None when no GPU framework is loaded (:func:`engine_memory` then
+    counts all of it) or when NVML cannot tell. One NVML process list a read."""
+    if not gpu_frameworks_loaded():
+        return None
+    reading = nvml.this_process_memory(device)
+    if not reading.listed or reading.used_bytes is None:
+        return None
+    outside = max(0, reading.used_bytes - reserved)
+    return FrameworkMemory(OUTSIDE, outside, outside)

@@ -56,6 +56,7 @@ from gpukeeper.base.arg_checks import check_choice, check_int, check_positive
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import GpuError, InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
+from gpukeeper.cleanup.measure import OUTSIDE_SLACK
 from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.timing import stats
 from gpukeeper.timing.benchmark_result import BenchmarkResult
@@ -711,6 +712,13 @@ class _Watch:
     def stop(self, run: _Run) -> None:
         run.backend.synchronize()
         self.memory.stop()
+        outside = self.memory.outside
+        if outside is not None and outside > OUTSIDE_SLACK:
+            run.warnings.append(
+                f"the memory outside every framework grew {outside / (1 << 20):+.1f} MiB over the "
+                "calls (NVML's figure for this process less the frameworks' reserved bytes): an "
+                "engine or an extension in this process allocates it and does not give it back"
+            )
         if run.flusher is not None:
             run.flusher.release()
         if self.clocks is not None:
@@ -804,6 +812,7 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         memory_after_bytes=memory.after,
         memory_peak_bytes=memory.peak,
         memory_source=memory.source,
+        memory_outside_bytes=memory.outside,
         throttled=watch.clocks.throttled if watch.clocks is not None else None,
         recompiles=watch.recompiles,
         warnings=run.warnings,

@@ -90,6 +90,10 @@ class BenchmarkResult:
     resettable one, JAX's when the run raised it); the sum over several frameworks has
     none, so it is None then.
     ``memory_delta_gb`` is (after - before) in GiB, as the MD examples read it.
+    ``memory_outside_bytes``: how much the memory outside every framework grew over the
+    calls (NVML's figure for this process less the frameworks' reserved bytes: what an
+    engine or an extension allocates past them; None where it is not read). Growth past
+    8 MiB is also said in ``warnings``.
 
     ``launch_latency``: ``"hidden"`` when each call's GPU time was taken behind a gate
     (the device's work alone, see ``benchmark_function``), ``"included"`` when the
@@ -126,6 +130,7 @@ class BenchmarkResult:
     memory_after_bytes: Optional[int] = None
     memory_peak_bytes: Optional[int] = None
     memory_source: Optional[str] = None
+    memory_outside_bytes: Optional[int] = None
     noisy: bool = False
     throttled: Optional[bool] = None
     recompiles: int = 0

@@ -19,13 +19,13 @@ The memory behind a figure or a verdict is the memory of the work measured:
 
 :func:`reads_nvml` is that rule, :func:`memory_series` applies it; both
 ``benchmark_function`` and ``benchmark_md_trajectory`` take their memory from it. NVML
-also cross-checks the frameworks' counters over a run (:func:`cross_check_warning`).
+also cross-checks the frameworks' counters over a run (:func:`outside_growth`).
 """
 
 from __future__ import annotations
 
 import tracemalloc
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper.base import host_memory as host
@@ -39,7 +39,7 @@ __all__ = [
     "reads_nvml",
     "memory_series",
     "cross_reading",
-    "cross_check_warning",
+    "outside_growth",
 ]
 
 MB = float(1 << 20)
@@ -173,23 +173,12 @@ def cross_reading(cross: Optional[MemorySeries], index: Optional[int]) -> Option
         return None
 
 
-def cross_check_warning(
-    before: Optional[Tuple[int, int]],
-    after: Optional[Tuple[int, int]],
-    series: Sequence[MemorySeries],
-    leak_tolerance_mb: float,
-    warnings: List[str],
-) -> None:
-    """Says so when this process's device memory (NVML) grew by more than the frameworks'
-    counters explain over the run."""
+def outside_growth(
+    before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]
+) -> Optional[int]:
+    """How much the memory outside every framework grew between two :func:`cross_reading`
+    s: NVML's figure for the process less the frameworks' reserved bytes (None when
+    either was not read). An engine's or an extension's allocations are seen only here."""
     if before is None or after is None:
-        return
-    grew = (after[0] - before[0]) - (after[1] - before[1])
-    if grew > leak_tolerance_mb * MB:
-        warnings.append(
-            f"this process's device memory grew by {grew / MB:.2f} MB that no framework counter "
-            f"explains (NVML {before[0] / MB:.1f} -> {after[0] / MB:.1f} MB; frameworks "
-            f"reserved {before[1] / MB:.1f} -> {after[1] / MB:.1f} MB): another engine "
-            f"or CUDA context in this process allocates it, and the leak verdict reads "
-            f"{series[0].name if series else 'nothing'} (pass synchronize= to read NVML)"
-        )
+        return None
+    return (after[0] - after[1]) - (before[0] - before[1])

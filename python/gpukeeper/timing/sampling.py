@@ -10,9 +10,14 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
-from gpukeeper.timing.memory_readers import MemorySeries, memory_series
+from gpukeeper.timing.memory_readers import (
+    MemorySeries,
+    cross_reading,
+    memory_series,
+    outside_growth,
+)
 
 __all__ = [
     "MemorySampler",
@@ -182,7 +187,9 @@ class MemorySampler:
     """Memory before and after a run, and its peak where the source keeps one, from the
     first series :func:`~gpukeeper.timing.memory_readers.memory_series` picks for plan ``kind``
     on device ``index``. ``source`` names it (``BENCHMARK_NAMES`` spelling; None: not
-    read); ``why`` says what could not be read."""
+    read); ``why`` says what could not be read. ``outside``: how much the memory outside
+    every framework grew over the run (NVML's figure less the frameworks' reserved
+    bytes; None where it is not read: off the GPU, or where NVML is the source itself)."""
 
     def __init__(
         self, kind: str, index: Optional[int], synchronize: Optional[Callable[[], Any]] = None
@@ -195,6 +202,9 @@ class MemorySampler:
         self.after: Optional[int] = None
         self.peak: Optional[int] = None
         self.why = ""
+        self.outside: Optional[int] = None
+        self._cross: Optional[MemorySeries] = None
+        self._cross_before: Optional[Tuple[int, int]] = None
         self._series: Optional[MemorySeries] = None
         self._peak_before: Optional[int] = None
         self._peak_reset = False
@@ -202,7 +212,8 @@ class MemorySampler:
     def start(self) -> None:
         """Picks the series and takes the reading before the run."""
         notes: List[str] = []
-        series, _cross = memory_series(self.kind, self.index, self.synchronize, notes)
+        series, self._cross = memory_series(self.kind, self.index, self.synchronize, notes)
+        self._cross_before = cross_reading(self._cross, self.index)
         self.why = "; ".join(notes)
         first = series[0]
         for other in series[1:]:
@@ -223,6 +234,7 @@ class MemorySampler:
         if s is None:
             return
         self.after = s.read()
+        self.outside = outside_growth(self._cross_before, cross_reading(self._cross, self.index))
         if s.peak is not None:
             peak = s.peak()
             # A peak that cannot be reset (JAX's) is this run's only when the run raised it.
