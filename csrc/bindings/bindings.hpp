@@ -29,8 +29,10 @@ void init_memory_pool(py::module_& m);
 void init_buffer(py::module_& m);
 void init_torch_allocator(py::module_& m);
 void init_torch_pool_api(py::module_& m);
-// Sets options.segments from Python's expandable='auto' | True | False | 'large'.
+// Sets options.segments from Python's expandable='auto' | True | False | 'large', and
+// gives a layout's value back, through the one mapping (gpukeeper/memory/pool_layout.hpp).
 void set_pool_layout(PoolOptions& options, const py::object& expandable);
+py::object pool_layout_value(SegmentLayout layout);
 void init_timing(py::module_& m);
 void init_device(py::module_& m);
 

@@ -105,9 +105,8 @@ void def_pool_buffers(PoolClass& pool_class) {
              PoolOptions options;
              set_pool_layout(options, expandable);
              ResourceKind resolved = resolve_kind(kind);
-             const bool asked = options.segments == SegmentLayout::expandable ||
-                                options.segments == SegmentLayout::hybrid;
-             if (asked && resolved != ResourceKind::device && resolved != ResourceKind::host) {
+             if (layout_needs_virtual_memory(options.segments) &&
+                 resolved != ResourceKind::device && resolved != ResourceKind::host) {
                throw InvalidInputError(std::string("expandable segments need 'device' or 'host' "
                                                    "memory, not '") +
                                        to_string(resolved) + "'");
@@ -117,15 +116,7 @@ void def_pool_buffers(PoolClass& pool_class) {
            py::arg("kind") = "auto", py::arg("expandable") = "auto")
       .def_property_readonly(
           "expandable",
-          [](const PoolRegistry& r) -> py::object {
-            switch (r.options().segments) {
-              case SegmentLayout::expandable: return py::bool_(true);
-              case SegmentLayout::hybrid: return py::str("large");
-              case SegmentLayout::automatic: return py::str("auto");
-              case SegmentLayout::fixed: break;
-            }
-            return py::bool_(false);
-          },
+          [](const PoolRegistry& r) { return pool_layout_value(r.options().segments); },
           "The layout asked for: 'auto' (the default: 'large' where the "
           "device has virtual memory management, else False), True (every "
           "request in expandable ranges), 'large' (requests over 1 MiB "
@@ -177,29 +168,24 @@ void init_buffer_hook(py::module_& m) {
 
 }  // namespace
 
-// expandable="auto" (the default: "large" for device memory with virtual memory
-// management, else False), False (fixed segments), True (every size class in expandable
-// ranges) or "large" (large requests expandable, small ones in fixed segments: no page
-// moves for the many small operations of a step).
+// MemoryPool(expandable=...) and use_torch_allocator(expandable=...): the words users type
+// for a layout, read off the one mapping (pool_layout.hpp: True, False, "large", "auto").
 void set_pool_layout(PoolOptions& options, const py::object& expandable) {
+  std::string spelled;  // as Python writes the value, the form the mapping holds
   if (PyBool_Check(expandable.ptr())) {
-    options.segments =
-        expandable.ptr() == Py_True ? SegmentLayout::expandable : SegmentLayout::fixed;
-    return;
+    spelled = expandable.ptr() == Py_True ? "True" : "False";
+  } else if (py::isinstance<py::str>(expandable)) {
+    spelled = "'" + expandable.cast<std::string>() + "'";
   }
-  if (py::isinstance<py::str>(expandable)) {
-    const std::string name = expandable.cast<std::string>();
-    if (name == "large") {
-      options.segments = SegmentLayout::hybrid;
-      return;
-    }
-    if (name == "auto") {
-      options.segments = SegmentLayout::automatic;
-      return;
-    }
-  }
-  throw InvalidInputError("expandable must be 'auto', True, False or 'large', got " +
+  if (!spelled.empty() && layout_from_python(spelled, options.segments)) return;
+  throw InvalidInputError("expandable must be " + python_spellings() + ", got " +
                           std::string(py::repr(expandable)));
+}
+
+py::object pool_layout_value(SegmentLayout layout) {
+  const std::string spelled = python_spelling(layout);
+  if (spelled == "True" || spelled == "False") return py::bool_(spelled == "True");
+  return py::str(spelled.substr(1, spelled.size() - 2));  // a quoted string
 }
 
 // The class is made here and each file adds its method group (memory_pool.hpp).

@@ -1,6 +1,8 @@
-// Expandable segments over host virtual memory (2 MiB pages, as CUDA's granularity): the
-// hybrid layout (large requests in expandable ranges, small ones in fixed segments) and
-// mapped-first placement (a warm pool reuses mapped pages before moving any).
+// Expandable ranges, the part of a pool that layouts with expandable size classes share
+// (caching_pool_expandable.cpp), over host virtual memory (2 MiB pages, as CUDA's
+// granularity): mapped-first placement (a warm pool reuses mapped pages before moving any),
+// the spare-page budget, and giving pages back. Each layout's own test is beside its type
+// (test_fixed_layout.cpp, test_expandable_layout.cpp, test_hybrid_layout.cpp).
 #include <vector>
 
 #include "test_support.hpp"
@@ -19,52 +21,6 @@ PoolOptions expandable_options(bool small_too, double slack) {
 }
 
 }  // namespace
-
-TEST_CASE("expandable, hybrid: small requests in fixed segments, large ones in a range",
-          "[caching_pool]") {
-  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.03));
-  void* small = pool->allocate(4096);
-  void* large = pool->allocate(5 * MiB);
-  std::vector<SegmentSnapshot> segments = pool->snapshot();
-  REQUIRE(segments.size() == 2);
-  std::size_t fixed = 0, expandable = 0;
-  for (const SegmentSnapshot& seg : segments) {
-    if (seg.expandable) {
-      CHECK_FALSE(seg.small);
-      expandable += seg.mapped_bytes;
-    } else {
-      CHECK(seg.small);
-      CHECK(seg.size == PoolOptions{}.small_segment);
-      fixed += seg.size;
-    }
-  }
-  CHECK(fixed == 2 * MiB);
-  CHECK(expandable == 6 * MiB);  // three 2 MiB pages under 5 MiB
-  gpukeeper::PoolStats s = pool->stats();
-  CHECK(s.reserved_bytes == fixed + expandable);
-  CHECK(s.peak_reserved_bytes == fixed + expandable);
-  CHECK(s.upstream_allocations == 1 + 3);  // the small segment and three pages
-  CHECK(pool->history().device_allocs == 1 + 3);
-  gpukeeper::PoolHistory h = pool->history();
-  CHECK(h.reserved_bytes.small.current == fixed);
-  CHECK(h.reserved_bytes.large.current == expandable);
-  CHECK(pool->validate() == "");
-
-  // A limit counts both kinds of memory: with 8 MiB reserved and a 9 MiB limit, the page
-  // more that 3 MiB needs is refused.
-  pool->set_limit(9 * MiB);
-  CHECK_THROWS_AS(pool->allocate(3 * MiB), gpukeeper::AllocationError);
-  CHECK(pool->validate() == "");
-  pool->set_limit(0);
-
-  pool->deallocate(small);
-  pool->deallocate(large);
-  CHECK(pool->trim(2 * MiB) > 0);  // pages first, down to what the fixed segment leaves
-  CHECK(pool->stats().reserved_bytes <= 2 * MiB);
-  pool->emergency_cleanup();
-  CHECK(pool->stats().reserved_bytes == 0);
-  CHECK(pool->validate() == "");
-}
 
 TEST_CASE("expandable: a warm pool places a block on mapped pages before moving any",
           "[caching_pool]") {

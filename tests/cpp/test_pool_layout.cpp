@@ -1,6 +1,8 @@
-// Which segment layout a pool takes: PoolOptions{} (SegmentLayout::automatic) is hybrid
-// over device memory with virtual memory and fixed everywhere else, and options() says
-// what was chosen.
+// The registry of pool layouts (pool_layout.hpp): which segment layout a pool takes
+// (PoolOptions{}, SegmentLayout::automatic, is hybrid over device memory with virtual
+// memory and fixed everywhere else, and options() says what was chosen), each layout's
+// type, and the one mapping between the words Python users type and the C++ names. Each
+// layout's own test is beside its type (test_fixed_layout.cpp, ...).
 #include <memory>
 #include <string>
 
@@ -110,8 +112,59 @@ TEST_CASE("layout: asked for explicitly, expandable segments need the support",
   CachingPool fixed(std::make_unique<DeviceLike>(Pages::host), with_layout(SegmentLayout::fixed));
   CHECK(fixed.options().segments == SegmentLayout::fixed);
   CHECK_FALSE(large_block_expandable(fixed));
-  CHECK(std::string(gpukeeper::to_string(SegmentLayout::automatic)) == "automatic");
-  CHECK(std::string(gpukeeper::to_string(SegmentLayout::hybrid)) == "hybrid");
+}
+
+TEST_CASE("layout: every layout has its type, its name and the word users type for it",
+          "[caching_pool]") {
+  using gpukeeper::make_layout;
+  using gpukeeper::layout_needs_virtual_memory;
+  using gpukeeper::python_spelling;
+  struct Row {
+    SegmentLayout layout;
+    const char* name;
+    const char* python;
+    bool needs_pages;
+  };
+  const Row rows[] = {{SegmentLayout::automatic, "automatic", "'auto'", false},
+                      {SegmentLayout::fixed, "fixed", "False", false},
+                      {SegmentLayout::expandable, "expandable", "True", true},
+                      {SegmentLayout::hybrid, "hybrid", "'large'", true}};
+  for (const Row& row : rows) {
+    CAPTURE(row.name);
+    CHECK(std::string(gpukeeper::to_string(row.layout)) == row.name);
+    CHECK(std::string(python_spelling(row.layout)) == row.python);
+    SegmentLayout parsed = SegmentLayout::fixed;
+    CHECK(gpukeeper::layout_from_python(row.python, parsed));
+    CHECK(parsed == row.layout);
+    CHECK(layout_needs_virtual_memory(row.layout) == row.needs_pages);
+    if (row.layout == SegmentLayout::automatic) {
+      CHECK_THROWS_AS(make_layout(row.layout), gpukeeper::InvalidInputError);
+    } else {
+      CHECK(make_layout(row.layout)->id() == row.layout);
+    }
+  }
+  SegmentLayout untouched = SegmentLayout::fixed;
+  for (const char* other : {"'hybrid'", "'True'", "auto", "large", "'expandable'", ""}) {
+    CAPTURE(other);
+    CHECK_FALSE(gpukeeper::layout_from_python(other, untouched));
+  }
+  CHECK(untouched == SegmentLayout::fixed);
+  CHECK(gpukeeper::python_spellings() == "'auto', True, False or 'large'");
+}
+
+TEST_CASE("layout: automatic is settled by the upstream, the others are what was asked",
+          "[caching_pool]") {
+  using gpukeeper::resolve_layout;
+  DeviceLike with_pages(Pages::host), without(Pages::none), refused(Pages::refused);
+  CHECK(resolve_layout(SegmentLayout::automatic, with_pages) == SegmentLayout::hybrid);
+  CHECK(resolve_layout(SegmentLayout::automatic, without) == SegmentLayout::fixed);
+  CHECK(resolve_layout(SegmentLayout::automatic, refused) == SegmentLayout::fixed);
+  gpukeeper::HostResource host;
+  CHECK(resolve_layout(SegmentLayout::automatic, host) == SegmentLayout::fixed);
+  for (SegmentLayout asked :
+       {SegmentLayout::fixed, SegmentLayout::expandable, SegmentLayout::hybrid}) {
+    CHECK(resolve_layout(asked, refused) == asked);  // the pool then raises the device's error
+  }
 }
 
 TEST_CASE("layout: a CUDA device pool is hybrid by default where the device supports it",

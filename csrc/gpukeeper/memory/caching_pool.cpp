@@ -1,8 +1,8 @@
 // The caching pool's core: construction, allocation (cached blocks, new segments,
 // carving), deallocation, merging free neighbours, and releasing free segments. Limits and
-// callbacks: caching_pool_limits.cpp; expandable segments: caching_pool_expandable.cpp;
-// stats, history and snapshots: caching_pool_books.cpp; validate() and the out-of-memory
-// message: caching_pool_validation.cpp.
+// callbacks: caching_pool_limits.cpp; the layout (asked once) and expandable segments:
+// caching_pool_expandable.cpp; stats, history and snapshots: caching_pool_books.cpp;
+// validate() and the out-of-memory message: caching_pool_validation.cpp.
 #include "gpukeeper/memory/caching_pool.hpp"
 
 #include <algorithm>

@@ -30,6 +30,10 @@
 //     the free index (a fixed inline array: the fast path's first and last step);
 //   - detail::PendingMerges (pending_merges.hpp): freed blocks whose merge is to come;
 //   - detail::PoolAudit (pool_audit.hpp): validate()'s read-only walk of the books;
+//   - the layout (pool_layout.hpp: one interface, PoolLayout, and one type per layout,
+//     FixedLayout, ExpandableLayout, HybridLayout, named in one registry): where each size
+//     class lives, fixed segments or expandable ranges. Asked once, by the constructor,
+//     and kept as a flag per class: no allocation calls it;
 // beside the record types it already used: detail::FreeIndex (free_index.hpp, one per
 // stream and size class), detail::PtrMap (ptr_map.hpp, the live blocks),
 // detail::StreamEvents (stream_events.hpp), detail::PagedMemory (paged_memory.hpp, the
@@ -37,14 +41,16 @@
 // What stays members of CachingPool, and why: the books that tie these together (segments,
 // blocks, free indexes per stream) and the placement logic over them (caching_pool.cpp,
 // caching_pool_idle_streams.cpp, caching_pool_placement.cpp); the limit and reclaim
-// sequence, the history and the expandable layout (caching_pool_limits.cpp,
-// caching_pool_books.cpp, caching_pool_expandable.cpp), because each is read or written
-// in the middle of a placement under the same lock (the limit by grow() and the page
-// budget, the history by every hand-out and free, the layout by carve() and own_fit()):
-// wrapping them as adaptors around an upstream would put an indirection or a second lock
-// on the allocation path. caching_pool_validation.cpp holds the options check, the
-// out-of-memory message and validate(). Each part's header sits beside its own .cpp
-// (pool_audit.cpp, pressure_callbacks.cpp, ...).
+// sequence, the history and the two segment sources every layout picks from, fixed
+// segments (grow()) and expandable ranges (caching_pool_limits.cpp, caching_pool_books.cpp,
+// caching_pool_expandable.cpp), because each is read or written in the middle of a
+// placement under the same lock (the limit by grow() and the page budget, the history by
+// every hand-out and free, the ranges by carve() and own_fit()): wrapping them as
+// adaptors around an upstream would put an indirection or a second lock on the allocation
+// path. caching_pool_validation.cpp holds the options check, the out-of-memory message
+// and validate(). Every other part's header sits beside its own .cpp (pool_audit.cpp,
+// pressure_callbacks.cpp, pool_layout.cpp, ...); the caching_pool_*.cpp files are
+// caching_pool.hpp's, one per group of its members.
 #pragma once
 
 #include <atomic>
@@ -63,6 +69,7 @@
 #include "gpukeeper/memory/pending_merges.hpp"
 #include "gpukeeper/memory/pool_counters.hpp"
 #include "gpukeeper/memory/pool_history.hpp"
+#include "gpukeeper/memory/pool_layout.hpp"
 #include "gpukeeper/memory/pool_stats.hpp"
 #include "gpukeeper/memory/pressure_callbacks.hpp"
 #include "gpukeeper/memory/ptr_map.hpp"
@@ -73,24 +80,6 @@
 
 namespace gpukeeper {
 
-// How a pool lays out its segments (PoolOptions::segments).
-enum class SegmentLayout : std::uint8_t {
-  // The default. Hybrid where the upstream is device memory with virtual memory
-  // management: reserved memory then stays within 5 % of the most requested at once on
-  // every recorded trace, where fixed segments hold 1.15-3.40 times it
-  // (docs/performance.md). Fixed elsewhere: host memory, and upstreams without virtual
-  // memory (pinned, async, a device or driver without the support).
-  automatic,
-  fixed,       // segments from the upstream, each kept whole until released
-  expandable,  // every size class in expandable ranges
-  // Requests over small_size in expandable ranges, small ones in fixed segments: no page
-  // is ever moved for them (most operations of a training step are small), and their
-  // waste is bounded by what small segments can strand, a small share of the footprint.
-  hybrid,
-};
-
-const char* to_string(SegmentLayout layout) noexcept;
-
 struct PoolOptions {
   std::size_t small_size = std::size_t{1} << 20;      // requests up to this are small
   std::size_t small_segment = std::size_t{2} << 20;   // segment size for small requests
@@ -98,10 +87,10 @@ struct PoolOptions {
   std::size_t large_cutoff = std::size_t{10} << 20;   // ... of up to this size
   std::size_t segment_granularity = std::size_t{2} << 20;  // bigger ones: rounded to this
   std::size_t max_pool_size = 0;                      // reserved-bytes limit; 0: none
-  // Where blocks live: segments taken from the upstream whole (fixed), or expandable
-  // ranges: one reserved address range per size class, with physical pages mapped only
-  // under allocated blocks and moved to where they are needed before new ones are made
-  // (needs upstream().virtual_memory(): device and host kinds).
+  // Where blocks live (pool_layout.hpp): segments taken from the upstream whole (fixed),
+  // or expandable ranges: one reserved address range per size class, with physical pages
+  // mapped only under allocated blocks and moved to where they are needed before new ones
+  // are made (needs upstream().virtual_memory(): device and host kinds).
   SegmentLayout segments = SegmentLayout::automatic;
   std::size_t expandable_range = 0;  // bytes of addresses per range; 0: twice the memory
   // The memory an expandable pool may hold beyond what was asked of it, as a fraction of
@@ -300,13 +289,12 @@ class CachingPool {
   // the segment list; what backs its memory is the caller's to give back.
   void unlink_free_segment(detail::Segment* segment);
   std::size_t segment_size_for(std::size_t size, bool small) const noexcept;
-  // caching_pool_expandable.cpp: expandable segments.
+  // caching_pool_expandable.cpp: the layout (pool_layout.hpp), asked once, and
+  // expandable segments.
   void init_layout();
   void init_expandable();
-  // Whether requests of this class live in expandable ranges.
-  bool expandable_class(bool small) const noexcept {
-    return paged_ && (!small || options_.segments == SegmentLayout::expandable);
-  }
+  // Whether requests of this class live in expandable ranges: the layout's answer, kept.
+  bool expandable_class(bool small) const noexcept { return expandable_class_[small ? 0 : 1]; }
   detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
   detail::Block* fewest_pages_fit(std::size_t size, bool small, stream_t stream) const;
   bool map_pages(detail::Block* block, std::size_t size, std::size_t requested);
@@ -333,6 +321,9 @@ class CachingPool {
   std::function<bool()> may_create_page_fn_;
   detail::Segment* expandable_[2] = {nullptr, nullptr};  // growing range: [0] small, [1] large
   std::size_t total_memory_ = 0;  // expandable: the upstream's whole memory; 0: unknown
+  // Per size class ([0] small, [1] large): whether its blocks live in expandable ranges
+  // (PoolLayout::source), asked once by init_layout so that placement calls no layout.
+  bool expandable_class_[2] = {false, false};
 
   mutable SpinMutex mutex_;  // guards everything below up to the counters
   PoolHistory history_;

@@ -1,6 +1,7 @@
-// A CachingPool's expandable segments: growing a reserved address range instead of
-// making new segments, mapping pages under the blocks handed out, keeping reserved bytes
-// equal to the mapped pages, and giving back ranges with no page left.
+// A CachingPool's layout (pool_layout.hpp, asked once here) and its expandable segments:
+// growing a reserved address range instead of making new segments, mapping pages under the
+// blocks handed out, keeping reserved bytes equal to the mapped pages, and giving back
+// ranges with no page left.
 #include <algorithm>
 
 #include "gpukeeper/core/errors.hpp"
@@ -11,34 +12,18 @@ namespace gpukeeper {
 using detail::Block;
 using detail::Segment;
 
-const char* to_string(SegmentLayout layout) noexcept {
-  switch (layout) {
-    case SegmentLayout::automatic: return "automatic";
-    case SegmentLayout::fixed: return "fixed";
-    case SegmentLayout::expandable: return "expandable";
-    case SegmentLayout::hybrid: return "hybrid";
-  }
-  return "unknown";
-}
-
-// Settles PoolOptions::segments (automatic becomes the layout it stands for) and sets up
-// the expandable ranges. Called by the constructor.
+// Settles PoolOptions::segments (automatic becomes the layout it stands for), asks the
+// layout where each size class lives (pool_layout.hpp), and sets up the expandable ranges
+// when any class needs them. Called by the constructor; nothing asks the layout after it.
 void CachingPool::init_layout() {
-  if (options_.segments == SegmentLayout::automatic) {
-    options_.segments = SegmentLayout::fixed;
-    if (upstream_->kind() == ResourceKind::device) {
-      try {
-        if (upstream_->virtual_memory() != nullptr) options_.segments = SegmentLayout::hybrid;
-      } catch (const DeviceError&) {
-        // No virtual memory management on this device or driver: fixed segments, which
-        // need none. Asked for explicitly, expandable segments raise this error instead.
-      }
-    }
-  }
-  if (options_.segments != SegmentLayout::fixed) init_expandable();
+  options_.segments = resolve_layout(options_.segments, *upstream_);
+  const std::unique_ptr<PoolLayout> layout = make_layout(options_.segments);
+  expandable_class_[0] = layout->source(true) == SegmentSource::expandable;
+  expandable_class_[1] = layout->source(false) == SegmentSource::expandable;
+  if (layout->uses_expandable()) init_expandable();
 }
 
-// Expandable and hybrid layouts: pages of the upstream's virtual memory in one reserved
+// Layouts with expandable size classes: pages of the upstream's virtual memory in one reserved
 // range per size class.
 void CachingPool::init_expandable() {
   VirtualMemory* vm = upstream_->virtual_memory();
