@@ -3,8 +3,9 @@ framework made (an engine's, e.g. OpenMM's), all without creating a context."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from gpukeeper.base import nvml
 from gpukeeper.frameworks import driver as cuda_driver
@@ -199,8 +200,23 @@ def outside_memory(device: int, reserved: int) -> Optional[FrameworkMemory]:
     counts all of it) or when NVML cannot tell. One NVML process list a read."""
     if not gpu_frameworks_loaded():
         return None
-    reading = nvml.this_process_memory(device)
-    if not reading.listed or reading.used_bytes is None:
+    key = (os.getpid(), device)  # a forked child lists under its own pid
+    read = _OUTSIDE_READERS.get(key)
+    if read is None:
+        reading = nvml.this_process_memory(device)
+        if not reading.listed or reading.used_bytes is None:
+            return None  # not listed yet (no context), or NVML cannot tell: ask again later
+        read, _why = nvml.process_memory_reader(device)
+        if read is None:
+            return None
+        _OUTSIDE_READERS[key] = read
+    try:
+        outside = max(0, read() - reserved)
+    except Exception:
         return None
-    outside = max(0, reading.used_bytes - reserved)
     return FrameworkMemory(OUTSIDE, outside, outside)
+
+
+#: NVML readers of this process's figure per (pid, device), kept: making one looks the
+#: device up and lists every process once more.
+_OUTSIDE_READERS: Dict[Tuple[int, int], Callable[[], int]] = {}

@@ -93,7 +93,7 @@ class BenchmarkResult:
     ``memory_outside_bytes``: how much the memory outside every framework grew over the
     calls (NVML's figure for this process less the frameworks' reserved bytes: what an
     engine or an extension allocates past them; None where it is not read). Growth past
-    8 MiB is also said in ``warnings``.
+    32 MiB is also said in ``warnings``.
 
     ``launch_latency``: ``"hidden"`` when each call's GPU time was taken behind a gate
     (the device's work alone, see ``benchmark_function``), ``"included"`` when the
