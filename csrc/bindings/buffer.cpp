@@ -145,7 +145,8 @@ std::string hex(std::uintptr_t v) {
 PyBuffer& self_buffer(PyObject* self) { return reinterpret_cast<BufferObject*>(self)->buf; }
 
 // Through pybind11's dispatcher and its type lookups, release() and the two context
-// manager calls cost more than the pool's allocation and release together, so these three skip it.
+// manager calls cost more than the pool's allocation and release together, so these
+// three skip it.
 PyObject* fast_release(PyObject* self, PyObject*) {
   self_buffer(self).release();
   Py_RETURN_NONE;
