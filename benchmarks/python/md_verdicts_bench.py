@@ -159,14 +159,17 @@ def run_schnet(steps: int) -> List[Dict[str, Any]]:
     torch.manual_seed(0)
     model = SchNet(hidden_channels=64, num_filters=64, num_interactions=3, cutoff=5.0).to(dev)
 
-    def radius_graph(pos: Any, batch: Any) -> Any:
-        # SchNet's own graph needs pyg-lib or torch-cluster; the same edges, dense.
-        d = torch.cdist(pos, pos)
-        mask = (d < 5.0) & ~torch.eye(len(pos), dtype=torch.bool, device=pos.device)
-        edge_index = mask.nonzero().t()
-        return edge_index, d[edge_index[0], edge_index[1]]
+    class DenseRadiusGraph(torch.nn.Module):
+        """SchNet's own graph needs pyg-lib or torch-cluster; the same edges, dense."""
 
-    model.interaction_graph = radius_graph
+        def forward(self, pos: Any, batch: Any) -> Any:
+            d = torch.cdist(pos, pos)
+            mask = (d < 5.0) & ~torch.eye(len(pos), dtype=torch.bool, device=pos.device)
+            edge_index = mask.nonzero().t()
+            diff = pos[edge_index[0]] - pos[edge_index[1]]
+            return edge_index, diff.norm(dim=-1)
+
+    model.interaction_graph = DenseRadiusGraph()
     z = torch.randint(1, 10, (200,), device=dev)
     pos = (torch.rand(200, 3, device=dev) * 12.0).requires_grad_(True)
     batch = torch.zeros(200, dtype=torch.long, device=dev)

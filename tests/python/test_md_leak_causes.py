@@ -193,3 +193,24 @@ def test_a_flat_run_says_its_peak_is_level() -> None:
     rising = [(5 + k) << 20 for k in range(6)]
     text = peak_pattern([24 * (k + 1) for k in range(6)], rising, [r + (3 << 20) for r in rising], 1.0)
     assert text.endswith("no spike")
+
+
+def test_with_tracking_the_cause_names_the_line_that_made_the_survivors() -> None:
+    w = torch.randn(4096, requires_grad=True)
+    x = torch.randn(4096)
+    kept = []
+
+    def graph(_):
+        e = torch.tanh(w * x).sum()  # the line the cause must name
+        kept.append(e)
+        return e
+
+    r = gpukeeper.benchmark_md_trajectory(
+        graph, [0], n_steps=200, device="cpu", progress=False, track_allocations=True
+    )
+    assert r.memory_leak is True
+    line = graph.__code__.co_firstlineno + 1
+    assert f"made at {__file__}:{line} in graph" in r.memory_leak_cause, r.memory_leak_cause
+    assert any("track_allocations" in w for w in r.warnings)
+    with pytest.raises(gpukeeper.InvalidInputError):
+        gpukeeper.benchmark_md_trajectory(graph, [0], n_steps=5, track_allocations="yes")

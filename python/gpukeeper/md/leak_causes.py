@@ -17,7 +17,7 @@ twice a run, outside the measured loop.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, FrozenSet, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 from gpukeeper.frameworks.live_arrays import LiveArray, live_arrays
 
@@ -29,6 +29,8 @@ MB = float(1 << 20)
 SURVIVOR_SHARE = 0.5
 
 ArraysBefore = FrozenSet[Tuple[str, str, int]]
+#: Where each allocation was made: (framework, address) -> its Python lines, innermost first.
+Sites = Dict[Tuple[str, int], Tuple[str, ...]]
 
 
 def _key(a: LiveArray) -> Tuple[str, str, int]:
@@ -45,10 +47,16 @@ def arrays_before(device: Any) -> Optional[ArraysBefore]:
 
 
 def leak_cause(
-    before: Optional[ArraysBefore], device: Any, n_steps: int, slope_bytes: float
+    before: Optional[ArraysBefore],
+    device: Any,
+    n_steps: int,
+    slope_bytes: float,
+    sites: Optional[Sites] = None,
 ) -> str:
     """The cause of a leak that grew ``slope_bytes`` a step over an ``n_steps`` run, from
-    what is alive now that was not before the run; "" when none accounts for it."""
+    what is alive now that was not before the run; "" when none accounts for it.
+    ``sites``: where each allocation was made (an allocation tracker's, keyed by
+    (framework, address)): the cause then names the line that made most of the group."""
     if before is None or n_steps <= 0:
         return ""
     try:
@@ -62,8 +70,8 @@ def leak_cause(
         return (
             f"an autograd graph survives each step: about {slope_bytes / MB:.3g} MB/step in "
             f"tensors saved for backward; {len(graphs)} results made during the run still carry "
-            f"a grad_fn ({count} of shape {shape[0]}); a result kept without .detach() is the "
-            "usual cause"
+            f"a grad_fn ({count} of shape {shape[0]}){_made_at(graphs, sites)}; a result kept "
+            "without .detach() is the usual cause"
         )
     if len(survivors) < need:
         return ""
@@ -75,7 +83,22 @@ def leak_cause(
     return (
         f"{count} tensors of shape {shape[0]} ({shape[1]}) made during the run are still "
         f"alive, about {count / n_steps:.2g} per step and {held / MB:.3g} MB in all"
+        f"{_made_at(group, sites)}"
     )
+
+
+def _made_at(arrays: Any, sites: Optional[Sites]) -> str:
+    """", made at FILE:LINE in FUNC" for the line that made most of ``arrays`` ("" when no
+    site is known)."""
+    if not sites:
+        return ""
+    lines = Counter(
+        site[0] for a in arrays for site in (sites.get((a.framework, a.data_ptr)),) if site
+    )
+    if not lines:
+        return ""
+    line, count = lines.most_common(1)[0]
+    return f", {count} of them made at {line}"
 
 
 def _commonest(arrays: Any) -> Tuple[Any, int]:

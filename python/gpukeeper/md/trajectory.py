@@ -16,6 +16,7 @@ from gpukeeper.base import nvml
 from gpukeeper.base.arg_checks import check_int, check_positive
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
+from gpukeeper.cleanup.tracking import AllocationTracker
 from gpukeeper.md.leak import LeakVerdict, memory_outcome, outside_frameworks
 from gpukeeper.md.leak_causes import ArraysBefore, arrays_before, leak_cause
 from gpukeeper.md.loop import LoopOptions, run_loop
@@ -376,6 +377,8 @@ class _Run:
     sampler: Optional[StepSampler] = None
     cross: Optional[memory.MemorySeries] = None
     arrays_before: Optional[ArraysBefore] = None
+    track: bool = False  # record the creating lines of what the steps make
+    tracker: Optional[AllocationTracker] = None
 
     def sync(self) -> None:
         """Waits for the steps' work: the frameworks' on the device, and the caller's."""
@@ -545,7 +548,10 @@ def _where_and_why(
         warnings.append(outside.reason)  # also beside a framework's own leak: both are said
     cause = ""
     if where is not None and where != "outside frameworks" and verdict is not None:
-        cause = leak_cause(run.arrays_before, _array_device(run.plan.index), n, verdict.slope)
+        sites = run.tracker.sites if run.tracker is not None else None
+        cause = leak_cause(
+            run.arrays_before, _array_device(run.plan.index), n, verdict.slope, sites
+        )
     return verdict, where, cause
 
 
@@ -613,7 +619,19 @@ def _measure(
         bar,
     )
     model = _blocking(model_func) if plan.kind == "jax" else model_func
-    total_time, pending = run_loop(model, source, n, host_ns, options)
+    if run.track:
+        run.tracker = AllocationTracker(4)
+        run.tracker.start()
+        run.warnings.append(
+            "track_allocations: every tensor or array the steps made was recorded with its "
+            "Python lines, which costs microseconds an operation: the step times are slower "
+            "than the loop's own"
+        )
+    try:
+        total_time, pending = run_loop(model, source, n, host_ns, options)
+    finally:
+        if run.tracker is not None:
+            run.tracker.stop()
     if run.marks is not None:
         run.marks.resolve(pending)
     if bar is not None:
@@ -643,6 +661,7 @@ def benchmark_md_trajectory(
     event_ring: int = 4096,
     event_every: Union[int, str] = "auto",
     synchronize: Optional[Callable[[], Any]] = None,
+    track_allocations: bool = False,
 ) -> TrajectoryResult:
     """Runs ``model_func(x)`` once per step over ``inputs`` and profiles every step.
 
@@ -683,6 +702,10 @@ def benchmark_md_trajectory(
             after the last step may be missing from the wall clock (the result says so).
             Passing it also says the steps' memory is the engine's: it is then read from
             NVML's figure for this process.
+        track_allocations: record where each tensor or array made during the measured
+            steps was made (its Python lines), so that a leak's cause names the line
+            that made what survives. Every operation then costs microseconds more: the
+            step times are not a production loop's (the result says so).
 
     Returns a :class:`TrajectoryResult`. Raises ``InvalidInputError`` for bad arguments
     (an uncallable model, no inputs, negative counts, an unknown ``timing`` ...);
@@ -716,5 +739,10 @@ def benchmark_md_trajectory(
         outlier_k,
         synchronize,
     )
+    if not isinstance(track_allocations, bool):
+        raise InvalidInputError(
+            f"track_allocations must be True or False, got {track_allocations!r}"
+        )
+    run.track = track_allocations and check_memory_leak
     warm = _prepare(run, model_func, data, device, timing, event_every, event_ring)
     return _measure(run, model_func, data, warm, check_memory_leak, memory_sample_every, progress)
