@@ -88,8 +88,8 @@ def leak_cause(
 
 
 def _made_at(arrays: Any, sites: Optional[Sites]) -> str:
-    """", made at FILE:LINE in FUNC" for the line that made most of ``arrays`` ("" when no
-    site is known)."""
+    """The words naming the line that made most of ``arrays`` (", N of them made at
+    FILE:LINE in FUNC"), or "" when no site is known."""
     if not sites:
         return ""
     lines = Counter(
