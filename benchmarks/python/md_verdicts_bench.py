@@ -14,7 +14,8 @@ size and at a tenth of it:
 Then real clients: torch-geometric's SchNet (clean, and its energies kept), and OpenMM
 with PyTorch imported (clean, and a Context kept per call). ``--aa N`` runs the clean loop
 in N fresh processes (none may leak or get a cause); ``--cost`` compares the loop with a
-plain one in ABBA pairs of fresh processes (25 us and 1 ms CPU steps, 1 ms GPU steps);
+plain one in ABCCBA rounds of fresh processes (25 us and 1 ms CPU steps, ~1.4 ms GPU steps),
+with and without the leak check;
 ``--regions`` checks GPUContext on first use of cuBLAS/cuDNN and on a raw allocation.
 Each row says what was expected and whether the verdict matched. Prints tables and
 writes JSON.
@@ -315,8 +316,15 @@ if mode == "plain":
     sync()
     dt = time.perf_counter() - t
 else:
-    r = benchmark_md_trajectory(step, [0], n_steps=n, warmup_steps=5, device=dev, progress=False)
+    r = benchmark_md_trajectory(step, [0], n_steps=n, warmup_steps=5, device=dev,
+                                progress=False, check_memory_leak=(mode == "gpukeeper"))
     dt = r.total_time_s
+    h = r.host_times_ms
+    med = sorted(h)[len(h) // 2]
+    extra = {"host_sum_s": sum(h) / 1e3, "max_step_ms": max(h), "max_at": h.index(max(h)),
+             "slow_steps": sum(1 for v in h if v > 1.5 * med), "sample_every": r.memory_sample_every}
+    print(json.dumps({"s_per_step": dt / n, **extra}))
+    sys.exit(0)
 print(json.dumps({"s_per_step": dt / n}))
 """
 
@@ -324,26 +332,36 @@ print(json.dumps({"s_per_step": dt / n}))
 def run_cost(pairs: int) -> List[Dict[str, Any]]:
     rows = []
     for kind, n in (("cpu25us", 20000), ("cpu1ms", 1500), ("gpu1ms", 1500)):
-        per: Dict[str, List[float]] = {"plain": [], "gpukeeper": []}
-        ratios = []
+        modes = ("plain", "gpukeeper", "no-leak-check")
+        per: Dict[str, List[float]] = {m: [] for m in modes}
+        ratios: Dict[str, List[float]] = {m: [] for m in modes[1:]}
+        details: List[Dict[str, Any]] = []
         for _ in range(pairs):
-            got = {}
-            for mode in ("plain", "gpukeeper", "gpukeeper", "plain"):
+            got: Dict[str, List[float]] = {}
+            for mode in ("plain", "gpukeeper", "no-leak-check", "no-leak-check", "gpukeeper",
+                         "plain"):
                 out = subprocess.run(
                     [sys.executable, "-c", COST_CHILD, kind, mode, str(n)],
                     capture_output=True, text=True, timeout=300,
                 )
-                v = json.loads(out.stdout.strip().splitlines()[-1])["s_per_step"]
-                per[mode].append(v)
-                got.setdefault(mode, []).append(v)
-            ratios.append(statistics.mean(got["gpukeeper"]) / statistics.mean(got["plain"]))
+                rec = json.loads(out.stdout.strip().splitlines()[-1])
+                per[mode].append(rec["s_per_step"])
+                got.setdefault(mode, []).append(rec["s_per_step"])
+                if mode != "plain":
+                    details.append({"mode": mode, **rec})
+            for m in modes[1:]:
+                ratios[m].append(statistics.mean(got[m]) / statistics.mean(got["plain"]))
         rows.append(
             {
                 "step": kind,
                 "plain_us": round(statistics.median(per["plain"]) * 1e6, 2),
                 "gpukeeper_us": round(statistics.median(per["gpukeeper"]) * 1e6, 2),
-                "cost_pct_median_of_pairs": round((statistics.median(ratios) - 1) * 100, 3),
+                "cost_pct_median_of_pairs": round((statistics.median(ratios["gpukeeper"]) - 1) * 100, 3),
+                "without_leak_check_pct": round(
+                    (statistics.median(ratios["no-leak-check"]) - 1) * 100, 3
+                ),
                 "pairs": pairs,
+                "details": details,
             }
         )
     return rows
@@ -458,7 +476,11 @@ def main() -> None:
     if args.cost:
         out["cost"] = run_cost(args.cost)
         table("loop cost (ABBA, fresh processes)", out["cost"],
-              ["step", "plain_us", "gpukeeper_us", "cost_pct_median_of_pairs", "pairs"])
+              ["step", "plain_us", "gpukeeper_us", "cost_pct_median_of_pairs",
+               "without_leak_check_pct", "pairs"])
+        for r in out["cost"]:
+            for d in r["details"][:4]:
+                print(f"  {r['step']} {d}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
