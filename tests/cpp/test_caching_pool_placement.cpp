@@ -1,6 +1,6 @@
-// Exact placement: a pool's live blocks listed, the segment of an address, and a recorded
-// layout of live blocks put back at the same addresses (what PyTorch's CUDA graph trees
-// ask when they record a second path). Host memory, so that these run everywhere.
+// Exact placement (caching_pool_placement.cpp): a pool's live blocks listed, the segment of
+// an address, and a recorded layout of live blocks put back at the same addresses (what
+// PyTorch's CUDA graph trees ask when they record a second path). Host memory, so that these run everywhere.
 #include <algorithm>
 #include <cstring>
 #include <vector>

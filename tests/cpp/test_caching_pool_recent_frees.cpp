@@ -1,7 +1,8 @@
-// Recent frees: the last few freed blocks wait off the free index, and a request of the
-// same rounded size on the same stream takes the newest back whole. Everything else must
-// see them as if they had been put on the index at their free: placement, merging, the
-// books, trim and validate(). Host memory (fixed and hybrid over host virtual memory), so
+// The pool's recent frees (caching_pool.cpp over RecentFrees, whose own test is
+// test_recent_frees.cpp): the last few freed blocks wait off the free index, and a request
+// of the same rounded size on the same stream takes the newest back whole. Everything else
+// must see them as if they had been put on the index at their free: placement, merging,
+// the books, trim and validate(). Host memory (fixed and hybrid over host virtual memory), so
 // that these run everywhere; the stream cases run over device memory in test_streams.cpp.
 #include <algorithm>
 #include <random>

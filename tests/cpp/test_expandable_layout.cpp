@@ -1,6 +1,6 @@
 // ExpandableLayout (expandable_layout.hpp): every size class in expandable ranges, over
 // host virtual memory (2 MiB pages, as CUDA's granularity). The ranges themselves, shared
-// with the hybrid layout, are tested in test_expandable.cpp.
+// with the hybrid layout, are tested in test_caching_pool_expandable.cpp.
 #include "gpukeeper/memory/expandable_layout.hpp"
 #include "test_support.hpp"
 

@@ -1,6 +1,6 @@
 // RecentFrees (recent_frees.hpp): the last few freed blocks held off the free index, on
 // their own. How the pool uses them (placement, merging, the books) is in
-// test_recent_frees.cpp.
+// test_caching_pool_recent_frees.cpp.
 #include <type_traits>
 
 #include "gpukeeper/memory/recent_frees.hpp"

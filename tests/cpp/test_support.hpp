@@ -74,7 +74,7 @@ inline bool kind_usable(ResourceKind kind, std::string* why) {
 
 // Options for cases whose numbers are those of fixed segments (sizes, counts, release):
 // PoolOptions{} is hybrid over device memory (test_pool_layout.cpp), whose ranges and
-// pages test_expandable.cpp counts.
+// pages test_caching_pool_expandable.cpp counts.
 inline PoolOptions fixed_segments() {
   PoolOptions options;
   options.segments = SegmentLayout::fixed;
