@@ -294,7 +294,7 @@ class CachingPool {
   void init_layout();
   void init_expandable();
   // Whether requests of this class live in expandable ranges: the layout's answer, kept.
-  bool expandable_class(bool small) const noexcept { return expandable_class_[small ? 0 : 1]; }
+  bool expandable_class(bool small) const noexcept { return expandable_class_[small]; }
   detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
   detail::Block* fewest_pages_fit(std::size_t size, bool small, stream_t stream) const;
   bool map_pages(detail::Block* block, std::size_t size, std::size_t requested);
@@ -321,8 +321,9 @@ class CachingPool {
   std::function<bool()> may_create_page_fn_;
   detail::Segment* expandable_[2] = {nullptr, nullptr};  // growing range: [0] small, [1] large
   std::size_t total_memory_ = 0;  // expandable: the upstream's whole memory; 0: unknown
-  // Per size class ([0] small, [1] large): whether its blocks live in expandable ranges
-  // (PoolLayout::source), asked once by init_layout so that placement calls no layout.
+  // Per size class, indexed by `small` ([0] large, [1] small): whether its blocks live in
+  // expandable ranges (PoolLayout::source), asked once by init_layout so that placement
+  // calls no layout.
   bool expandable_class_[2] = {false, false};
 
   mutable SpinMutex mutex_;  // guards everything below up to the counters

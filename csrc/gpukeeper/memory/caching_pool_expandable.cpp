@@ -18,8 +18,9 @@ using detail::Segment;
 void CachingPool::init_layout() {
   options_.segments = resolve_layout(options_.segments, *upstream_);
   const std::unique_ptr<PoolLayout> layout = make_layout(options_.segments);
-  expandable_class_[0] = layout->source(true) == SegmentSource::expandable;
-  expandable_class_[1] = layout->source(false) == SegmentSource::expandable;
+  for (const bool small : {false, true}) {
+    expandable_class_[small] = layout->source(small) == SegmentSource::expandable;
+  }
   if (layout->uses_expandable()) init_expandable();
 }
 
