@@ -41,6 +41,7 @@ MiB = 1 << 20
 def _driver() -> Any:
     cuda = ctypes.CDLL("libcuda.so.1")
     cuda.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
     return cuda
 
 
@@ -102,7 +103,17 @@ def mlp_loops(atoms: int, scale: float) -> Dict[str, Callable[[Any], Any]]:
         kept.append(raw_alloc(cuda, int(MiB * scale)))
         return f
 
-    return {"clean": clean, "graph": graph, "scratch": scratch, "cache": cache, "raw": raw}
+    def reset() -> None:
+        # Each loop starts from what the clean one holds: earlier loops' leaks are freed.
+        for k in kept:
+            if isinstance(k, int):
+                cuda.cuMemFree_v2(ctypes.c_uint64(k))
+        kept.clear()
+        step[0] = 0
+        torch.cuda.empty_cache()
+
+    loops = {"clean": clean, "graph": graph, "scratch": scratch, "cache": cache, "raw": raw}
+    return loops, reset
 
 
 EXPECTED = {  # loop -> (leak, where, a word the cause must hold, a spike expected)
@@ -138,11 +149,13 @@ def run_loops(atoms: int, steps: int, only: Optional[str]) -> List[Dict[str, Any
 
     rows = []
     for scale in (1.0, 0.1):
-        for name, fn in mlp_loops(atoms, scale).items():
+        loops, reset = mlp_loops(atoms, scale)
+        for name, fn in loops.items():
             if only and name != only:
                 continue
             if scale != 1.0 and name == "clean":
                 continue
+            reset()
             r = benchmark_md_trajectory(fn, [0], n_steps=steps, device="cuda", progress=False)
             row = verdict_row(name, r, EXPECTED[name])
             row["size"] = "full" if scale == 1.0 else "1/10"
