@@ -34,9 +34,10 @@ from gpukeeper.cleanup import (
 )
 
 torch = pytest.importorskip("torch")
+from torch_cuda import torch_cuda_usable  # noqa: E402
 
 CUDA = bool(gpukeeper.cuda_available())
-TORCH_CUDA = CUDA and torch.cuda.is_available()
+TORCH_CUDA = CUDA and torch_cuda_usable()
 needs_torch_cuda = pytest.mark.skipif(not TORCH_CUDA, reason="needs PyTorch with a usable CUDA device")
 MiB = 1 << 20
 
@@ -93,6 +94,7 @@ def test_empty_block_is_fast_and_collects_nothing(monkeypatch):
     assert "nothing held" in str(report)
 
 
+@pytest.mark.quiet_machine
 def test_exit_with_nothing_held_costs_under_a_millisecond():
     ctx = GPUContext()
     for _ in range(20):  # warm-up
@@ -779,6 +781,7 @@ def test_gpu_cleanup_models_with_names_held(gpu_baseline):
 
 
 @needs_torch_cuda
+@pytest.mark.quiet_machine
 def test_gpu_context_fast_exit_with_cuda_initialised():
     torch.ones(1, device="cuda")
     ctx = GPUContext(0)

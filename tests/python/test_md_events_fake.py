@@ -252,6 +252,7 @@ def test_sync_every_with_marks_every_k(fake_gpu):
     assert r.gpu_times_ms == pytest.approx(_interval_means(work, ends))
 
 
+@pytest.mark.quiet_machine
 def test_host_work_between_steps_is_in_no_interval(fake_gpu):
     # A launch-bound loop (the host takes 150 us a step, the device 100 us, so the device
     # idles between launches) with a memory reader that takes 5 ms: every 8th step.

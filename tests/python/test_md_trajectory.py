@@ -330,6 +330,7 @@ def test_gpu_clean_model_with_allocator_warmup_growth_is_not_flagged() -> None:
 
 
 @gpu
+@pytest.mark.quiet_machine
 def test_gpu_step_times_are_the_kernels_and_host_work_between_steps_is_not_counted() -> None:
     torch = pytest.importorskip("torch")
     from gpukeeper import _core
