@@ -1,7 +1,8 @@
 """The package's layering rules, read from its source: no import circles between modules,
-no module outside ``frameworks/`` and ``integrations/`` imports PyTorch, CuPy or JAX or
-reads them from ``sys.modules``, and only ``base/process_life.py`` hooks into the
-process (atexit, fork, signals, profile and monitoring hooks, threads)."""
+no module outside ``frameworks/`` and ``integrations/`` imports PyTorch, CuPy or JAX,
+reads them from ``sys.modules`` or names them in a string (a framework's name is its
+adapter's), and only ``base/process_life.py`` hooks into the process (atexit, fork,
+signals, profile and monitoring hooks, threads)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,47 @@ def test_frameworks_are_read_only_through_the_adapters():
             continue
         outside += [f"{path.relative_to(PACKAGE.parent)}:{line}: {what}" for line, what in _framework_uses(path)]
     assert not outside, "framework access outside frameworks/ and integrations/:\n" + "\n".join(outside)
+
+
+def _framework_names(path: Path) -> List[Tuple[int, str]]:
+    """(line, literal) for each string in the code (docstrings left out) that is a
+    framework's name or starts with one's module path (``"torch"``, ``"jax.numpy"``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if node.value in FRAMEWORKS or node.value.split(".")[0] in FRAMEWORKS and "." in node.value:
+                found.append((node.lineno, node.value))
+    return found
+
+
+def test_frameworks_are_named_only_by_their_adapters():
+    """Outside ``frameworks/`` and ``integrations/`` the code asks the registry: a new
+    framework is one adapter module and its line in the registry, not a string compare in
+    timing, cleanup or the account."""
+    outside = []
+    for name, path in sorted(_modules().items()):
+        if len(name.split(".")) > 1 and name.split(".")[1] in ADAPTER_PACKAGES:
+            continue
+        outside += [f"{path.relative_to(PACKAGE.parent)}:{line}: {value!r}" for line, value in _framework_names(path)]
+    assert not outside, "framework names outside frameworks/ and integrations/:\n" + "\n".join(outside)
+
+
+def test_the_name_rule_sees_literals_not_docstrings(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        '"""Times torch and jax."""\n'
+        'def f(kind):\n    """A "jax" plan."""\n    # "cupy" in a comment\n'
+        '    return kind == "jax" or kind.startswith("torch.") or f"{kind}" == "cupy.ndarray"\n'
+        'NAMES = ("torchvision", "jaxtyping", "engine")\n'
+    )
+    assert [value for _, value in _framework_names(sample)] == ["jax", "torch.", "cupy.ndarray"]
 
 
 def _imports(name: str, path: Path, known: Set[str]) -> Set[str]:

@@ -178,7 +178,7 @@ def get_gpu_info(device: Any = None) -> Dict[str, Any]:
     if index is None:
         return _cpu_info(spec.reason)
     info = _blank_cuda_info(index, status)
-    _torch_info(index, info)
+    _framework_info(index, info)
     _driver_info(index, info)
     before = dict(info)
     _nvml_info(index, info)
@@ -233,26 +233,15 @@ def _blank_cuda_info(index: int, status: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _torch_info(index: int, info: Dict[str, Any]) -> None:
-    """Fills ``info`` from PyTorch's device properties, when PyTorch is loaded."""
-    torch = frameworks.loaded_torch()
-    if torch is None:
+def _framework_info(index: int, info: Dict[str, Any]) -> None:
+    """Fills ``info`` from the device properties of the first loaded framework that can
+    read them (PyTorch's)."""
+    found = frameworks.device_properties(index)
+    if found is None:
         return
-    try:
-        p = torch.cuda.get_device_properties(index)
-        info.update(
-            name=str(p.name),
-            compute_capability=f"{p.major}.{p.minor}",
-            compute_capability_tuple=(int(p.major), int(p.minor)),
-            total_memory_bytes=int(p.total_memory),
-            multiprocessors=int(p.multi_processor_count),
-            l2_cache_bytes=getattr(p, "L2_cache_size", None),
-            uuid=(f"GPU-{p.uuid}" if getattr(p, "uuid", None) else None),
-            torch_cuda_version=torch.version.cuda,
-        )
-        info["sources"].append("torch")
-    except Exception:
-        pass  # a broken torch CUDA build: the other sources still answer
+    name, props = found
+    info.update(props)
+    info["sources"].append(name)
 
 
 def _driver_info(index: int, info: Dict[str, Any]) -> None:

@@ -61,8 +61,6 @@ _FALLBACK_S = 0.005
 # (a collection started inside a long call): then the timer takes over.
 _MAX_EVENTS = 10_000
 
-_ARRAY_FRAMEWORKS = ("torch", "cupy")
-
 
 class _Group:
     """The armed objects that share one allocation: it is freed when they all died."""
@@ -161,7 +159,8 @@ def _holders(
     """``(location, bytes, objects)`` per allocation that may hold memory where ``pairs``
     (location, framework) are held."""
     out: List[Tuple[str, int, List[Any]]] = []
-    array_locs = {loc for loc, name in pairs if name in _ARRAY_FRAMEWORKS and loc != HOST}
+    array_frameworks = frameworks.array_frameworks()
+    array_locs = {loc for loc, name in pairs if name in array_frameworks and loc != HOST}
     if array_locs:
         # One walk of the heap for every device (None: all CUDA devices).
         only = int(next(iter(array_locs)).split(":", 1)[1]) if len(array_locs) == 1 else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 from gpukeeper.base.errors import EmptiedObjectError
+from gpukeeper.frameworks import torch_dtype_name
 
 # The attribute (in the tensor's __dict__) holding what the tensor was: shape, dtype, device.
 _WAS = "_gpukeeper_emptied"
@@ -55,7 +56,7 @@ def _describe(was: Optional[Tuple[Any, ...]]) -> str:
     if was is None:
         return "this tensor"
     shape, dtype, device = was
-    return f"this tensor (shape {tuple(shape)}, {str(dtype).replace('torch.', '')}, on {device})"
+    return f"this tensor (shape {tuple(shape)}, {torch_dtype_name(dtype)}, on {device})"
 
 
 def _find_was(args: Any, kwargs: Any) -> Optional[Tuple[Any, ...]]:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import sys
 from types import FrameType
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-import gpukeeper._core as _core
 from gpukeeper import frameworks
 from gpukeeper.cleanup.cleanup_report import LeakedArray, Snapshot
 from gpukeeper.cleanup.measure import level_of
 from gpukeeper.frameworks import LiveArray
+
+#: The name gpukeeper's own buffers are reported under (its pools' adapter).
+BUFFERS = frameworks.PoolsAdapter.name
 
 _INTERNAL_DIRS: Optional[Tuple[str, ...]] = None
 
@@ -45,115 +47,46 @@ def _user_stack(depth: int) -> Tuple[str, ...]:
     return tuple(out) if out else ("<no Python frame: another thread, e.g. autograd's>",)
 
 
-_dispatch_mode_class: Any = None
-
-
-def _recorder_class(torch_types: Tuple[type, type]) -> Any:
-    """A TorchDispatchMode that records where each new storage was made (made once), from
-    what ``frameworks.torch_dispatch_mode()`` gives."""
-    global _dispatch_mode_class
-    if _dispatch_mode_class is None:
-        tensor_type, TorchDispatchMode = torch_types
-
-        class _Recorder(TorchDispatchMode):  # type: ignore[misc, valid-type]
-            def __init__(self, tracker: "AllocationTracker") -> None:
-                super().__init__()
-                self.tracker = tracker
-
-            def __torch_dispatch__(
-                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-            ) -> Any:
-                out = func(*args, **(kwargs or {}))
-                # Views and in-place ops make no new storage: only the others are recorded
-                # (a storage's address, reused later by the allocator, is overwritten then).
-                if not func.is_view and not func._schema.is_mutable:
-                    if isinstance(out, tensor_type):
-                        self.tracker.record_torch((out,))
-                    elif isinstance(out, (tuple, list)):
-                        self.tracker.record_torch([t for t in out if isinstance(t, tensor_type)])
-                return out
-
-        _dispatch_mode_class = _Recorder
-    return _dispatch_mode_class
-
-
 class AllocationTracker:
     """Creation sites of the storages/arrays made while it runs (``track_allocations``).
 
-    PyTorch: a TorchDispatchMode sees every ATen op of the thread that entered it (and of
-    autograd's threads, which inherit it) and records the Python stack for each new
-    storage. CuPy: a ``cupy.cuda.MemoryHook`` records each allocation from CuPy's memory
-    pool. Both cost microseconds per op: for finding leaks, not for production loops.
-    Only frameworks imported before the context is entered are tracked.
+    Each framework's adapter records where its allocations are made
+    (``record_allocations``): for PyTorch a TorchDispatchMode that sees every ATen op of
+    the thread that entered it (and of autograd's threads, which inherit it), for CuPy a
+    ``cupy.cuda.MemoryHook`` on its memory pool, for gpukeeper's pools a hook on every new
+    ``ManagedBuffer``; the tracker keeps the Python stack of each. They cost microseconds
+    per op: for finding leaks, not for production loops. Only frameworks imported before
+    the context is entered are tracked.
     """
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
         self.sites: Dict[Tuple[str, int], Tuple[str, ...]] = {}
-        self._mode: Any = None
-        self._hook: Any = None
+        self._stops: List[Callable[[], None]] = []
         self.frameworks: Set[str] = set()
 
-    def record_buffer(self, buffer: Any) -> None:
-        """Called by gpukeeper with each new ``ManagedBuffer`` while tracking."""
-        self.sites[("gpukeeper", int(buffer.ptr))] = _user_stack(self.depth)
+    def _recorder(self, name: str) -> Callable[[Sequence[int]], None]:
+        """What ``name``'s adapter calls with the addresses of its new allocations."""
+        sites = self.sites
 
-    def record_torch(self, tensors: Sequence[Any]) -> None:
-        stack = None
-        for t in tensors:
-            try:
-                ptr = int(t.untyped_storage().data_ptr())
-            except Exception:
-                continue  # sparse/meta/fake: no storage to attribute
-            if ptr:
-                if stack is None:
-                    stack = _user_stack(self.depth)
-                self.sites[("torch", ptr)] = stack
+        def record(addresses: Sequence[int]) -> None:
+            stack = _user_stack(self.depth)
+            for address in addresses:
+                sites[(name, address)] = stack
+
+        return record
 
     def start(self) -> None:
         _internal_dirs()
-        _core._set_buffer_hook(self.record_buffer)
-        self.frameworks.add("gpukeeper")
-        torch_types = frameworks.torch_dispatch_mode()
-        if torch_types is not None:
-            mode = _recorder_class(torch_types)(self)
-            mode.__enter__()
-            self._mode = mode
-            self.frameworks.add("torch")
-        hook_base = frameworks.cupy_memory_hook()
-        if hook_base is not None:
-            tracker = self
-
-            class _CupyRecorder(hook_base):  # type: ignore[misc, valid-type]
-                def malloc_postprocess(self, **kwargs: Any) -> None:
-                    ptr = kwargs.get("mem_ptr")
-                    if ptr:
-                        tracker.sites[("cupy", int(ptr))] = _user_stack(tracker.depth)
-
-            hook = _CupyRecorder()
-            hook.name = f"gpukeeper-tracker-{id(self)}"  # hook names must be unique per thread
-            try:
-                hook.__enter__()
-                self._hook = hook
-                self.frameworks.add("cupy")
-            except Exception:
-                pass  # CuPy's hooks unavailable: its arrays are listed without sites
+        for name, fw in frameworks.ADAPTERS.items():
+            stop = fw.record_allocations(self._recorder(name))
+            if stop is not None:
+                self._stops.append(stop)
+                self.frameworks.add(name)
 
     def stop(self) -> None:
-        if "gpukeeper" in self.frameworks:
-            _core._set_buffer_hook(None)
-        if self._hook is not None:
-            try:
-                self._hook.__exit__(None, None, None)
-            except Exception:
-                pass
-            self._hook = None
-        if self._mode is not None:
-            try:
-                self._mode.__exit__(None, None, None)
-            except Exception:
-                pass
-            self._mode = None
+        while self._stops:
+            self._stops.pop()()
 
 
 def name_leaks(
@@ -163,21 +96,18 @@ def name_leaks(
     max_listed: int,
 ) -> Tuple[List[LeakedArray], int]:
     """The live tensors/arrays on the devices where memory is still held (slow: gc walk)."""
-    wanted = {
-        (loc, name)
-        for loc, per in held.items()
-        for name in per
-        if name in ("torch", "cupy", "gpukeeper")
-    }
+    array_frameworks = frameworks.array_frameworks()
+    listed = set(array_frameworks) | {BUFFERS}
+    wanted = {(loc, name) for loc, per in held.items() for name in per if name in listed}
     if not wanted:
         return [], 0
     locations = sorted({loc for loc, _ in wanted})
     candidates: List[LeakedArray] = []
     for loc in locations:
         found: List[LiveArray] = []
-        if (loc, "gpukeeper") in wanted:
+        if (loc, BUFFERS) in wanted:
             found += frameworks.live_buffers(loc)
-        if loc.startswith("cuda:") and ({(loc, "torch"), (loc, "cupy")} & wanted):
+        if loc.startswith("cuda:") and any((loc, name) in wanted for name in array_frameworks):
             found += frameworks.live_arrays(int(loc.split(":", 1)[1]))
         for arr in found:
             if (loc, arr.framework) not in wanted:

@@ -9,6 +9,7 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, List
 
+from gpukeeper import frameworks
 from gpukeeper.cli.output import (
     OK,
     add_command,
@@ -26,14 +27,9 @@ EXAMPLES = """examples:
   gpukeeper info --json -                  the same on stdout"""
 
 #: Distributions whose versions the export lists: read from their metadata, never imported
-#: (importing torch takes seconds, and CuPy's import may touch the driver).
-FRAMEWORKS = (
-    "torch",
-    "cupy-cuda13x",
-    "cupy-cuda12x",
-    "cupy",
-    "jax",
-    "jaxlib",
+#: (importing torch takes seconds, and CuPy's import may touch the driver). The
+#: frameworks' come from their adapters.
+FRAMEWORKS = frameworks.distributions() + (
     "nvidia-ml-py",
     "numpy",
     "triton",

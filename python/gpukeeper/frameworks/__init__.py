@@ -3,9 +3,10 @@
 One adapter per framework (:mod:`.torch_adapter`, :mod:`.cupy_adapter`,
 :mod:`.jax_adapter`, gpukeeper's own pools in :mod:`.pools_adapter`, and a CUDA context
 with no framework in :mod:`.cuda_context_adapter`), each owning its memory counters,
-release, synchronize, timing marks and L2 scratch. This module holds the registry and
-the answers over all of them (the measuring code reads the frameworks only through
-these: ``allocated_reader``, ``reserved_bytes``, ``l2_cache_size``, ``l2_scratch``);
+release, synchronize, timing marks and plan facts, L2 scratch, live arrays and
+allocation sites. :mod:`.registry` lists them; this module gives the answers over all of
+them (the measuring code reads the frameworks only through these: ``allocated_reader``,
+``reserved_bytes``, ``l2_cache_size``, ``l2_scratch``, ``result_framework`` ...);
 :mod:`.contexts` says which devices hold contexts, :mod:`.live_arrays` which tensors
 and arrays hold memory. Nothing here imports a framework: one that is not
 in ``sys.modules`` is not in use, and importing it would cost seconds and create a CUDA
@@ -14,12 +15,16 @@ context.
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
 from gpukeeper.base import device_names as _devices
-from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, memory_dict
+from gpukeeper.frameworks.adapter import (
+    FrameworkAdapter,
+    FrameworkMemory,
+    InUseReader,
+    Scratch,
+    memory_dict,
+)
 from gpukeeper.frameworks.contexts import (
     ENGINE,
     OUTSIDE,
@@ -33,7 +38,6 @@ from gpukeeper.frameworks.contexts import (
 )
 from gpukeeper.frameworks.cupy_adapter import (
     CupyAdapter,
-    cupy_current_device,
     cupy_memory_hook,
     loaded_cupy,
 )
@@ -62,6 +66,17 @@ from gpukeeper.frameworks.pools_adapter import (
     register_pool,
     reset_host_pool_peak,
 )
+from gpukeeper.frameworks.registry import (
+    ADAPTERS,
+    adapter,
+    array_frameworks,
+    device_properties,
+    distributions,
+    framework_dirs,
+    result_framework,
+    result_gpu_device,
+    waiting_on_result,
+)
 from gpukeeper.frameworks.torch_adapter import (
     TorchAdapter,
     compiled_frames,
@@ -69,11 +84,10 @@ from gpukeeper.frameworks.torch_adapter import (
     loaded_torch,
     torch_allocated_reader,
     torch_cuda,
-    torch_current_device,
     torch_device_name,
     torch_dispatch_mode,
+    torch_dtype_name,
     torch_in_use,
-    torch_oom_error,
     torch_storage_weakref,
     torch_uses_gpukeeper,
 )
@@ -84,8 +98,19 @@ __all__ = [
     "OUTSIDE",
     "outside_memory",
     "ContextCensus",
+    "CupyAdapter",
     "FrameworkAdapter",
     "FrameworkMemory",
+    "InUseReader",
+    "JaxAdapter",
+    "PoolsAdapter",
+    "TorchAdapter",
+    "array_frameworks",
+    "device_properties",
+    "distributions",
+    "result_framework",
+    "result_gpu_device",
+    "waiting_on_result",
     "LiveArray",
     "active_devices",
     "Scratch",
@@ -134,6 +159,7 @@ __all__ = [
     "torch_cuda",
     "torch_device_name",
     "torch_dispatch_mode",
+    "torch_dtype_name",
     "torch_in_use",
     "torch_storage_weakref",
     "torch_uses_gpukeeper",
@@ -141,45 +167,24 @@ __all__ = [
 
 
 def current_framework_device() -> Optional[int]:
-    """The CUDA device a loaded framework calls current: PyTorch's once it has initialised
-    CUDA, else CuPy's; None when neither says. Imports nothing and initialises nothing."""
-    index = torch_current_device()
-    return cupy_current_device() if index is None else index
+    """The CUDA device a loaded framework calls current: the first in the registry that
+    says (PyTorch's once it has initialised CUDA, else CuPy's); None when none says.
+    Imports nothing and initialises nothing."""
+    for fw in ADAPTERS.values():
+        index = fw.current_device()
+        if index is not None:
+            return index
+    return None
 
 
 # gpukeeper.devices sits below this layer and asks through this for "the current device".
 _devices.set_current_index_source(current_framework_device)
 
 
-def framework_dirs() -> List[str]:
-    """The folders of the loaded frameworks' packages (PyTorch, CuPy), each ending in a path
-    separator: where a stack leaves the user's code."""
-    dirs = []
-    for name in ("torch", "cupy", "cupyx"):
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if path:
-            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
-    return dirs
-
-
 def oom_error_types() -> Tuple[type, ...]:
     """The out-of-memory error types of the loaded frameworks (``torch.cuda.OutOfMemoryError``)."""
-    error = torch_oom_error()
-    return (error,) if error is not None else ()
-
-
-#: The adapters, in the order reports list them. Tests replace entries to fake a machine.
-ADAPTERS: Dict[str, FrameworkAdapter] = {
-    "torch": TorchAdapter(),
-    "cupy": CupyAdapter(),
-    "jax": JaxAdapter(),
-    "gpukeeper": PoolsAdapter(),
-}
-
-
-def adapter(name: str) -> FrameworkAdapter:
-    """The adapter registered as ``name`` (KeyError for an unknown name)."""
-    return ADAPTERS[name]
+    found = (fw.oom_error() for fw in ADAPTERS.values())
+    return tuple(error for error in found if error is not None)
 
 
 class _Targets:

@@ -1,35 +1,71 @@
 """The adapter interface: what every framework adapter answers, and the host-clock marks.
 
-An adapter is one framework's view of a device: its memory counters (``memory``), how to
-make it let go of its cache (``release``), how to wait for its queued work
-(``synchronize``) and, for timing, its marks on a stream (``timer_backend``: the current
-stream, events, elapsed time) and its view of the L2 cache (``l2_cache_size``, a
-``Scratch`` buffer to flush it with). Adapters sit on the base layer (devices, nvml, host,
-errors) and never import a feature or a surface. None imports its framework: one that is
-not in ``sys.modules`` is not in use, and importing it would cost seconds and create a
-CUDA context.
+An adapter is everything gpukeeper knows about one framework: its memory counters
+(``memory``, a resettable ``peak``, a reader of bytes in use), how to make it let go of
+its cache (``release``), how to wait for its queued work (``synchronize``, or blocking on
+a result for a framework with streams of its own, as JAX), its live arrays, where its
+allocations are made (``record_allocations``) and, for timing, its marks on a stream
+(``timer_backend``: the current stream, events, elapsed time) and its view of the L2 cache
+(``l2_cache_size``, a ``Scratch`` buffer to flush it with). The measuring code (timing,
+trajectories, cleanup, the account) asks the registry (``gpukeeper.frameworks``), which
+asks every adapter; nothing outside ``frameworks/`` names a framework.
 
-To add a framework: subclass :class:`FrameworkAdapter` in a module of its own, list an
-instance in ``gpukeeper.frameworks.ADAPTERS`` and, for timing, register its
-:class:`TimerBackend` with ``gpukeeper.timing.register_backend``.
+Adapters sit on the base layer (devices, nvml, host, errors) and never import a feature
+or a surface. None imports its framework: one that is not in ``sys.modules`` is not in
+use, and importing it would cost seconds and create a CUDA context.
+
+To add a framework: subclass :class:`FrameworkAdapter` in a module of its own and list an
+instance in ``gpukeeper.frameworks.registry.ADAPTERS``; what it leaves at the defaults
+here it does not have.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from gpukeeper.base.device_names import DeviceSpec
 
 __all__ = [
     "CpuBackend",
+    "DeviceFilter",
     "FrameworkAdapter",
     "FrameworkMemory",
+    "InUseReader",
+    "LiveArray",
     "Scratch",
+    "StopRecording",
     "TimerBackend",
     "memory_dict",
 ]
+
+#: Whether an array on (device type, index) is wanted: ``("cuda", 0)``, ``("cpu", None)``.
+DeviceFilter = Callable[[str, Optional[int]], bool]
+#: (a reader of the bytes in use, a reader of their peak or None when there is none).
+InUseReader = Tuple[Callable[[], int], Callable[[], Optional[int]]]
+#: Ends a ``record_allocations``.
+StopRecording = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class LiveArray:
+    """One allocation held by a live tensor or array that Python can see.
+
+    ``nbytes`` is the whole allocation (the storage for PyTorch, the memory chunk for
+    CuPy), counted once however many views share it; ``shape``/``dtype``/``kind`` are
+    those of the base tensor or array when a view's base is alive. ``data_ptr`` is the
+    allocation's address, the key under which creation sites are recorded.
+    """
+
+    framework: str
+    device: str
+    kind: str
+    shape: Tuple[int, ...]
+    dtype: str
+    nbytes: int
+    data_ptr: int
+    grad_fn: bool = False  # a PyTorch result that keeps an autograd graph alive
 
 
 @dataclass(frozen=True)
@@ -68,10 +104,69 @@ class FrameworkAdapter:
     name: str = "abstract"
     #: Whether ``release(None)``/``synchronize(None)`` may mean "all it holds".
     whole_process: bool = False
+    #: The framework's name in words, for messages ("PyTorch", "JAX").
+    display_name: str = "abstract"
+    #: The modules whose folders a stack passes through on its way to the user's code.
+    modules: Tuple[str, ...] = ()
+    #: The distributions whose versions ``gpukeeper info`` lists (read from their
+    #: metadata, never imported).
+    distributions: Tuple[str, ...] = ()
+    #: Whether ``peak``/``reset_peak`` follow the figures of ``allocated_reader`` when
+    #: this framework is the one read (PyTorch): a run's memory series then has a peak.
+    peak_follows_reader: bool = False
+    #: True for a framework whose work runs on streams of its own, waited for by blocking
+    #: on its result (JAX): no events can be put beside it, its work is timed on the
+    #: host clock around ``block_until_ready``, and its plan kind is its ``name``.
+    waits_on_result: bool = False
+    #: That wait in words, for a plan's ``how`` ("jax.block_until_ready").
+    result_wait: str = ""
+    #: The backend that puts CUDA events on the framework's current stream (None: it
+    #: gives none), and its priority among the usable backends (the highest wins).
+    timer_backend: Optional[Type["TimerBackend"]] = None
+    timer_priority: int = 0
 
     def in_use(self) -> bool:
         """Whether the framework is loaded and uses CUDA in this process."""
         return False
+
+    def cuda_usable(self) -> bool:
+        """Whether the framework is loaded and CUDA is usable through it (it may not have
+        made a context yet): then work asked to run with no device runs on CUDA, and
+        its ``timer_backend`` can time it."""
+        return False
+
+    def gpu_loaded(self) -> bool:
+        """Whether the framework is loaded and runs GPU work gpukeeper can see."""
+        return self.in_use()
+
+    def may_hold_context(self) -> bool:
+        """Whether the framework could have made a CUDA context (cheap checks only)."""
+        return self.in_use()
+
+    def context_devices(self) -> List[int]:
+        """The CUDA devices the framework knows it holds contexts on, asked only where the
+        driver cannot be reached; [] when it cannot tell."""
+        return []
+
+    def current_device(self) -> Optional[int]:
+        """The CUDA device the framework calls current, where it can tell without
+        initialising anything; None otherwise."""
+        return None
+
+    def current_stream_handle(self, device: int) -> Optional[int]:
+        """The handle (``cudaStream_t`` as an int) of the framework's current stream on
+        ``device``, when CUDA is usable through it; None otherwise."""
+        return None
+
+    def device_properties(self, device: int) -> Optional[Dict[str, Any]]:
+        """``get_gpu_info`` fields of ``device`` as the framework reads them (``name``,
+        ``compute_capability`` ...), without initialising anything new; None when it
+        cannot."""
+        return None
+
+    def oom_error(self) -> Optional[type]:
+        """The framework's out-of-memory error type, when it is loaded and has one."""
+        return None
 
     def memory(self, device: int) -> Optional[FrameworkMemory]:
         """The framework's bytes on ``device``; None when it holds nothing there or is
@@ -108,6 +203,63 @@ class FrameworkAdapter:
     def l2_scratch(self, device: int, nbytes: int) -> Optional["Scratch"]:
         """A buffer of ``nbytes`` on ``device`` from the framework's allocator, to flush
         the L2 cache with; None when the framework cannot make one."""
+        return None
+
+    # ------------------------------------------------- memory in use (a run's series)
+
+    def in_use_reader(self, device: int) -> Optional[InUseReader]:
+        """For a framework that ``waits_on_result``: readers of its bytes in use on
+        ``device`` and of their peak (JAX's ``bytes_in_use``, ``peak_bytes_in_use``);
+        None when it gives no such statistics there."""
+        return None
+
+    # ------------------------------------- results (frameworks that wait on results)
+
+    def gpu_device_ids(self) -> List[int]:
+        """The ids of the framework's GPU devices (numbered as CUDA numbers them) when it
+        is loaded and has any; [] otherwise."""
+        return []
+
+    def holds_arrays(self, value: Any) -> bool:
+        """Whether ``value`` (any nesting of containers) holds the framework's arrays on
+        a GPU: the work that made it ran in this framework."""
+        return False
+
+    def result_device(self, value: Any) -> Optional[int]:
+        """The GPU device holding the framework's first array in ``value``, or None."""
+        return None
+
+    def block_until_ready(self, value: Any) -> Any:
+        """Waits for the framework's work that produces ``value``; returns ``value``."""
+        return value
+
+    # ------------------------------------------------------------------ live arrays
+
+    def array_type(self) -> Optional[type]:
+        """The framework's array (tensor) type when it is loaded, else None: the type
+        ``describe_array`` and ``holds_device_memory`` are asked about."""
+        return None
+
+    def describe_array(self, obj: Any, wanted: DeviceFilter) -> Optional[Tuple[int, LiveArray]]:
+        """(rank, entry) for an ``array_type`` object on a ``wanted`` device, or None
+        (not wanted, empty, or no storage to tell). Of the objects that share one
+        allocation the highest rank describes it: a base over a view, then the
+        largest."""
+        return None
+
+    def holds_device_memory(self, obj: Any) -> bool:
+        """Whether an ``array_type`` object holds memory on a device."""
+        return False
+
+    # ---------------------------------------------------------- allocation sites
+
+    def record_allocations(
+        self, on_alloc: Callable[[Sequence[int]], None]
+    ) -> Optional[StopRecording]:
+        """Starts calling ``on_alloc(addresses)`` with the addresses of the allocations
+        the framework makes from now on (the call happens where they are made, so the
+        caller can take the stack); returns what stops it, or None when the framework is
+        not loaded or cannot tell."""
         return None
 
 

@@ -9,11 +9,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from gpukeeper.base import nvml
 from gpukeeper.frameworks import driver as cuda_driver
-from gpukeeper.frameworks import pools_adapter
+from gpukeeper.frameworks import registry
 from gpukeeper.frameworks.adapter import FrameworkMemory
-from gpukeeper.frameworks.cupy_adapter import cupy_cuda
-from gpukeeper.frameworks.jax_adapter import jax_gpu_devices
-from gpukeeper.frameworks.torch_adapter import torch_cuda, torch_in_use
 
 __all__ = [
     "ENGINE",
@@ -37,12 +34,7 @@ OUTSIDE = "outside frameworks"
 def _cuda_maybe_in_use() -> bool:
     """Whether anything in the process could have made a CUDA context (cheap checks
     only: without this, asking the driver would initialise it for nothing)."""
-    if torch_in_use() is not None or cupy_cuda() is not None or jax_gpu_devices():
-        return True
-    return any(
-        getattr(p, "kind", "device") in ("device", "async", "pinned")
-        for p in pools_adapter.live_pools()
-    )
+    return any(fw.may_hold_context() for fw in registry.ADAPTERS.values())
 
 
 def active_devices() -> List[int]:
@@ -59,32 +51,15 @@ def active_devices() -> List[int]:
     if count is not None:
         return [d for d in range(count) if cuda_driver.primary_context_active(d)]
     devices = set()
-    for pool in pools_adapter.live_pools():
-        if getattr(pool, "kind", "device") in ("device", "async"):
-            devices.update(pool.devices())
-    torch = torch_in_use()
-    if torch is not None:
-        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-        for d in range(torch.cuda.device_count()):
-            if has_context is not None and has_context(d):
-                devices.add(d)
-        devices.add(torch.cuda.current_device())
+    for fw in registry.ADAPTERS.values():
+        devices.update(fw.context_devices())
     return sorted(devices)
 
 
 def gpu_frameworks_loaded() -> List[str]:
     """The frameworks loaded in the process that run GPU work gpukeeper can see: PyTorch
     (imported, with usable CUDA), CuPy, JAX with a GPU, and gpukeeper's device pools."""
-    names = []
-    if torch_in_use() is not None or torch_cuda() is not None:  # the first is cached once true
-        names.append("torch")
-    if cupy_cuda() is not None:
-        names.append("cupy")
-    if jax_gpu_devices():
-        names.append("jax")
-    if any(getattr(p, "kind", "device") in ("device", "async") for p in pools_adapter.live_pools()):
-        names.append("gpukeeper")
-    return names
+    return [name for name, fw in registry.ADAPTERS.items() if fw.gpu_loaded()]
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,8 @@ import gpukeeper._core as _core
 from gpukeeper.base import device_names as devices
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.frameworks import registry
 from gpukeeper.frameworks.adapter import TimerBackend
-from gpukeeper.frameworks.cupy_adapter import cupy_cuda
-from gpukeeper.frameworks.torch_adapter import torch_cuda
 
 __all__ = ["CoreBackend", "core_cuda"]
 
@@ -24,9 +23,10 @@ def core_cuda() -> bool:
 class CoreBackend(TimerBackend):
     """gpukeeper's pooled CUDA events (``_core.Event``): no framework needed.
 
-    The stream is the current one of a loaded framework (PyTorch, else CuPy), else the
-    legacy default stream; pass ``stream=`` to ``CUDATimer`` for another one (an int
-    handle, or any object with ``cuda_stream`` or ``ptr``).
+    The stream is the current one of the first loaded framework in the registry that has
+    one (PyTorch, else CuPy), else the legacy default stream; pass ``stream=`` to
+    ``CUDATimer`` for another one (an int handle, or any object with ``cuda_stream`` or
+    ``ptr``).
     """
 
     name = "gpukeeper"
@@ -41,13 +41,10 @@ class CoreBackend(TimerBackend):
 
     def current_stream(self) -> Any:
         # The int handle: recording on it is one C call, with no attribute lookups.
-        torch = torch_cuda()
-        if torch is not None:
-            return int(torch.cuda.current_stream(self._index).cuda_stream)
-        cupy = cupy_cuda()
-        if cupy is not None:
-            with cupy.cuda.Device(self._index):
-                return int(cupy.cuda.get_current_stream().ptr)
+        for fw in registry.ADAPTERS.values():
+            handle = fw.current_stream_handle(self._index)
+            if handle is not None:
+                return handle
         return 0
 
     def new_event(self) -> Any:

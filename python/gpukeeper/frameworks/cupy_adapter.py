@@ -1,14 +1,23 @@
 """The CuPy adapter: its default pool's counters, release, synchronize,
-``cupy.cuda.Event`` marks and an L2 scratch buffer."""
+``cupy.cuda.Event`` marks, an L2 scratch buffer, its live arrays and a memory hook that
+records where each allocation is made."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, TimerBackend
+from gpukeeper.frameworks.adapter import (
+    DeviceFilter,
+    FrameworkAdapter,
+    FrameworkMemory,
+    LiveArray,
+    Scratch,
+    StopRecording,
+    TimerBackend,
+)
 
 __all__ = [
     "CupyAdapter",
@@ -67,9 +76,80 @@ class CupyAdapter(FrameworkAdapter):
     """CuPy's default memory pool (per device) and its pinned pool."""
 
     name = "cupy"
+    display_name = "CuPy"
+    modules = ("cupy", "cupyx")
+    distributions = ("cupy-cuda13x", "cupy-cuda12x", "cupy")
+    timer_priority = 10
 
     def in_use(self) -> bool:
         return cupy_cuda() is not None
+
+    def cuda_usable(self) -> bool:
+        return cupy_cuda() is not None
+
+    def current_device(self) -> Optional[int]:
+        return cupy_current_device()
+
+    def current_stream_handle(self, device: int) -> Optional[int]:
+        cupy = cupy_cuda()
+        if cupy is None:
+            return None
+        with cupy.cuda.Device(device):
+            return int(cupy.cuda.get_current_stream().ptr)
+
+    def array_type(self) -> Optional[type]:
+        ndarray = getattr(sys.modules.get("cupy"), "ndarray", None)
+        return ndarray if isinstance(ndarray, type) else None
+
+    def describe_array(self, obj: Any, wanted: DeviceFilter) -> Optional[Tuple[int, LiveArray]]:
+        try:
+            index = int(obj.device.id)
+            if not wanted("cuda", index):
+                return None
+            mem = obj.data.mem
+            ptr = int(mem.ptr)
+            nbytes = int(mem.size)
+            if ptr == 0 or nbytes == 0:
+                return None
+            label = f"cuda:{index}"
+            rank = (2 if obj.base is None else 0) * (1 << 62) + int(obj.nbytes)
+            entry = LiveArray(
+                "cupy", label, type(obj).__name__, tuple(obj.shape), str(obj.dtype), nbytes, ptr
+            )
+        except Exception:
+            return None
+        return rank, entry
+
+    def holds_device_memory(self, obj: Any) -> bool:
+        return True  # a CuPy array is on a device
+
+    def record_allocations(
+        self, on_alloc: Callable[[Sequence[int]], None]
+    ) -> Optional[StopRecording]:
+        hook_base = cupy_memory_hook()
+        if hook_base is None:
+            return None
+
+        class _CupyRecorder(hook_base):  # type: ignore[misc, valid-type]
+            def malloc_postprocess(self, **kwargs: Any) -> None:
+                ptr = kwargs.get("mem_ptr")
+                if ptr:
+                    on_alloc((int(ptr),))
+
+        hook = _CupyRecorder()
+        hook.name = f"gpukeeper-tracker-{id(hook)}"  # hook names must be unique per thread
+        try:
+            hook.__enter__()
+        except Exception:
+            return None  # CuPy's hooks unavailable: its arrays are listed without sites
+
+        def stop() -> None:
+            try:
+                hook.__exit__(None, None, None)
+            except Exception:
+                pass
+
+        return stop
 
     def memory(self, device: int) -> Optional[FrameworkMemory]:
         cupy = cupy_cuda()
@@ -168,3 +248,6 @@ class CupyBackend(TimerBackend):
     def synchronize(self) -> None:
         with self._cupy.cuda.Device(self.device.index or 0):
             self._cupy.cuda.runtime.deviceSynchronize()
+
+
+CupyAdapter.timer_backend = CupyBackend

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any, Dict, Iterator, List, Optional
 
-from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
+from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, InUseReader
 
 __all__ = [
     "JaxAdapter",
@@ -128,9 +128,41 @@ class JaxAdapter(FrameworkAdapter):
     ``release`` clears compiled executables and ``release_hint`` says what to set."""
 
     name = "jax"
+    display_name = "JAX"
+    modules = ()  # its frames are not skipped in allocation sites: it records none
+    distributions = ("jax", "jaxlib")
+    waits_on_result = True
+    result_wait = "jax.block_until_ready"
 
     def in_use(self) -> bool:
         return bool(jax_gpu_devices())
+
+    def gpu_device_ids(self) -> List[int]:
+        return [int(getattr(d, "id", 0)) for d in jax_gpu_devices()]
+
+    def holds_arrays(self, value: Any) -> bool:
+        return holds_jax_arrays(value)
+
+    def result_device(self, value: Any) -> Optional[int]:
+        return jax_device_index(value)
+
+    def block_until_ready(self, value: Any) -> Any:
+        return jax_block_until_ready(value)
+
+    def in_use_reader(self, device: int) -> Optional[InUseReader]:
+        # JAX's peak cannot be reset: a run's peak is the process's so far
+        stats = jax_memory_stats(device)
+        if stats is None or "bytes_in_use" not in stats:
+            return None
+
+        def read() -> int:
+            return int((jax_memory_stats(device) or {}).get("bytes_in_use", 0))
+
+        def peak() -> Optional[int]:
+            value = (jax_memory_stats(device) or {}).get("peak_bytes_in_use")
+            return None if value is None else int(value)
+
+        return read, peak
 
     def memory(self, device: int) -> Optional[FrameworkMemory]:
         devices = jax_gpu_devices()

@@ -1,14 +1,15 @@
-"""The tensors and arrays Python can reach on a device (PyTorch, CuPy): what holds memory,
-for reports and leak hunts."""
+"""The tensors and arrays Python can reach on a device (those of every framework whose
+adapter has an ``array_type``: PyTorch, CuPy): what holds memory, for reports and leak
+hunts."""
 
 from __future__ import annotations
 
 import gc
-import sys
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from gpukeeper.base.device_names import current_cuda_index, parse_device
+from gpukeeper.frameworks import registry
+from gpukeeper.frameworks.adapter import FrameworkAdapter, LiveArray
 
 __all__ = [
     "LiveArray",
@@ -17,26 +18,6 @@ __all__ = [
     "live_arrays",
     "live_buffers",
 ]
-
-
-@dataclass(frozen=True)
-class LiveArray:
-    """One allocation held by a live tensor or array that Python can see.
-
-    ``nbytes`` is the whole allocation (the storage for PyTorch, the memory chunk for
-    CuPy), counted once however many views share it; ``shape``/``dtype``/``kind`` are
-    those of the base tensor or array when a view's base is alive. ``data_ptr`` is the
-    allocation's address, the key under which creation sites are recorded.
-    """
-
-    framework: str
-    device: str
-    kind: str
-    shape: Tuple[int, ...]
-    dtype: str
-    nbytes: int
-    data_ptr: int
-    grad_fn: bool = False  # a PyTorch result that keeps an autograd graph alive
 
 
 def _device_filter(device: Any) -> Callable[[str, Optional[int]], bool]:
@@ -51,103 +32,61 @@ def _device_filter(device: Any) -> Callable[[str, Optional[int]], bool]:
     return lambda k, i: k == "cuda" and i == index
 
 
+def _array_adapters() -> List[Tuple[type, FrameworkAdapter]]:
+    """(array type, adapter) of each loaded framework that has one."""
+    found = []
+    for fw in registry.ADAPTERS.values():
+        array_type = fw.array_type()
+        if array_type is not None:
+            found.append((array_type, fw))
+    return found
+
+
 def device_array_predicate() -> Callable[[Any], bool]:
-    """A test of one object: is it a PyTorch tensor whose storage is on a device and not
-    empty, or a CuPy array? Made once per walk over many objects: the types are looked up
-    here, not per object."""
-    torch = sys.modules.get("torch")
-    tensor = getattr(torch, "Tensor", None) if torch is not None else None
-    cupy = sys.modules.get("cupy")
-    ndarray = getattr(cupy, "ndarray", None) if cupy is not None else None
+    """A test of one object: is it a framework's array that holds device memory (a
+    PyTorch tensor whose storage is on a device and not empty, a CuPy array)? Made once
+    per walk over many objects: the types are looked up here, not per object."""
+    adapters = _array_adapters()
 
     def holds(obj: Any) -> bool:
-        if tensor is not None and isinstance(obj, tensor):
-            try:
-                return bool(obj.device.type != "cpu" and obj.untyped_storage().nbytes() > 0)
-            except Exception:
-                return False
-        return ndarray is not None and isinstance(obj, ndarray)
+        for array_type, fw in adapters:
+            if isinstance(obj, array_type):
+                return fw.holds_device_memory(obj)
+        return False
 
     return holds
 
 
 def _walk_arrays(device: Any) -> Iterator[Tuple[Tuple[str, str, int], int, LiveArray, Any]]:
-    """Each PyTorch tensor and CuPy array on ``device`` that Python can reach, as
+    """Each framework's tensor or array on ``device`` that Python can reach, as
     ``(allocation key, rank, entry, object)``; shared by ``live_arrays`` and
     ``live_array_holders``."""
     wanted = _device_filter(device)
-    torch = sys.modules.get("torch")
-    tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
-    cupy = sys.modules.get("cupy")
-    cupy_type = getattr(cupy, "ndarray", None) if cupy is not None else None
-    if tensor_type is None and cupy_type is None:
+    adapters = _array_adapters()
+    if not adapters:
         return
     # Classified by type(), cached per type: isinstance() would call __class__ on every
     # object (slower, and some proxies warn when touched).
-    kinds: Dict[type, int] = {}
+    kinds: Dict[type, Optional[FrameworkAdapter]] = {}
     for obj in gc.get_objects():
         cls = type(obj)
-        kind = kinds.get(cls)
-        if kind is None:
-            if tensor_type is not None and issubclass(cls, tensor_type):
-                kind = 1
-            elif cupy_type is not None and issubclass(cls, cupy_type):
-                kind = 2
-            else:
-                kind = 0
-            kinds[cls] = kind
-        if kind == 0:
-            continue
-        if kind == 1:
-            try:
-                dev = obj.device
-                if not wanted(dev.type, dev.index):
-                    continue
-                storage = obj.untyped_storage()
-                ptr = int(storage.data_ptr())
-                nbytes = int(storage.nbytes())
-                if ptr == 0 or nbytes == 0:
-                    continue  # empty, or a wrapper subclass whose data lives elsewhere
-                label = f"{dev.type}:{dev.index}" if dev.index is not None else dev.type
-                is_base = obj._base is None
-                graph = obj.grad_fn is not None
-                rank = (2 if is_base else 0) * (1 << 62) + (1 << 61 if graph else 0)
-                rank += obj.numel() * obj.element_size()
-                entry = LiveArray(
-                    "torch",
-                    label,
-                    type(obj).__name__,
-                    tuple(obj.shape),
-                    str(obj.dtype).replace("torch.", ""),
-                    nbytes,
-                    ptr,
-                    obj.grad_fn is not None,
-                )
-            except Exception:
-                continue  # sparse, meta, fake or otherwise storage-less tensors
-            yield ("torch", label, ptr), rank, entry, obj
+        if cls in kinds:
+            fw = kinds[cls]
         else:
-            try:
-                index = int(obj.device.id)
-                if not wanted("cuda", index):
-                    continue
-                mem = obj.data.mem
-                ptr = int(mem.ptr)
-                nbytes = int(mem.size)
-                if ptr == 0 or nbytes == 0:
-                    continue
-                label = f"cuda:{index}"
-                rank = (2 if obj.base is None else 0) * (1 << 62) + int(obj.nbytes)
-                entry = LiveArray(
-                    "cupy", label, type(obj).__name__, tuple(obj.shape), str(obj.dtype), nbytes, ptr
-                )
-            except Exception:
-                continue
-            yield ("cupy", label, ptr), rank, entry, obj
+            fw = next((a for t, a in adapters if issubclass(cls, t)), None)
+            kinds[cls] = fw
+        if fw is None:
+            continue
+        described = fw.describe_array(obj, wanted)
+        if described is None:
+            continue
+        rank, entry = described
+        yield (entry.framework, entry.device, entry.data_ptr), rank, entry, obj
 
 
 def live_arrays(device: Any = None) -> List[LiveArray]:
-    """Every PyTorch tensor and CuPy array Python can reach on ``device``, largest first.
+    """Every framework's tensor or array Python can reach on ``device`` (PyTorch's, CuPy's),
+    largest first.
 
     ``device``: a CUDA ordinal, ``None`` (every CUDA device) or ``"cpu"`` (host tensors).
     A tensor with a ``grad_fn`` ranks above one without for its allocation, so that an

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import weakref
 from functools import partial
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import gpukeeper._core as _core
-from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory
+from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, StopRecording
 
 __all__ = [
     "PoolsAdapter",
@@ -152,10 +152,33 @@ class PoolsAdapter(FrameworkAdapter):
     use when they release memory, so ``synchronize`` has nothing to do."""
 
     name = "gpukeeper"
+    display_name = "gpukeeper"
     whole_process = True  # a pool knows its devices: no context is created by asking
 
     def in_use(self) -> bool:
         return bool(live_pools())
+
+    def gpu_loaded(self) -> bool:
+        return any(getattr(p, "kind", "device") in _DEVICE_KINDS for p in live_pools())
+
+    def may_hold_context(self) -> bool:
+        return any(
+            getattr(p, "kind", "device") in ("device", "async", "pinned") for p in live_pools()
+        )
+
+    def context_devices(self) -> List[int]:
+        devices: List[int] = []
+        for pool in live_pools():
+            if getattr(pool, "kind", "device") in _DEVICE_KINDS:
+                devices += pool.devices()
+        return devices
+
+    def record_allocations(
+        self, on_alloc: Callable[[Sequence[int]], None]
+    ) -> Optional[StopRecording]:
+        # Called by the core with each new ManagedBuffer.
+        _core._set_buffer_hook(lambda buffer: on_alloc((int(buffer.ptr),)))
+        return lambda: _core._set_buffer_hook(None)
 
     def memory(self, device: int) -> Optional[FrameworkMemory]:
         if not live_pools():

@@ -1,15 +1,24 @@
 """The PyTorch adapter: its memory counters (or the pool behind it), release, synchronize,
-``torch.cuda.Event`` marks and an L2 scratch buffer."""
+``torch.cuda.Event`` marks, an L2 scratch buffer, its live tensors and a TorchDispatchMode
+that records where each new storage is made."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gpukeeper.base import process_life
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.frameworks.adapter import FrameworkAdapter, FrameworkMemory, Scratch, TimerBackend
+from gpukeeper.frameworks.adapter import (
+    DeviceFilter,
+    FrameworkAdapter,
+    FrameworkMemory,
+    LiveArray,
+    Scratch,
+    StopRecording,
+    TimerBackend,
+)
 
 __all__ = [
     "TorchAdapter",
@@ -21,6 +30,7 @@ __all__ = [
     "torch_cuda",
     "torch_current_device",
     "torch_device_name",
+    "torch_dtype_name",
     "torch_dispatch_mode",
     "torch_in_use",
     "torch_oom_error",
@@ -238,9 +248,120 @@ class TorchAdapter(FrameworkAdapter):
     routed PyTorch to it."""
 
     name = "torch"
+    display_name = "PyTorch"
+    modules = ("torch",)
+    distributions = ("torch",)
+    peak_follows_reader = True
+    timer_priority = 20
 
     def in_use(self) -> bool:
         return torch_in_use() is not None
+
+    def cuda_usable(self) -> bool:
+        return torch_cuda() is not None
+
+    def gpu_loaded(self) -> bool:
+        # torch_in_use is cached once true: it answers first
+        return torch_in_use() is not None or torch_cuda() is not None
+
+    def current_device(self) -> Optional[int]:
+        return torch_current_device()
+
+    def context_devices(self) -> List[int]:
+        torch = torch_in_use()
+        if torch is None:
+            return []
+        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+        devices = [
+            d
+            for d in range(torch.cuda.device_count())
+            if has_context is not None and has_context(d)
+        ]
+        return devices + [int(torch.cuda.current_device())]
+
+    def current_stream_handle(self, device: int) -> Optional[int]:
+        torch = torch_cuda()
+        if torch is None:
+            return None
+        return int(torch.cuda.current_stream(device).cuda_stream)
+
+    def device_properties(self, device: int) -> Optional[Dict[str, Any]]:
+        torch = loaded_torch()
+        if torch is None:
+            return None
+        try:
+            p = torch.cuda.get_device_properties(device)
+            return dict(
+                name=str(p.name),
+                compute_capability=f"{p.major}.{p.minor}",
+                compute_capability_tuple=(int(p.major), int(p.minor)),
+                total_memory_bytes=int(p.total_memory),
+                multiprocessors=int(p.multi_processor_count),
+                l2_cache_bytes=getattr(p, "L2_cache_size", None),
+                uuid=(f"GPU-{p.uuid}" if getattr(p, "uuid", None) else None),
+                torch_cuda_version=torch.version.cuda,
+            )
+        except Exception:
+            return None  # a broken torch CUDA build: the other sources still answer
+
+    def oom_error(self) -> Optional[type]:
+        return torch_oom_error()
+
+    def array_type(self) -> Optional[type]:
+        tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+        return tensor if isinstance(tensor, type) else None
+
+    def describe_array(self, obj: Any, wanted: DeviceFilter) -> Optional[Tuple[int, LiveArray]]:
+        try:
+            dev = obj.device
+            if not wanted(dev.type, dev.index):
+                return None
+            storage = obj.untyped_storage()
+            ptr = int(storage.data_ptr())
+            nbytes = int(storage.nbytes())
+            if ptr == 0 or nbytes == 0:
+                return None  # empty, or a wrapper subclass whose data lives elsewhere
+            label = f"{dev.type}:{dev.index}" if dev.index is not None else dev.type
+            is_base = obj._base is None
+            graph = obj.grad_fn is not None
+            rank = (2 if is_base else 0) * (1 << 62) + (1 << 61 if graph else 0)
+            rank += obj.numel() * obj.element_size()
+            entry = LiveArray(
+                "torch",
+                label,
+                type(obj).__name__,
+                tuple(obj.shape),
+                torch_dtype_name(obj.dtype),
+                nbytes,
+                ptr,
+                graph,
+            )
+        except Exception:
+            return None  # sparse, meta, fake or otherwise storage-less tensors
+        return rank, entry
+
+    def holds_device_memory(self, obj: Any) -> bool:
+        try:
+            return bool(obj.device.type != "cpu" and obj.untyped_storage().nbytes() > 0)
+        except Exception:
+            return False
+
+    def record_allocations(
+        self, on_alloc: Callable[[Sequence[int]], None]
+    ) -> Optional[StopRecording]:
+        torch_types = torch_dispatch_mode()
+        if torch_types is None:
+            return None
+        mode = _recorder_class(torch_types)(on_alloc)
+        mode.__enter__()
+
+        def stop() -> None:
+            try:
+                mode.__exit__(None, None, None)
+            except Exception:
+                pass
+
+        return stop
 
     def memory(self, device: int) -> Optional[FrameworkMemory]:
         torch = torch_in_use()
@@ -314,6 +435,60 @@ class TorchAdapter(FrameworkAdapter):
         return _TorchScratch(torch, torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}"))
 
 
+def torch_dtype_name(dtype: Any) -> str:
+    """A PyTorch dtype as a report writes it: ``float32`` for ``torch.float32``."""
+    return str(dtype).replace("torch.", "")
+
+
+_dispatch_mode_class: Any = None
+
+
+def _storage_ptrs(tensors: Sequence[Any]) -> List[int]:
+    ptrs = []
+    for t in tensors:
+        try:
+            ptr = int(t.untyped_storage().data_ptr())
+        except Exception:
+            continue  # sparse/meta/fake: no storage to attribute
+        if ptr:
+            ptrs.append(ptr)
+    return ptrs
+
+
+def _recorder_class(torch_types: Tuple[type, type]) -> Any:
+    """A TorchDispatchMode that passes the address of each new storage to its callback
+    (made once), from what ``torch_dispatch_mode()`` gives. It sees every ATen op of the
+    thread that entered it (and of autograd's threads, which inherit it)."""
+    global _dispatch_mode_class
+    if _dispatch_mode_class is None:
+        tensor_type, TorchDispatchMode = torch_types
+
+        class _Recorder(TorchDispatchMode):  # type: ignore[misc, valid-type]
+            def __init__(self, on_alloc: Callable[[Sequence[int]], None]) -> None:
+                super().__init__()
+                self.on_alloc = on_alloc
+
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                out = func(*args, **(kwargs or {}))
+                # Views and in-place ops make no new storage: only the others are recorded
+                # (a storage's address, reused later by the allocator, is overwritten then).
+                if not func.is_view and not func._schema.is_mutable:
+                    if isinstance(out, tensor_type):
+                        ptrs = _storage_ptrs((out,))
+                    elif isinstance(out, (tuple, list)):
+                        ptrs = _storage_ptrs([t for t in out if isinstance(t, tensor_type)])
+                    else:
+                        ptrs = []
+                    if ptrs:
+                        self.on_alloc(ptrs)
+                return out
+
+        _dispatch_mode_class = _Recorder
+    return _dispatch_mode_class
+
+
 class _TorchScratch(Scratch):
     """A ``torch.uint8`` tensor, overwritten with ``fill_(0)``."""
 
@@ -362,3 +537,6 @@ class TorchBackend(TimerBackend):
 
     def synchronize(self) -> None:
         self._torch.cuda.synchronize(self.device.index)
+
+
+TorchAdapter.timer_backend = TorchBackend

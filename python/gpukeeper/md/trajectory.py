@@ -17,6 +17,7 @@ from gpukeeper.base.arg_checks import check_int, check_positive
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
 from gpukeeper.cleanup.tracking import AllocationTracker
+from gpukeeper.frameworks import FrameworkAdapter
 from gpukeeper.md.leak import LeakVerdict, memory_outcome, outside_frameworks
 from gpukeeper.md.leak_causes import ArraysBefore, arrays_before, leak_cause
 from gpukeeper.md.loop import LoopOptions, run_loop
@@ -417,8 +418,9 @@ def _prepare(
     t_w = time.perf_counter()
     warm = warm_up(model_func, itertools.cycle(data), run.warmup_steps, settle)
     run.plan = confirm_plan(plan, device, warm.last)
-    if run.plan.kind == "jax":
-        frameworks.jax_block_until_ready(warm.last)
+    waits_on = run.plan.waits_on
+    if waits_on is not None:
+        waits_on.block_until_ready(warm.last)
     warm.last = None
     run.sync()
     run.warmup_time = time.perf_counter() - t_w
@@ -428,9 +430,10 @@ def _prepare(
     return warm
 
 
-def _blocking(model_func: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The step of a JAX model: its result waited for (jax.block_until_ready)."""
-    block = frameworks.jax_block_until_ready
+def _blocking(model_func: Callable[[Any], Any], fw: FrameworkAdapter) -> Callable[[Any], Any]:
+    """The step of a model in a framework that waits on its results (JAX): its result
+    waited for (``jax.block_until_ready``)."""
+    block = fw.block_until_ready
 
     def step(x: Any) -> Any:
         return block(model_func(x))
@@ -618,7 +621,8 @@ def _measure(
         run.sampler,
         bar,
     )
-    model = _blocking(model_func) if plan.kind == "jax" else model_func
+    waits_on = plan.waits_on
+    model = _blocking(model_func, waits_on) if waits_on is not None else model_func
     if run.track:
         run.tracker = AllocationTracker(4)
         run.tracker.start()

@@ -57,6 +57,7 @@ from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import GpuError, InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
 from gpukeeper.cleanup.measure import OUTSIDE_SLACK
+from gpukeeper.frameworks import FrameworkAdapter
 from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.timing import stats
 from gpukeeper.timing.benchmark_result import BenchmarkResult
@@ -65,7 +66,7 @@ from gpukeeper.timing.loop_time import LoopBatches, bound_verdict, run_batches
 from gpukeeper.timing.plans import (
     HostSync,
     host_sync_plan,
-    jax_plan,
+    result_plan,
     timer_plan,
     unsynchronized_warning,
 )
@@ -392,13 +393,13 @@ def _warm_up(run: _Run, opts: _Options) -> None:
             opts.synchronize()
         call_ms = (time.perf_counter_ns() - h0) / 1e6
         slowest_ms = call_ms if slowest_ms is None else max(slowest_ms, call_ms)
-    if (
-        run.plan is None
-        and opts.warmup > 0
-        and run.spec.is_cuda
-        and frameworks.holds_jax_arrays(last)
-    ):
-        _switch_to_jax(run, last)
+    waits_on = (
+        frameworks.result_framework(last)
+        if run.plan is None and opts.warmup > 0 and run.spec.is_cuda
+        else None
+    )
+    if waits_on is not None:
+        _switch_to_result_plan(run, waits_on, last)
     last = None
     run.backend.synchronize()
     if run.plan is not None and run.plan.synchronized is False:
@@ -437,10 +438,11 @@ def _then(fn: Callable[..., Any], sync: Callable[[], Any]) -> Callable[..., Any]
     return call
 
 
-def _switch_to_jax(run: _Run, last: Any) -> None:
-    """Events on PyTorch's or CuPy's stream never see JAX's streams: JAX's plan instead."""
-    jax_index = frameworks.jax_device_index(last)
-    run.plan = jax_plan(jax_index if jax_index is not None else (run.spec.index or 0))
+def _switch_to_result_plan(run: _Run, fw: FrameworkAdapter, last: Any) -> None:
+    """Events on PyTorch's or CuPy's stream never see the streams of a framework that
+    waits on its results (JAX's): that framework's plan instead."""
+    index = fw.result_device(last)
+    run.plan = result_plan(fw, index if index is not None else (run.spec.index or 0))
     run.spec = DeviceSpec("cuda", run.plan.index)
     run.hide = False
     run.timer = None
@@ -448,7 +450,7 @@ def _switch_to_jax(run: _Run, last: Any) -> None:
         run.flusher.release()
         run.flusher = None
         run.warnings.append(
-            "l2_flush ignored: jax work runs where gpukeeper cannot flush before it"
+            f"l2_flush ignored: {fw.name} work runs where gpukeeper cannot flush before it"
         )
 
 

@@ -5,7 +5,8 @@ The memory behind a figure or a verdict is the memory of the work measured:
 - CPU work: the process's resident set size (what the process holds) first, then the
   in-use counts that exist here (``tracemalloc`` when it is tracing, glibc's
   ``mallinfo2``).
-- JAX work: JAX's ``bytes_in_use`` (NVML's figure for this process where JAX gives no
+- The work of a framework that waits on its results (JAX): its adapter's reader of bytes
+  in use (JAX's ``bytes_in_use``; NVML's figure for this process where it gives no
   statistics).
 - An engine's work (its own CUDA context: OpenMM), or work the caller waits for with
   ``synchronize=``: NVML's figure for this process. No loaded framework's counters see
@@ -34,7 +35,7 @@ from gpukeeper.base import nvml
 __all__ = [
     "MemorySeries",
     "host_series",
-    "jax_series",
+    "in_use_series",
     "framework_series",
     "reads_nvml",
     "memory_series",
@@ -84,36 +85,31 @@ def host_series() -> List[MemorySeries]:
     return series
 
 
-def jax_series(index: int) -> Optional[MemorySeries]:
-    """JAX's ``bytes_in_use`` on device ``index`` (its peak cannot be reset); None when
-    JAX gives no memory statistics there."""
-    stats = frameworks.jax_memory_stats(index)
-    if stats is None or "bytes_in_use" not in stats:
+def in_use_series(fw: frameworks.FrameworkAdapter, index: int) -> Optional[MemorySeries]:
+    """The bytes in use of ``fw`` (a framework that waits on its results: JAX) on device
+    ``index``, under its name, with its peak (which cannot be reset); None when it gives
+    no memory statistics there."""
+    readers = fw.in_use_reader(index)
+    if readers is None:
         return None
-
-    def read() -> int:
-        return int((frameworks.jax_memory_stats(index) or {}).get("bytes_in_use", 0))
-
-    def peak() -> Optional[int]:
-        value = (frameworks.jax_memory_stats(index) or {}).get("peak_bytes_in_use")
-        return None if value is None else int(value)
-
-    return MemorySeries("jax", read, True, peak=peak)
+    read, peak = readers
+    return MemorySeries(fw.name, read, True, peak=peak)
 
 
 def framework_series(index: int) -> MemorySeries:
     """The loaded frameworks' allocated bytes on device ``index`` (the cheapest reader
-    that sees all of them); PyTorch's resettable peak when its counters are read."""
+    that sees all of them); the framework's resettable peak when its own counters are
+    read and its peak follows them (PyTorch's)."""
     read, source = frameworks.allocated_reader(index)
-    if source != "torch":
+    fw = frameworks.ADAPTERS.get(source)
+    if fw is None or not fw.peak_follows_reader:
         return MemorySeries(source, read, True)
-    torch = frameworks.adapter("torch")
     return MemorySeries(
         source,
         read,
         True,
-        peak=lambda: torch.peak(index),
-        reset_peak=lambda: torch.reset_peak(index),
+        peak=lambda: fw.peak(index),
+        reset_peak=lambda: fw.reset_peak(index),
     )
 
 
@@ -143,11 +139,12 @@ def memory_series(
         return host_series(), None
     nvml_read, why = nvml.process_memory_reader(index)
     nvml_own = MemorySeries("nvml_process", nvml_read, False) if nvml_read is not None else None
-    if kind == "jax":
-        jax = jax_series(index)
-        if jax is not None:
-            return [jax], nvml_own
-        notes.append("JAX gives no memory statistics on this device")
+    waits_on = frameworks.waiting_on_result(kind)
+    if waits_on is not None:
+        own = in_use_series(waits_on, index)
+        if own is not None:
+            return [own], nvml_own
+        notes.append(f"{waits_on.display_name} gives no memory statistics on this device")
     elif kind in ("events", "framework"):
         if nvml_own is None:
             return [framework_series(index)], None

@@ -11,9 +11,14 @@ Both ``benchmark_function`` and ``benchmark_md_trajectory`` decide with
   host clock, ended by that wait); otherwise a loaded GPU framework's work is timed by
   CUDA events on its stream ("events"; "framework" under ``timing="host"``); GPU work
   with no such framework loaded is an engine's.
-- Without CUDA picked: JAX work when JAX has a GPU ("jax": host clock around
+- Without CUDA picked: the work of a framework that waits on its results when it has a
+  GPU (JAX's; the plan's kind is the framework's name, "jax": host clock around
   ``jax.block_until_ready``), else an engine's when the process holds a CUDA context
   that no framework made (OpenMM's), else CPU work ("cpu").
+
+What is particular to a framework (whether it waits on results, how, its GPU devices,
+whether a result holds its arrays) is its adapter's: this module asks
+``gpukeeper.frameworks``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any, Callable, Optional
 
 from gpukeeper import frameworks
 from gpukeeper.base.device_names import DeviceSpec
+from gpukeeper.frameworks import FrameworkAdapter
 from gpukeeper.timing.timer import TimerBackend
 
 __all__ = [
@@ -35,14 +41,19 @@ __all__ = [
     "engine_plan",
     "events_framework_loaded",
     "host_sync_plan",
-    "jax_plan",
+    "result_plan",
     "timer_plan",
     "unsynchronized_warning",
 ]
 
 #: Where a plan's work runs: the host; a framework's stream, timed by CUDA events; a
-#: framework's work on the host clock; JAX's streams; an engine's own CUDA context.
-PLAN_KINDS = ("cpu", "events", "framework", "jax", "engine")
+#: framework's work on the host clock; the streams of a framework that waits on its
+#: results (under its name: JAX's); an engine's own CUDA context.
+PLAN_KINDS = (
+    ("cpu", "events", "framework")
+    + tuple(name for name, fw in frameworks.ADAPTERS.items() if fw.waits_on_result)
+    + ("engine",)
+)
 
 
 def unsynchronized_warning(per_call: bool) -> str:
@@ -81,6 +92,12 @@ class Plan:
         return self.kind
 
     @property
+    def waits_on(self) -> Optional[FrameworkAdapter]:
+        """The framework whose results this plan's work is waited on (its kind is the
+        framework's name), or None."""
+        return frameworks.waiting_on_result(self.kind)
+
+    @property
     def synchronized(self) -> bool:
         """False for an engine's work without the caller's wait: gpukeeper cannot wait for it."""
         return not (self.kind == "engine" and self.synchronize is None)
@@ -93,9 +110,11 @@ class Plan:
             self.synchronize()
 
     def wait(self, result: Any) -> None:
-        """Waits for the work behind ``result``: JAX's arrays, else as :meth:`sync`."""
-        if self.kind == "jax":
-            frameworks.jax_block_until_ready(result)
+        """Waits for the work behind ``result``: blocking on it for a framework that waits
+        on results (JAX's arrays), else as :meth:`sync`."""
+        fw = self.waits_on
+        if fw is not None:
+            fw.block_until_ready(result)
         else:
             self.sync()
 
@@ -114,16 +133,20 @@ def cpu_plan(synchronize: Optional[Callable[[], Any]] = None, per_call: bool = T
     return Plan("cpu", None, "host clock (CPU work)", synchronize, per_call)
 
 
-def jax_plan(
-    index: int, per_call: bool = True, synchronize: Optional[Callable[[], Any]] = None
+def result_plan(
+    fw: FrameworkAdapter,
+    index: int,
+    per_call: bool = True,
+    synchronize: Optional[Callable[[], Any]] = None,
 ) -> Plan:
-    """JAX work on CUDA device ``index``: waited for by ``jax.block_until_ready`` (and a
-    loop's end by the caller's ``synchronize`` too)."""
+    """The work of ``fw``, a framework that waits on its results (JAX), on CUDA device
+    ``index``: waited for by its ``block_until_ready`` (and a loop's end by the caller's
+    ``synchronize`` too). The plan's kind is the framework's name."""
     on = "the result" if per_call else "each step's result"
     return Plan(
-        "jax",
+        fw.name,
         index,
-        f"JAX work: host clock around jax.block_until_ready on {on}",
+        f"{fw.display_name} work: host clock around {fw.result_wait} on {on}",
         synchronize,
         per_call,
     )
@@ -158,9 +181,12 @@ def timer_plan(backend: TimerBackend) -> Plan:
 
 def events_framework_loaded() -> bool:
     """Whether a loaded framework runs GPU work that gpukeeper can put events beside
-    (PyTorch or CuPy with usable CUDA, gpukeeper's device pools). JAX runs on streams of
-    its own; an engine in its own context is no framework."""
-    return any(name != "jax" for name in frameworks.gpu_frameworks_loaded())
+    (PyTorch or CuPy with usable CUDA, gpukeeper's device pools). A framework that waits
+    on its results (JAX) runs on streams of its own; an engine in its own context is no
+    framework."""
+    return any(
+        frameworks.waiting_on_result(name) is None for name in frameworks.gpu_frameworks_loaded()
+    )
 
 
 def choose_plan(
@@ -204,9 +230,9 @@ def choose_plan(
         )
     if device is not None:
         return cpu_plan(synchronize, per_call)
-    jax_devices = frameworks.jax_gpu_devices()
-    if jax_devices and synchronize is None:
-        return jax_plan(int(getattr(jax_devices[0], "id", 0)), per_call)
+    waiting = frameworks.result_gpu_device()
+    if waiting is not None and synchronize is None:
+        return result_plan(waiting[0], waiting[1], per_call)
     if not frameworks.gpu_frameworks_loaded():
         contexts = frameworks.context_devices()
         if contexts:
@@ -220,16 +246,16 @@ def choose_plan(
 
 
 def confirm_plan(plan: Plan, device: Any, last: Any) -> Plan:
-    """The plan once the warm-up returned ``last``: JAX arrays make it JAX work (on
-    their device) wherever GPU work was possible; a JAX guess whose result holds no JAX
-    arrays was CPU work."""
-    holds = frameworks.holds_jax_arrays(last)
-    if holds and plan.kind != "jax" and (plan.index is not None or device is None):
-        index = frameworks.jax_device_index(last)
-        return jax_plan(
-            index if index is not None else (plan.index or 0), plan.per_call, plan.synchronize
+    """The plan once the warm-up returned ``last``: the arrays of a framework that waits
+    on its results (JAX's) make it that framework's work (on their device) wherever GPU
+    work was possible; such a guess whose result holds none of its arrays was CPU work."""
+    fw = frameworks.result_framework(last)
+    if fw is not None and plan.kind != fw.name and (plan.index is not None or device is None):
+        index = fw.result_device(last)
+        return result_plan(
+            fw, index if index is not None else (plan.index or 0), plan.per_call, plan.synchronize
         )
-    if plan.kind == "jax" and not holds:
+    if fw is None and plan.waits_on is not None:
         return cpu_plan(plan.synchronize, plan.per_call)
     return plan
 
@@ -241,4 +267,4 @@ def host_sync_plan(
     an engine), decided before the warm-up by :func:`choose_plan`; None when events (or
     the CPU clock) time the work."""
     plan = choose_plan(device, spec, synchronize, per_call=True)
-    return plan if plan.kind in ("jax", "engine") else None
+    return plan if plan.kind == "engine" or plan.waits_on is not None else None

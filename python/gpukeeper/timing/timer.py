@@ -13,11 +13,13 @@ name             marks                                                      GPU 
 ``"cpu"``        ``time.perf_counter_ns()`` (a steady clock)                 no
 ================ ========================================================== =========
 
-``select_backend()`` picks torch when PyTorch is loaded and CUDA is usable, else CuPy
-when only CuPy is, else gpukeeper's own events when CUDA was asked for explicitly, else
-the CPU clock. Nothing is imported to find out: a framework not in ``sys.modules`` is not
-in use, and importing one costs seconds and a CUDA context. ``register_backend()`` adds
-another implementation under its own name and priority without changing any caller.
+The frameworks' backends come from their adapters (``timer_backend``, ``timer_priority``
+in ``gpukeeper.frameworks``). ``select_backend()`` picks torch when PyTorch is loaded and
+CUDA is usable, else CuPy when only CuPy is, else gpukeeper's own events when CUDA was
+asked for explicitly, else the CPU clock. Nothing is imported to find out: a framework
+not in ``sys.modules`` is not in use, and importing one costs seconds and a CUDA context.
+``register_backend()`` adds another implementation under its own name and priority
+without changing any caller.
 
 ``device=None`` with no framework loaded means the CPU, even on a GPU machine: then
 nothing in the process can have queued GPU work except through gpukeeper, and timing
@@ -37,10 +39,11 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 from gpukeeper.base.device_names import DeviceSpec, resolve_device
 from gpukeeper.base.errors import GpuError, InvalidInputError, TimingWarning
-from gpukeeper.frameworks.adapter import CpuBackend, TimerBackend
+from gpukeeper.frameworks import registry
+from gpukeeper.frameworks.adapter import CpuBackend, FrameworkAdapter, TimerBackend
 from gpukeeper.frameworks.cuda_context_adapter import CoreBackend, core_cuda
-from gpukeeper.frameworks.cupy_adapter import CupyBackend, cupy_cuda
-from gpukeeper.frameworks.torch_adapter import TorchBackend, torch_cuda
+from gpukeeper.frameworks.cupy_adapter import CupyBackend
+from gpukeeper.frameworks.torch_adapter import TorchBackend
 
 __all__ = [
     "CUDATimer",
@@ -67,21 +70,30 @@ def timing_device(device: Any = None) -> DeviceSpec:
     """The device to time on: :func:`gpukeeper.base.device_names.resolve_device`, except that None
     means CUDA only when a loaded framework (PyTorch, CuPy) uses it; GPU events around
     host-only work would read zero."""
-    return resolve_device(device, auto_cuda=torch_cuda() is not None or cupy_cuda() is not None)
+    auto_cuda = any(
+        fw.timer_backend is not None and fw.cuda_usable() for fw in registry.ADAPTERS.values()
+    )
+    return resolve_device(device, auto_cuda=auto_cuda)
 
 
 # --------------------------------------------------------------------- backends
 
 
+def _usable_through(fw: FrameworkAdapter) -> Callable[[DeviceSpec], bool]:
+    return lambda d: d.is_cuda and fw.cuda_usable()
+
+
 # name -> (priority, factory, usable). Highest usable priority wins in select_backend().
+# The frameworks' backends are their adapters', under the adapters' names.
 _BACKENDS: Dict[
     str, Tuple[int, Callable[[DeviceSpec], TimerBackend], Callable[[DeviceSpec], bool]]
 ] = {
-    "torch": (20, TorchBackend, lambda d: d.is_cuda and torch_cuda() is not None),
-    "cupy": (10, CupyBackend, lambda d: d.is_cuda and cupy_cuda() is not None),
-    "gpukeeper": (5, CoreBackend, lambda d: d.is_cuda and core_cuda()),
-    "cpu": (0, CpuBackend, lambda d: True),
+    name: (fw.timer_priority, fw.timer_backend, _usable_through(fw))
+    for name, fw in registry.ADAPTERS.items()
+    if fw.timer_backend is not None
 }
+_BACKENDS["gpukeeper"] = (5, CoreBackend, lambda d: d.is_cuda and core_cuda())
+_BACKENDS["cpu"] = (0, CpuBackend, lambda d: True)
 
 
 def register_backend(
