@@ -22,10 +22,10 @@ CachingPool::CachingPool(std::unique_ptr<MemoryResource> upstream, PoolOptions o
     : upstream_(std::move(upstream)),
       stream_ordered_(upstream_ && upstream_->stream_ordered()),
       options_(options),
-      events_(upstream_ ? upstream_->device() : 0, stream_ordered_) {
+      events_(upstream_ ? upstream_->device() : 0, stream_ordered_),
+      limit_(options.max_pool_size) {
   if (!upstream_) throw InvalidInputError("CachingPool needs an upstream resource");
   check_options(options_);
-  limit_.store(options_.max_pool_size, std::memory_order_relaxed);
   init_layout();
 }
 
@@ -84,7 +84,7 @@ void* CachingPool::allocate(std::size_t bytes, stream_t stream) {
       counters_.oom_event();
       ++history_.alloc_retries;
       // Bigger than the limit or than the whole memory: dropping the cache cannot help.
-      const std::size_t limit = limit_.load(std::memory_order_relaxed);
+      const std::size_t limit = limit_.get();
       const std::size_t total = upstream_->memory_info().total;  // 0: unknown
       hopeless = (limit != 0 && size > limit) || (total != 0 && size > total);
       if (!hopeless && release_free_segments(0) > 0) {
@@ -227,14 +227,13 @@ std::size_t CachingPool::segment_size_for(std::size_t size, bool small) const no
 // nullptr when the limit or the upstream refuses even the smallest segment that fits.
 Block* CachingPool::grow(std::size_t size, bool small, stream_t stream) {
   if (expandable_class(small)) return grow_expandable(size, small, stream);
-  const std::size_t limit = limit_.load(std::memory_order_relaxed);
   const std::size_t reserved = counters_.reserved();
   // Preferred segment first, then the least that holds the request.
   std::size_t candidates[2] = {segment_size_for(size, small), size};
   bool limited = false;
   for (std::size_t seg_size : candidates) {
     if (seg_size < size) continue;
-    if (limit != 0 && reserved + seg_size > limit) {
+    if (!limit_.admits(reserved, seg_size)) {
       limited = true;
       continue;
     }

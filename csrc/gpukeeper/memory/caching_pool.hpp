@@ -26,6 +26,8 @@
 //     pool's lock, read without it (relaxed atomics, inline: the fast path is unchanged);
 //   - detail::PressureCallbacks (pressure_callbacks.hpp): watermark and reclaim callbacks,
 //     with their own lock, run with no lock held (RMM's failure-callback adaptor);
+//   - detail::PoolLimit (pool_limit.hpp): the reserved-bytes limit growth asks before it
+//     takes memory, and the pressure it defines (RMM's limiting adaptor; inline reads);
 //   - detail::RecentFrees (recent_frees.hpp): the last kRecentFrees freed blocks, held off
 //     the free index (a fixed inline array: the fast path's first and last step);
 //   - detail::PendingMerges (pending_merges.hpp): freed blocks whose merge is to come;
@@ -40,14 +42,13 @@
 // pages of expandable ranges) and PoolHistory (pool_history.hpp).
 // What stays members of CachingPool, and why: the books that tie these together (segments,
 // blocks, free indexes per stream) and the placement logic over them (caching_pool.cpp,
-// caching_pool_idle_streams.cpp, caching_pool_placement.cpp); the limit and reclaim
+// caching_pool_idle_streams.cpp, caching_pool_placement.cpp); the release-and-reclaim
 // sequence, the history and the two segment sources every layout picks from, fixed
 // segments (grow()) and expandable ranges (caching_pool_limits.cpp, caching_pool_books.cpp,
 // caching_pool_expandable.cpp), because each is read or written in the middle of a
-// placement under the same lock (the limit by grow() and the page budget, the history by
-// every hand-out and free, the ranges by carve() and own_fit()): wrapping them as
-// adaptors around an upstream would put an indirection or a second lock on the allocation
-// path. caching_pool_validation.cpp holds the options check, the out-of-memory message
+// placement under the same lock (the history by every hand-out and free, the ranges by
+// carve() and own_fit()): wrapping them as adaptors around an upstream would put an
+// indirection or a second lock on the allocation path. caching_pool_validation.cpp holds the options check, the out-of-memory message
 // and validate(). Every other part's header sits beside its own .cpp (pool_audit.cpp,
 // pressure_callbacks.cpp, pool_layout.cpp, ...); the caching_pool_*.cpp files are
 // caching_pool.hpp's, one per group of its members.
@@ -70,6 +71,7 @@
 #include "gpukeeper/memory/pool_counters.hpp"
 #include "gpukeeper/memory/pool_history.hpp"
 #include "gpukeeper/memory/pool_layout.hpp"
+#include "gpukeeper/memory/pool_limit.hpp"
 #include "gpukeeper/memory/pool_stats.hpp"
 #include "gpukeeper/memory/pressure_callbacks.hpp"
 #include "gpukeeper/memory/ptr_map.hpp"
@@ -164,7 +166,7 @@ class CachingPool {
   // Limits reserved bytes (0 removes the limit). Releases cached segments to get under
   // it. InvalidInputError when below the bytes currently allocated.
   void set_limit(std::size_t bytes);
-  std::size_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
+  std::size_t limit() const noexcept { return limit_.get(); }
 
   // In [0, 1]: reserved / limit with a limit, else the upstream's used fraction.
   double memory_pressure() const;
@@ -347,7 +349,7 @@ class CachingPool {
 
   // Written under mutex_, read by anyone.
   detail::PoolCounters counters_;
-  std::atomic<std::size_t> limit_{0};
+  detail::PoolLimit limit_;  // the reserved-bytes limit (pool_limit.hpp)
 
   detail::PressureCallbacks callbacks_;  // its own lock; never held with mutex_
 };

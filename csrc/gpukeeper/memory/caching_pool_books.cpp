@@ -17,7 +17,7 @@ PoolStats CachingPool::stats() const noexcept {
     refresh_largest();
     mutex_.unlock();
   }
-  PoolStats s = counters_.snapshot(limit_.load(std::memory_order_relaxed));
+  PoolStats s = counters_.snapshot(limit_.get());
   s.callback_errors = callbacks_.errors();
   return s;
 }

@@ -39,8 +39,7 @@ void CachingPool::init_expandable() {
   observe_pages();
   streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
   may_create_page_fn_ = [this] {
-    const std::size_t limit = limit_.load(std::memory_order_relaxed);
-    return limit == 0 || paged_->mapped_bytes() + fixed_reserved_ + paged_->page_size() <= limit;
+    return limit_.admits(paged_->mapped_bytes() + fixed_reserved_, paged_->page_size());
   };
 }
 
@@ -156,9 +155,8 @@ bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requeste
                             may_create_page_fn_, spare_limit);
   if (!ok) {
     // The call made `made` pages (given back now) before the next one was refused.
-    const std::size_t limit = limit_.load(std::memory_order_relaxed);
     const std::uint64_t made = paged_->pages_created() - created_before;
-    if (limit != 0 && paged_->mapped_bytes() + fixed_reserved_ + (made + 1) * paged_->page_size() > limit) {
+    if (!limit_.admits(paged_->mapped_bytes() + fixed_reserved_, (made + 1) * paged_->page_size())) {
       ++history_.limit_rejections;
     }
   }
