@@ -6,8 +6,9 @@ Each rank writes what it saw to OUT/rank{R}.json; the test reads them. Scenarios
 ``api`` (every function of gpukeeper.distributed), ``outliers`` (each rank holds the
 MiB that GPUKEEPER_TEST_HOLD_MIB lists for it, and times the ms GPUKEEPER_TEST_MS lists:
 which rank do the tables name), ``sigterm`` (the exit guard when the launcher ends the
-job while one rank waits in a collective). BACKEND: gloo (default, CPU
-tensors) or nccl (one GPU per rank, CUDA tensors).
+job while one rank waits in a collective), ``buffers`` (the summary's transport tensors
+kept across calls, one pair per group). BACKEND: gloo (default, CPU tensors) or nccl
+(one GPU per rank, CUDA tensors).
 """
 
 import atexit
@@ -24,6 +25,7 @@ import torch.distributed as dist
 import gpukeeper
 from gpukeeper import distributed as gkd
 from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.frameworks import ranks
 
 
 DEVICE = "cpu"
@@ -46,6 +48,9 @@ def api(out: Path) -> dict:
     summaries = gkd.gather_memory_reports(dst=None, summary=True)
     seen["summaries"] = [[s.rank, s.pid, type(s).__name__] for s in summaries]
     seen["summary_devices"] = [[s.devices, s.other_devices, s.hostname] for s in summaries]
+    seen["summary_ages"] = [s.process_age_ms for s in summaries]
+    fresh = gkd.gather_memory_reports(dst=None, summary=True, fresh=True)
+    seen["fresh_ages"] = [s.process_age_ms for s in fresh]
     seen["hostname"] = socket.gethostname()
     seen["summary_table"] = gkd.format_rank_table(summaries)
     pair = dist.new_group([0, 1])
@@ -161,6 +166,40 @@ def sigterm(out: Path) -> dict:
     return {}
 
 
+def buffers(out: Path) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kept = ranks.GATHER_BUFFERS
+    kept.clear()
+    made = kept.made
+    seen: dict = {"rank": rank, "world": world}
+
+    def pairs():
+        return [[p.data_ptr() for p in pair] + [pair[1].numel()] for pair in kept.tensors()]
+
+    first = gkd.gather_memory_reports(summary=True, dst=None)
+    after_first = pairs()
+    for _ in range(3):
+        again = gkd.gather_memory_reports(summary=True, dst=None)
+    seen["default"] = {"made": kept.made - made, "same": pairs() == after_first,
+                       "ranks": [r.rank for r in again], "first": [r.rank for r in first],
+                       "out_numel": after_first[0][2]}
+    # A group of one rank (every rank makes it; rank 0 gathers in it), then a group of
+    # the same size as the world that is not the default group.
+    alone = dist.new_group([0])
+    if rank == 0:
+        got = gkd.gather_memory_reports(group=alone, summary=True, dst=None)
+        seen["alone"] = {"ranks": [r.rank for r in got], "made": kept.made - made,
+                         "sizes": sorted(k["size"] for k in kept.keys())}
+    everyone = dist.new_group(list(range(world)))
+    got = gkd.gather_memory_reports(group=everyone, summary=True, dst=None)
+    ptrs = [set(p[:2]) for p in pairs()]
+    seen["everyone"] = {"ranks": [r.rank for r in got], "pairs": len(ptrs),
+                        "disjoint": all(not (a & b) for i, a in enumerate(ptrs) for b in ptrs[i + 1:]),
+                        "groups": len({k["group"] for k in kept.keys()})}
+    dist.barrier()
+    return seen
+
+
 def main() -> None:
     global DEVICE
     scenario, out = sys.argv[1], Path(sys.argv[2])
@@ -169,7 +208,7 @@ def main() -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         DEVICE = f"cuda:{torch.cuda.current_device()}"
     dist.init_process_group(backend)
-    seen = {"api": api, "outliers": outliers, "sigterm": sigterm}[scenario](out)
+    seen = {"api": api, "outliers": outliers, "sigterm": sigterm, "buffers": buffers}[scenario](out)
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(seen, default=str))
     dist.destroy_process_group()
 

@@ -20,6 +20,7 @@ if not dist.is_available():
 import gpukeeper  # noqa: E402
 from gpukeeper import distributed as gkd  # noqa: E402
 from gpukeeper.base.errors import InvalidInputError  # noqa: E402
+from gpukeeper.distributed.rank_memory import VECTOR_LENGTH  # noqa: E402
 
 CHILD = Path(__file__).with_name("distributed_child.py")
 MiB = 1 << 20
@@ -93,6 +94,34 @@ def test_summaries_describe_each_ranks_own_device(api_run):
             assert others == [], f"rank {r} holds memory on other devices: {rows}"
         else:  # CPU mode: the host report; gloo on a GPU machine: the current device
             assert len(devices) <= 1 and (devices or others is None), rows
+
+
+def test_summaries_say_how_old_the_process_figure_is(api_run):
+    n, _, seen = api_run
+    for s in seen:
+        # CPU mode: the RSS, read during the call; NVML's figure may be a kept reading.
+        assert len(s["summary_ages"]) == n and all(a is not None and a >= 0 for a in s["summary_ages"])
+        if s["backend"] == "gloo":
+            assert s["summary_ages"] == [0.0] * n
+        assert len(s["fresh_ages"]) == n and all(a is not None and a < 50 for a in s["fresh_ages"])
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=NCCL)])
+def test_transport_tensors_are_kept_per_group(tmp_path, backend):
+    n = 3 if backend == "gloo" else NCCL_RANKS
+    proc = torchrun(n, "buffers", tmp_path, backend)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+    for s in seen:
+        # Four summary gathers in the default group: one pair of tensors, reused.
+        assert s["default"] == {"made": 1, "same": True, "ranks": list(range(n)),
+                                "first": list(range(n)), "out_numel": n * VECTOR_LENGTH}
+        # A group of the world's size that is not the default group: a pair of its own.
+        assert s["everyone"]["ranks"] == list(range(n))
+        assert s["everyone"]["disjoint"] and s["everyone"]["groups"] == s["everyone"]["pairs"]
+    # The one-rank group: its own pair, sized for one row.
+    assert seen[0]["alone"] == {"ranks": [0], "made": 2, "sizes": [1, n]}
+    assert seen[0]["everyone"]["pairs"] == 3 and seen[1]["everyone"]["pairs"] == 2
 
 
 def test_subgroup_gathers_to_its_destination(api_run):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, List, Optional, Union, overload
+from typing import Any, Callable, Dict, List, Optional, Union, overload
 
 import gpukeeper._core as _core
 from gpukeeper import frameworks
@@ -95,21 +95,42 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
     )
 
 
-def _cuda_report(device: int, use_nvml: bool, *, for_totals: bool = False) -> MemoryReport:
+#: Where a summary's reading of this process on a device comes from, when not from
+#: NVML's process list read there and then (a reading kept off the critical path).
+ProcessReadingSource = Callable[[int], ProcessReading]
+
+
+def _cuda_report(
+    device: int,
+    use_nvml: bool,
+    *,
+    for_totals: bool = False,
+    process_reading: Optional[ProcessReadingSource] = None,
+) -> MemoryReport:
     """The device's account. ``for_totals``: only the figures a rank's summary carries
     are read, for a report that is never shown: no host section, no device name, no
     names of the other processes (a file each), and no graphics process list once the
-    compute list gives this process's figure (``other_processes`` may then be short)."""
+    compute list gives this process's figure (``other_processes`` may then be short).
+    ``process_reading`` (with ``for_totals``): this process's NVML figure comes from it
+    and NVML's process list is not read (``other_processes`` is then empty)."""
     notes: List[str] = []
-    framework_memory, reserved_known = _framework_section(device, notes)
+    framework_memory, reserved_known, peaks = _framework_section(device, notes, for_totals)
     nvml, nvml_reason, handle = _nvml_handle(device, use_nvml, notes)
+    given = process_reading if (for_totals and nvml is not None) else None
     name, total, free, source, processes = _device_memory(
-        device, nvml, handle, notes, details=not for_totals
+        device, nvml, handle, notes, details=not for_totals, list_processes=given is None
     )
 
     pid = os.getpid()
+    why = nvml_reason if nvml is None else "NVML gave no process list"
+    if given is not None:
+        reading = given(device)
+        if reading.listed is None:
+            processes, why = None, reading.reason or why
+        else:
+            processes = [ProcessMemory(pid, None, reading.used_bytes)] if reading.listed else []
     process_bytes, this_process, others = _this_process_reading(
-        device, pid, processes, reserved_known, nvml, nvml_reason
+        device, pid, processes, reserved_known, why
     )
     listed = None if this_process.startswith("unknown") else this_process.startswith("found")
     census = frameworks.context_census(
@@ -144,13 +165,38 @@ def _cuda_report(device: int, use_nvml: bool, *, for_totals: bool = False) -> Me
         other_contexts=other,
         contexts_how=census.how,
         # One more counter read per framework that keeps a peak: PyTorch's raw stats
-        # call (13-19 us on an H100 host), the pools' stats (well under that).
-        peaks=frameworks.peak_by_framework(device),
+        # call (13-19 us on an H100 host), the pools' stats (well under that); none for
+        # an adapter that gave its peak with its counters.
+        peaks=peaks if peaks is not None else frameworks.peak_by_framework(device),
     )
 
 
-def _framework_section(device: int, notes: List[str]):
-    framework_memory = frameworks.memory_by_framework(device)
+def _memory_and_peaks(device: int):
+    """Each framework's counters and peak on ``device``, one read each where the adapter
+    offers ``memory_and_peak(device) -> (FrameworkMemory or None, peak or None)``
+    (PyTorch's statistics give both in one call), else its ``memory`` then its ``peak``."""
+    memory: Dict[str, FrameworkMemory] = {}
+    peaks: Dict[str, int] = {}
+    for name, fw in frameworks.ADAPTERS.items():
+        both = getattr(fw, "memory_and_peak", None)
+        if both is not None:
+            counters, peak = both(device) if fw.in_use() else (fw.memory(device), None)
+        else:
+            counters = fw.memory(device)
+            peak = fw.peak(device) if fw.in_use() else None
+        if counters is not None:
+            memory[name] = counters
+        if peak is not None:
+            peaks[name] = int(peak)
+    return memory, peaks
+
+
+def _framework_section(device: int, notes: List[str], with_peaks: bool = False):
+    peaks: Optional[Dict[str, int]] = None
+    if with_peaks:
+        framework_memory, peaks = _memory_and_peaks(device)
+    else:
+        framework_memory = frameworks.memory_by_framework(device)
     reserved_known = sum_known(m.reserved for m in framework_memory.values())
     if reserved_known is None:
         unknown = [n for n, m in framework_memory.items() if m.reserved is None]
@@ -161,7 +207,7 @@ def _framework_section(device: int, notes: List[str]):
             notes.append("PyTorch allocates from a gpukeeper pool (use_torch_allocator)")
     except Exception:
         pass
-    return framework_memory, reserved_known
+    return framework_memory, reserved_known, peaks
 
 
 def _nvml_handle(device: int, use_nvml: bool, notes: List[str]):
@@ -177,7 +223,15 @@ def _nvml_handle(device: int, use_nvml: bool, notes: List[str]):
     return nvml, nvml_reason, handle
 
 
-def _device_memory(device: int, nvml, handle, notes: List[str], *, details: bool = True):
+def _device_memory(
+    device: int,
+    nvml,
+    handle,
+    notes: List[str],
+    *,
+    details: bool = True,
+    list_processes: bool = True,
+):
     name = f"CUDA device {device}"
     total = free = None
     source = "cudaMemGetInfo"
@@ -193,9 +247,10 @@ def _device_memory(device: int, nvml, handle, notes: List[str], *, details: bool
             total, free, source = int(info.total), int(info.free), "nvml"
         except Exception as exc:
             notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
-        processes = device_processes(
-            nvml, handle, notes, names=details, wanted=None if details else os.getpid()
-        )
+        if list_processes:
+            processes = device_processes(
+                nvml, handle, notes, names=details, wanted=None if details else os.getpid()
+            )
     if total is None:
         # cudaMemGetInfo needs a context: this creates one on `device` if the process has
         # none yet (NVML avoids that, which is why it comes first).
@@ -206,10 +261,9 @@ def _device_memory(device: int, nvml, handle, notes: List[str], *, details: bool
     return name, total, free, source, processes
 
 
-def _this_process_reading(device: int, pid: int, processes, reserved_known, nvml, nvml_reason):
+def _this_process_reading(device: int, pid: int, processes, reserved_known, why: str):
     if processes is None:
-        reason = nvml_reason if nvml is None else "NVML gave no process list"
-        return None, "unknown: " + reason, []
+        return None, "unknown: " + why, []
     mine = [p for p in processes if p.pid == pid]
     others = [p for p in processes if p.pid != pid]
     if mine and mine[0].used_bytes is not None and mine[0].used_bytes < (reserved_known or 0):
@@ -305,23 +359,37 @@ def memory_report(
     return _cuda_report(spec.index, use_nvml)
 
 
-def rank_totals_report(use_nvml: bool, scope: str) -> DevicesReport:
+def rank_totals_report(
+    use_nvml: bool, scope: str, process_reading: Optional[ProcessReadingSource] = None
+) -> DevicesReport:
     """``memory_report(scope=scope)`` for a rank's summary: the same totals, read without
     what only a shown report needs: the host section, the device's name and the other
-    processes' names."""
-    return _devices_report(use_nvml, scope, for_totals=True)
+    processes' names; each framework's counters and peak in one read where its adapter
+    offers that.
+
+    ``process_reading``: where this process's NVML figure on each device comes from
+    (a ``device -> ProcessReading`` function, such as a reading kept by a background
+    thread), instead of NVML's process list read now; the other processes are then not
+    listed. Only with ``use_nvml``."""
+    return _devices_report(use_nvml, scope, for_totals=True, process_reading=process_reading)
 
 
-def _devices_report(use_nvml: bool, scope: str, *, for_totals: bool) -> DevicesReport:
+def _devices_report(
+    use_nvml: bool,
+    scope: str,
+    *,
+    for_totals: bool,
+    process_reading: Optional[ProcessReadingSource] = None,
+) -> DevicesReport:
     info = current_rank()
     others: Optional[List[int]] = None
     count = devices.cuda_status()[0] if scope == "rank" and info is not None else 0
     if count > 0:
         own = min(devices.current_cuda_index(), count - 1)
-        reports = [_cuda_report(own, use_nvml, for_totals=for_totals)]
+        reports = [_cuda_report(own, use_nvml, for_totals=for_totals, **_given(process_reading))]
         others = _other_devices(own, count, use_nvml)
     else:
-        reports = _every_device(use_nvml, for_totals=for_totals)
+        reports = _every_device(use_nvml, for_totals=for_totals, process_reading=process_reading)
     return DevicesReport(
         devices=reports,
         rank=None if info is None else info.rank,
@@ -359,8 +427,19 @@ def _other_devices(own: int, count: int, use_nvml: bool) -> Optional[List[int]]:
     return found
 
 
-def _every_device(use_nvml: bool, *, for_totals: bool = False) -> List[MemoryReport]:
+def _every_device(
+    use_nvml: bool,
+    *,
+    for_totals: bool = False,
+    process_reading: Optional[ProcessReadingSource] = None,
+) -> List[MemoryReport]:
     count, reason = devices.cuda_status()
     if count == 0:
         return [_cpu_report(f"CUDA unavailable: {reason}", use_nvml)]
-    return [_cuda_report(d, use_nvml, for_totals=for_totals) for d in range(count)]
+    given = _given(process_reading)
+    return [_cuda_report(d, use_nvml, for_totals=for_totals, **given) for d in range(count)]
+
+
+def _given(process_reading: Optional[ProcessReadingSource]) -> Dict[str, Any]:
+    # Passed only when there is one: a report's builder keeps its plain call otherwise.
+    return {} if process_reading is None else {"process_reading": process_reading}

@@ -8,7 +8,9 @@ starts a process group: call ``torch.distributed.init_process_group()`` first, u
 
 - :func:`gather_memory_reports` and :func:`format_rank_table`: every rank's
   :func:`gpukeeper.memory_report` (of the device the rank drives) on one rank, and one
-  table (min, max, sum, outlier).
+  table (min, max, sum, outlier). A summary's per-process figure is NVML's reading kept
+  by a background thread, sent with its age (:mod:`gpukeeper.distributed.process_figure`;
+  ``fresh=True`` reads it during the call).
 - :func:`aggregate`: one ``BenchmarkResult`` or ``TrajectoryResult`` per rank combined
   (spread across ranks, the slowest rank, ns/day per replica and in total).
   ``benchmark_function(..., barrier=group)`` puts the ranks in step before each call.

@@ -22,6 +22,7 @@ from gpukeeper.distributed.fixed_rows import (
     text_words,
     words_text,
 )
+from gpukeeper.distributed.process_figure import ProcessFigures
 from gpukeeper.distributed.rank_outliers import TWO_RANKS_NOTE, pick_outlier
 from gpukeeper.frameworks import ranks
 
@@ -47,6 +48,11 @@ class RankMemory:
     process (RSS in CPU mode). ``devices``: the devices the totals cover (empty in CPU
     mode); ``other_devices``: other devices this process holds memory on when the report
     covered only the rank's own device (``scope="rank"``), None when not asked or unknown.
+    ``process_age_ms``: how long before the rank sent its row ``process`` was read (and
+    so ``context``, which is computed from it), in milliseconds: 0 for a figure read
+    during the gather, more for a summary that sent the background reading
+    (:mod:`gpukeeper.distributed.process_figure`); None when not said (a row made from a
+    full report) or when there is no figure. Microseconds travel.
     """
 
     rank: int
@@ -60,10 +66,17 @@ class RankMemory:
     context: Optional[int]
     process: Optional[int]
     other_devices: Optional[List[int]] = None
+    process_age_ms: Optional[float] = None
 
     @classmethod
-    def from_report(cls, report: DevicesReport, rank: Optional[int] = None) -> "RankMemory":
-        """The totals of ``report``; ``rank`` when the report carries none."""
+    def from_report(
+        cls,
+        report: DevicesReport,
+        rank: Optional[int] = None,
+        process_age_ms: Optional[float] = None,
+    ) -> "RankMemory":
+        """The totals of ``report``; ``rank`` when the report carries none;
+        ``process_age_ms``: how old its process figure is, where the caller knows."""
         r = report.rank if report.rank is not None else rank
         if r is None:
             raise InvalidInputError(
@@ -81,6 +94,7 @@ class RankMemory:
             context=report.context_and_libraries_bytes,
             process=report.process_bytes,
             other_devices=None if report.other_devices is None else list(report.other_devices),
+            process_age_ms=None if report.process_bytes is None else process_age_ms,
         )
 
     def to_dict(self) -> Dict[str, Any]:
@@ -91,9 +105,10 @@ class RankMemory:
         """The summary as :data:`VECTOR_LENGTH` int64s, the row a summary gather carries.
 
         Layout: a format mark, rank, world size, pid, a mask of ``devices``, a mask of
-        ``other_devices``, the five sizes, the host name's length in bytes and its first
-        :data:`HOSTNAME_BYTES` bytes (UTF-8) packed 8 to a word. Unknown values are -1
-        (sizes, world size) and a mask of -1 is None. Device indices 0-62 travel; a
+        ``other_devices``, the five sizes, the process figure's age in microseconds, the
+        host name's length in bytes and its first :data:`HOSTNAME_BYTES` bytes (UTF-8)
+        packed 8 to a word. Unknown values are -1 (sizes, world size, age) and a mask of
+        -1 is None. Device indices 0-62 travel; a
         larger one is left out of the masks (the sizes still count it).
         """
         sizes = [self.allocated, self.reserved, self.peak, self.context, self.process]
@@ -105,6 +120,7 @@ class RankMemory:
             _mask(self.devices),
             _UNKNOWN if self.other_devices is None else _mask(self.other_devices),
             *(_UNKNOWN if v is None else int(v) for v in sizes),
+            _UNKNOWN if self.process_age_ms is None else max(0, round(self.process_age_ms * 1000)),
             *text_words(self.hostname, HOSTNAME_BYTES),
         ]
 
@@ -121,7 +137,8 @@ class RankMemory:
             )
         _, rank, world, pid, devices, others = row[:6]
         sizes = [None if v == _UNKNOWN else int(v) for v in row[6:11]]
-        hostname = words_text(row[11:], HOSTNAME_BYTES)
+        age_us = row[11]
+        hostname = words_text(row[12:], HOSTNAME_BYTES)
         return cls(
             rank=int(rank),
             world_size=None if world == _UNKNOWN else int(world),
@@ -134,14 +151,15 @@ class RankMemory:
             context=sizes[3],
             process=sizes[4],
             other_devices=None if others == _UNKNOWN else _unmask(others),
+            process_age_ms=None if age_us == _UNKNOWN else int(age_us) / 1000.0,
         )
 
 
-#: int64s in a summary row: 11 words of figures, then the host name.
-VECTOR_LENGTH = 11 + text_word_count(HOSTNAME_BYTES)
+#: int64s in a summary row: 12 words of figures, then the host name.
+VECTOR_LENGTH = 12 + text_word_count(HOSTNAME_BYTES)
 # Marks a row as this layout ("gk" and a version), so a row of another layout fails
 # loudly instead of reading as figures.
-_VECTOR_MARK = 0x676B_0001
+_VECTOR_MARK = 0x676B_0002
 _UNKNOWN = -1
 _MASK_BITS = 63  # bit 63 would make the word negative, and -1 means unknown
 
@@ -166,6 +184,7 @@ def gather_memory_reports(
     summary: bool = False,
     use_nvml: bool = True,
     scope: str = "rank",
+    fresh: bool = False,
 ) -> Optional[List[Union[DevicesReport, RankMemory]]]:
     """Every rank's memory report, in rank order, on the destination rank.
 
@@ -185,6 +204,15 @@ def gather_memory_reports(
     wire do not grow with the devices, frameworks and processes a rank sees, and nothing
     is pickled. The host name travels cut to :data:`HOSTNAME_BYTES` bytes.
 
+    A summary's ``process`` figure (and ``context``, computed from it) is NVML's, read off
+    the collective's critical path: the first summary reads NVML's process list for this
+    process, then a background thread reads it again every 20 ms while summaries keep
+    coming (:mod:`gpukeeper.distributed.process_figure`), and each summary sends the
+    latest reading with its age (``RankMemory.process_age_ms``; the table says how old
+    the oldest is). A figure can thus miss memory taken or given back in the last
+    milliseconds. ``fresh=True`` reads NVML during the call instead (age 0), at the cost
+    of the driver call on every rank. Full reports always read NVML during the call.
+
     Full reports travel through torch.distributed's ``gather_object``
     (``all_gather_object`` for ``dst=None``). With NCCL every collective here runs on the
     current CUDA device, so set it (``torch.cuda.set_device(local_rank)``) first, as for
@@ -199,10 +227,16 @@ def gather_memory_reports(
         raise InvalidInputError(f"{what}: summary must be a bool, got {summary!r}")
     if not isinstance(use_nvml, bool):
         raise InvalidInputError(f"{what}: use_nvml must be a bool, got {use_nvml!r}")
+    if not isinstance(fresh, bool):
+        raise InvalidInputError(f"{what}: fresh must be a bool, got {fresh!r}")
     check_choice(scope, f"{what}: scope", ("rank", "visible"))
     if summary:
-        totals = rank_totals_report(use_nvml, scope)  # tagged with this rank
-        rows = ranks.all_gather_int64(RankMemory.from_report(totals).to_vector(), group, dst)
+        figures = ProcessFigures(fresh=fresh)
+        totals = rank_totals_report(use_nvml, scope, figures)  # tagged with this rank
+        age_s = figures.age_s
+        age_ms = 0.0 if age_s is None else age_s * 1000.0  # None: read during the call
+        row = RankMemory.from_report(totals, process_age_ms=age_ms)
+        rows = ranks.all_gather_int64(row.to_vector(), group, dst)
         return None if rows is None else [RankMemory.from_vector(row) for row in rows]
     report = memory_report(use_nvml=use_nvml, scope=scope)  # tagged with this rank
     gathered = ranks.gather_objects(report.to_dict(), group, dst)
@@ -276,7 +310,9 @@ def format_rank_table(reports: Sequence[Union[DevicesReport, RankMemory]]) -> st
     64 MiB; a rank far below the others is never named. With two ranks the median lies
     halfway and cannot tell, so the larger one is named (10 % and 64 MiB above the other),
     marked ``*`` and explained under the table. The devices cell lists the devices the
-    row covers and, as ``(+ 0)``, other devices the rank holds memory on.
+    row covers and, as ``(+ 0)``, other devices the rank holds memory on. Under the table
+    a line says how old the oldest process figure is when a summary sent a background
+    reading (``RankMemory.process_age_ms``).
 
     ``reports``: what :func:`gather_memory_reports` returned (either kind), or any list
     of ``DevicesReport`` (ranks taken from the reports, else their positions).
@@ -313,6 +349,13 @@ def format_rank_table(reports: Sequence[Union[DevicesReport, RankMemory]]) -> st
     text = title + "\n" + text_table(header, body, left=3)
     if of_two:
         text = text.rstrip("\n") + "\n* " + TWO_RANKS_NOTE + "\n"
+    ages = [(r.process_age_ms, r.rank) for r in rows if r.process_age_ms is not None]
+    if ages and max(ages)[0] >= 0.05:  # shown to 0.1 ms
+        age, rank = max(ages)
+        text = text.rstrip("\n") + (
+            f"\nprocess figures read up to {age:.1f} ms before the gather "
+            f"(rank {rank}); context follows them\n"
+        )
     return text
 
 

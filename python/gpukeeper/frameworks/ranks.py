@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gpukeeper.base import process_life
 from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
+    "GATHER_BUFFERS",
+    "GatherBuffers",
     "RankInfo",
     "RankStep",
     "all_gather_int64",
@@ -192,6 +197,85 @@ def gather_objects(obj: Any, group: Any, dst: Optional[int]) -> Optional[List[An
     return out_or_none
 
 
+class GatherBuffers:
+    """The device tensors of :func:`all_gather_int64` (a row in, ``world x row`` out),
+    kept between calls: one pair per (group, device, current stream, world size, row
+    length), the :data:`CAPACITY` most recent kept. Making them on each call costs two
+    allocations and, for NCCL, lets the caching allocator hand the collective a
+    different block each time; kept, they stay allocated in PyTorch's counters between
+    calls (a few hundred bytes; the allocator rounds each up to 512).
+
+    A pair is never shared by two groups: a group's pair is keyed by the group itself,
+    and goes when the group is freed (a weak reference) or the default group is torn
+    down through :func:`shutdown_process_group`. The stream is in the key so that the
+    row written for a call is ordered after the previous collective that read it: NCCL
+    runs on its own stream, ordered after the stream current when it was called.
+    """
+
+    CAPACITY = 8
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._pairs: "OrderedDict[Tuple[Any, ...], Tuple[Any, Any, Any]]" = OrderedDict()
+        self.made = 0  # pairs made since the start (a test reads it)
+
+    def pair(self, torch: Any, group: Any, device: Any, size: int, length: int) -> Tuple[Any, Any]:
+        """(row, out) for one call: kept ones when this key had them, else new ones."""
+        stream = None
+        if device.type == "cuda":
+            stream = int(torch.cuda.current_stream(device).cuda_stream)
+        key = (None if group is None else id(group), str(device), stream, size, length)
+        with self.lock:
+            kept = self._pairs.get(key)
+            if kept is not None and (kept[0] is None or kept[0]() is group):
+                self._pairs.move_to_end(key)
+                return kept[1], kept[2]
+        row = torch.empty(length, dtype=torch.int64, device=device)
+        out = torch.empty(size * length, dtype=torch.int64, device=device)
+        ref = None if group is None else self._group_ref(group)
+        with self.lock:
+            self._pairs[key] = (ref, row, out)
+            self._pairs.move_to_end(key)
+            while len(self._pairs) > self.CAPACITY:
+                self._pairs.popitem(last=False)
+            self.made += 1
+        return row, out
+
+    def _group_ref(self, group: Any) -> Any:
+        ident = id(group)
+
+        def forget(_ref: Any) -> None:
+            with self.lock:
+                for key in [k for k in self._pairs if k[0] == ident]:
+                    del self._pairs[key]
+
+        try:
+            return weakref.ref(group, forget)
+        except TypeError:  # a group type without weak references: kept while cached
+            return lambda: group
+
+    def keys(self) -> List[Dict[str, Any]]:
+        """What is kept, most recent last: group (its id, None for the default group),
+        device, stream, world size and row length."""
+        with self.lock:
+            names = ("group", "device", "stream", "size", "length")
+            return [dict(zip(names, k)) for k in self._pairs]
+
+    def tensors(self) -> List[Tuple[Any, Any]]:
+        """The kept (row, out) pairs, most recent last."""
+        with self.lock:
+            return [(row, out) for _ref, row, out in self._pairs.values()]
+
+    def clear(self) -> None:
+        """Forgets every pair (a torn-down default group, or a test)."""
+        with self.lock:
+            self._pairs.clear()
+
+
+#: The process's one cache of :func:`all_gather_int64`'s tensors.
+GATHER_BUFFERS = GatherBuffers()
+
+
 def all_gather_int64(
     values: Sequence[int], group: Any, dst: Optional[int]
 ) -> Optional[List[List[int]]]:
@@ -203,14 +287,16 @@ def all_gather_int64(
     row of fixed size needs neither pickling nor the size exchange that
     ``gather_object`` makes first, so it costs one small collective. For ``dst`` the rows
     travel to every rank too (at this size a gather is no cheaper), and only ``dst``
-    waits for them and reads them back to the host.
+    waits for them and reads them back to the host. The device tensors are kept between
+    calls (:data:`GATHER_BUFFERS`).
     """
     dist = loaded_dist()
     torch = sys.modules["torch"]
     size = int(dist.get_world_size(group))
     device = _collective_device(dist, group)
-    row = torch.tensor([int(v) for v in values], dtype=torch.int64).to(device)
-    out = torch.empty(size * row.numel(), dtype=torch.int64, device=device)
+    host = torch.tensor([int(v) for v in values], dtype=torch.int64)
+    row, out = GATHER_BUFFERS.pair(torch, group, device, size, host.numel())
+    row.copy_(host)  # to the device: waits for the copy, as .to(device) did
     # all_gather_single is the current name (torch 2.13 deprecates all_gather_into_tensor);
     # both take a flat output of world x row; the list form is for torch versions with neither.
     flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
@@ -280,6 +366,7 @@ def shutdown_process_group(timeout_s: float, abort: bool = False) -> Optional[st
                 aborter()
             if dist.is_initialized():
                 dist.destroy_process_group()
+            GATHER_BUFFERS.clear()
             outcome.append(None)
         except Exception as e:  # an ending process reports and goes on
             outcome.append(f"process group teardown failed: {type(e).__name__}: {e}")
