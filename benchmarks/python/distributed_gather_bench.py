@@ -13,13 +13,21 @@ median of those over ``--reps`` calls, and rank 0's own median beside it.
   full, to rank 0        gather_memory_reports()                       pickled reports
   full, to all           gather_memory_reports(dst=None)
   summary, to rank 0     gather_memory_reports(summary=True)           one int64 row a rank
-  summary, to all        gather_memory_reports(summary=True, dst=None)
-  summary transport      the summary's all_gather alone (a row made beforehand)
+  summary, to all        gather_memory_reports(summary=True, dst=None): the process
+                         figure is the background reading (NVML read off the call)
+  summary, to all, fresh the same with fresh=True: NVML's list read during the call
+  summary, to all, as before  what a summary did before the background reading and the
+                         kept tensors: NVML's list read in the call, tensors made per call
+  summary transport      the summary's all_gather alone (a row made beforehand), its
+                         tensors kept between calls
+  summary transport, new tensors  the same, tensors made on every call (as before)
   bare all_gather        dist.all_gather_single of the same bytes, tensors made beforehand
   report, scope=rank     memory_report(scope="rank"): the local part of a gather
   report, scope=visible  memory_report(): every visible device
-  summary's reading      the rank's own reading that a summary gather sends, with and
-                         without NVML
+  summary's reading      the rank's own reading that a summary gather sends: with the
+                         background NVML reading, with a fresh read (the lean reader, one
+                         driver call), with NVML's list as before, and without NVML
+  NVML lean reader       process_memory_reader(device)(): the fresh read alone (NCCL only)
   NVML ...               NVML's calls under it on the rank's device (NCCL only): the
                          compute and graphics process lists and the memory info
   aggregate              aggregate(result): a RankTiming row per rank, to every rank
@@ -51,7 +59,8 @@ from bench_env import environment
 import gpukeeper
 from gpukeeper import distributed as gkd
 from gpukeeper.account.account_reader import rank_totals_report
-from gpukeeper.base.nvml import NVML, device_handle, running_processes
+from gpukeeper.base.nvml import NVML, device_handle, process_memory_reader, running_processes
+from gpukeeper.distributed import process_figure
 from gpukeeper.distributed.rank_memory import VECTOR_LENGTH, RankMemory
 from gpukeeper.distributed.rank_timings import TIMING_VECTOR_LENGTH
 from gpukeeper.frameworks import ranks
@@ -98,18 +107,40 @@ def main() -> int:
     flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     result = gpukeeper.BenchmarkResult(name="step", times_ms=[1.0 + 0.01 * rank, 1.1, 1.2])
 
+    def new_tensors(values: List[int]) -> Any:
+        # The transport as it was: a row and an output made on every call.
+        row = torch.tensor(values, dtype=torch.int64).to(device)
+        out = torch.empty(world * row.numel(), dtype=torch.int64, device=device)
+        flat(out, row)
+        return out.view(world, -1).tolist()
+
+    def as_before() -> Any:
+        totals = rank_totals_report(True, "rank")  # NVML's list read in the call
+        rows = new_tensors(RankMemory.from_report(totals).to_vector())
+        return [RankMemory.from_vector(r) for r in rows]
+
+    def reading(fresh: bool) -> Any:
+        return rank_totals_report(True, "rank", process_figure.ProcessFigures(fresh=fresh))
+
     rows: Dict[str, Callable[[], Any]] = {
         "full, to rank 0": lambda: gkd.gather_memory_reports(),
         "full, to all": lambda: gkd.gather_memory_reports(dst=None),
         "summary, to rank 0": lambda: gkd.gather_memory_reports(summary=True),
         "summary, to all": lambda: gkd.gather_memory_reports(summary=True, dst=None),
+        "summary, to all, fresh": lambda: gkd.gather_memory_reports(
+            summary=True, dst=None, fresh=True
+        ),
+        "summary, to all, as before": as_before,
         "summary, to all, no NVML": lambda: gkd.gather_memory_reports(
             summary=True, dst=None, use_nvml=False
         ),
         "summary transport": lambda: ranks.all_gather_int64(vector, None, None),
+        "summary transport, new tensors": lambda: new_tensors(vector),
         "bare all_gather": lambda: flat(bare_out, bare_in),
         "report, scope=rank": lambda: gpukeeper.memory_report(scope="rank"),
-        "summary's reading": lambda: rank_totals_report(True, "rank"),
+        "summary's reading": lambda: reading(False),
+        "summary's reading, fresh": lambda: reading(True),
+        "summary's reading, NVML list as before": lambda: rank_totals_report(True, "rank"),
         "summary's reading, no NVML": lambda: rank_totals_report(False, "rank"),
         "report, scope=visible": lambda: gpukeeper.memory_report(),
         "aggregate": lambda: gkd.aggregate(result),
@@ -117,7 +148,15 @@ def main() -> int:
     # The rank's own reading and NVML's calls under it, every rank at once (as in a
     # gather) and one rank at a time (the others wait at the barrier): the difference is
     # what the ranks' concurrent calls cost each other.
-    alone = {name: rows[name] for name in ("summary's reading", "summary's reading, no NVML")}
+    alone = {
+        name: rows[name]
+        for name in (
+            "summary's reading",
+            "summary's reading, fresh",
+            "summary's reading, NVML list as before",
+            "summary's reading, no NVML",
+        )
+    }
     if backend == "nccl":
         nvml_lib, _why = NVML.get()
         handle = None if nvml_lib is None else device_handle(nvml_lib, device.index)[0]
@@ -130,6 +169,10 @@ def main() -> int:
                 rows[label] = call
                 alone[label] = call
             rows["NVML memory info"] = functools.partial(nvml_lib.nvmlDeviceGetMemoryInfo, handle)
+            lean, _why = process_memory_reader(device.index)
+            if lean is not None:
+                rows["NVML lean reader"] = lean
+                alone["NVML lean reader"] = lean
     for name, fn in alone.items():
         rows[f"{name}, one rank at a time"] = fn
     mine: Dict[str, List[float]] = {}
@@ -150,10 +193,31 @@ def main() -> int:
                 done()
                 samples.append((time.perf_counter_ns() - t0) / 1e3)
         mine[name] = samples
+    # How old the process figures were that the summaries sent (the background reading),
+    # and what the refresher did meanwhile.
+    ages = []
+    for _ in range(args.reps):
+        meet()
+        got = gkd.gather_memory_reports(summary=True, dst=None)
+        ages.append(max((r.process_age_ms or 0.0) for r in got))
+    refresher = process_figure.refresher_status()
+    mine["process figure age (ms)"] = ages
     everyone: List[Any] = [None] * world
     dist.all_gather_object(everyone, mine)
     if rank == 0:
+        per_call = [max(per["process figure age (ms)"][i] for per in everyone)
+                    for i in range(args.reps)]
+        for per in everyone:
+            del per["process figure age (ms)"]
         out = _summarise(everyone, args, backend, world)
+        out["process_figure_age_ms"] = {
+            "median": statistics.median(per_call),
+            "max": max(per_call),
+        }
+        out["refresher"] = {
+            k: refresher[k]
+            for k in ("running", "background_reads", "synchronous_reads", "interval_s")
+        }
         out["payload_bytes"] = {
             "full (pickled report)": len(pickle.dumps(gpukeeper.memory_report().to_dict())),
             "summary (int64 row)": 8 * VECTOR_LENGTH,
@@ -190,7 +254,13 @@ def _summarise(everyone: List[Dict[str, List[float]]], args: Any, backend: str, 
     bare = table["bare all_gather"]["median_us"]
     ratios = {
         f"{name} / bare all_gather": table[name]["median_us"] / bare
-        for name in ("summary, to all", "summary, to rank 0", "summary transport")
+        for name in (
+            "summary, to all",
+            "summary, to all, fresh",
+            "summary, to all, as before",
+            "summary, to rank 0",
+            "summary transport",
+        )
     }
     return {"backend": backend, "ranks": world, "reps": args.reps, "rows": table, "ratios": ratios}
 
@@ -210,6 +280,12 @@ def _print(out: Dict[str, Any], path: Path) -> None:
         )
     for name, ratio in out["ratios"].items():
         print(f"{name}: {ratio:.2f}x")
+    age = out["process_figure_age_ms"]
+    print(
+        f"process figure sent by the summaries (oldest rank per call): median "
+        f"{age['median']:.2f} ms, max {age['max']:.2f} ms"
+    )
+    print(f"rank 0's refresher: {out['refresher']}")
     for name, size in out["payload_bytes"].items():
         print(f"payload per rank, {name}: {size} B")
     print(f"written: {path}")
