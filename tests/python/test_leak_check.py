@@ -132,11 +132,13 @@ def test_memory_outside_every_framework_is_a_leak(framework_on_gpu, full_cleanup
 
 
 def test_setup_outside_the_frameworks_is_not_a_leak(framework_on_gpu, full_cleanups) -> None:
-    # A kernel module loaded for the first time, a library's handle: a few MiB, once.
-    check = LeakCheck()
-    check.start()
-    framework_on_gpu["nvml"] += 4 * MiB
-    assert check.finish() is None and full_cleanups == []
+    # A library setting itself up once (cuBLAS's first matmuls took 64-92 MiB): one region
+    # cannot tell that from a leak, so it is held only past 256 MiB.
+    for grew in (4 * MiB, 92 * MiB, 256 * MiB):
+        check = LeakCheck()
+        check.start()
+        framework_on_gpu["nvml"] += grew
+        assert check.finish() is None and full_cleanups == []
 
 
 def test_a_kept_autograd_graph_is_named_as_the_cause() -> None:
@@ -162,10 +164,15 @@ def test_gpucontext_reports_memory_outside_every_framework(framework_on_gpu) -> 
 
     ctx = GPUContext(warn_on_leak=False, deferred_release=False)
     with ctx:
-        framework_on_gpu["nvml"] += 64 * MiB
+        framework_on_gpu["nvml"] += 300 * MiB
     assert ctx.report is not None
-    assert ctx.report.held == {"cuda:0": {"outside frameworks": 64 * MiB}}
+    assert ctx.report.held == {"cuda:0": {"outside frameworks": 300 * MiB}}
     assert "outside every framework" in ctx.report.table()
     with ctx:
-        framework_on_gpu["nvml"] += 2 * MiB  # setup, not a leak
+        framework_on_gpu["nvml"] += 64 * MiB  # as much as cuBLAS sets up: said, not held
     assert ctx.report is not None and not ctx.report.leaked
+    assert any("64.0 MiB appeared outside every framework" in n for n in ctx.report.notes)
+    with ctx:
+        framework_on_gpu["nvml"] += 2 * MiB  # NVML's pages: not even said
+    assert ctx.report is not None and not ctx.report.leaked
+    assert not any("outside every framework" in n for n in ctx.report.notes)

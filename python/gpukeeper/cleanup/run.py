@@ -13,6 +13,7 @@ from gpukeeper.cleanup.measure import (
     devices_in_use,
     held_above,
     measure,
+    outside_notes,
     release_caches,
     synchronize_devices,
 )
@@ -62,6 +63,8 @@ def run_cleanup(
     after, held, gc_runs, gc_objects = _collect_while_held(
         collect, baseline, after, held, release_and_measure
     )
+    if outside:
+        notes += outside_notes(baseline, after)
     leaks: List[LeakedArray] = []
     found = 0
     if held and find_leaks:

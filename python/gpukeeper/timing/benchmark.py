@@ -56,7 +56,7 @@ from gpukeeper.base.arg_checks import check_choice, check_int, check_positive
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import GpuError, InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
-from gpukeeper.cleanup.measure import OUTSIDE_SLACK
+from gpukeeper.cleanup.measure import OUTSIDE_NOTE
 from gpukeeper.frameworks import FrameworkAdapter
 from gpukeeper.frameworks.ranks import RankStep, check_group
 from gpukeeper.timing import stats
@@ -715,7 +715,7 @@ class _Watch:
         run.backend.synchronize()
         self.memory.stop()
         outside = self.memory.outside
-        if outside is not None and outside > OUTSIDE_SLACK:
+        if outside is not None and outside > OUTSIDE_NOTE:
             run.warnings.append(
                 f"the memory outside every framework grew {outside / (1 << 20):+.1f} MiB over the "
                 "calls (NVML's figure for this process less the frameworks' reserved bytes): an "
