@@ -173,17 +173,11 @@ def _cuda_report(
 
 def _memory_and_peaks(device: int):
     """Each framework's counters and peak on ``device``, one read each where the adapter
-    offers ``memory_and_peak(device) -> (FrameworkMemory or None, peak or None)``
-    (PyTorch's statistics give both in one call), else its ``memory`` then its ``peak``."""
+    can (PyTorch's statistics give both in one call)."""
     memory: Dict[str, FrameworkMemory] = {}
     peaks: Dict[str, int] = {}
     for name, fw in frameworks.ADAPTERS.items():
-        both = getattr(fw, "memory_and_peak", None)
-        if both is not None:
-            counters, peak = both(device) if fw.in_use() else (fw.memory(device), None)
-        else:
-            counters = fw.memory(device)
-            peak = fw.peak(device) if fw.in_use() else None
+        counters, peak = fw.memory_and_peak(device)
         if counters is not None:
             memory[name] = counters
         if peak is not None:

@@ -195,6 +195,11 @@ class FrameworkAdapter:
         framework keeps no resettable peak (CuPy) or is not in use."""
         return None
 
+    def memory_and_peak(self, device: int) -> Tuple[Optional[FrameworkMemory], Optional[int]]:
+        """``(memory(device), peak(device))``; an adapter whose counters give both in one
+        read (PyTorch's statistics) answers with that one read."""
+        return self.memory(device), (self.peak(device) if self.in_use() else None)
+
     def l2_cache_size(self, device: int) -> Optional[int]:
         """The L2 cache size of ``device`` in bytes as the framework reads it; None when
         it cannot (not loaded, CUDA unusable through it)."""

@@ -409,6 +409,24 @@ class TorchAdapter(FrameworkAdapter):
             return None
         return _peak(torch, device)
 
+    def memory_and_peak(self, device: int) -> Tuple[Optional[FrameworkMemory], Optional[int]]:
+        # One statistics call for the three figures: each call builds PyTorch's nested
+        # dict of about 200 items (13-19 us on an H100 host).
+        torch = torch_in_use()
+        if torch is None or device >= torch.cuda.device_count():
+            return None, None
+        if torch_uses_gpukeeper():
+            return self.memory(device), None
+        stats = _stats(torch, device)
+        try:
+            allocated = stats["allocated_bytes"]["all"]
+            reserved = int(stats["reserved_bytes"]["all"]["current"])
+            return FrameworkMemory("torch", int(allocated["current"]), reserved), int(
+                allocated["peak"]
+            )
+        except (KeyError, TypeError):  # no allocation yet on that device
+            return FrameworkMemory("torch", 0, 0), 0
+
     def synchronize(self, devices: Optional[List[int]]) -> None:
         assert devices is not None, "not whole_process: the registry passes the devices"
         torch = torch_in_use()
