@@ -202,16 +202,17 @@ def benchmark_function(
 
 @dataclass
 class _Options:
-    """``benchmark_function``'s arguments, checked."""
+    """``benchmark_function``'s arguments, checked, under the names the caller gave them
+    (``name`` is the label used: the function's own name when none was given)."""
 
-    label: str
+    name: str
     n_calls: int
     warmup: int
-    min_time: Optional[float]
-    noise_limit: Optional[float]
+    min_time_s: Optional[float]
+    max_noise: Optional[float]
     l2_flush: bool
-    hide: Optional[bool]
-    gate_timeout: Optional[float]
+    hide_launch_latency: Optional[bool]
+    gate_timeout_ms: Optional[float]
     synchronize: Optional[Callable[[], Any]]
     in_step: bool = False  # put the ranks of barrier_group in step before each call
     barrier_group: Any = None  # None with in_step: the default group
@@ -237,8 +238,8 @@ def _check_options(
         raise InvalidInputError(f"fn must be callable, got {type(fn).__name__}")
     check_int(n_calls, "n_calls", 1)
     check_int(warmup, "warmup", 0)
-    min_time = check_positive(min_time_s, "min_time_s")
-    noise_limit = check_positive(max_noise, "max_noise")
+    min_time_s = check_positive(min_time_s, "min_time_s")
+    max_noise = check_positive(max_noise, "max_noise")
     if name is not None and not isinstance(name, str):
         raise InvalidInputError(f"name must be a string or None, got {type(name).__name__}")
     if not isinstance(l2_flush, bool):
@@ -247,23 +248,22 @@ def _check_options(
         raise InvalidInputError(
             f"hide_launch_latency must be a bool or None, got {hide_launch_latency!r}"
         )
-    fixed_timeout = None if gate_timeout_ms is None else check_gate_timeout(gate_timeout_ms)
+    gate_timeout_ms = None if gate_timeout_ms is None else check_gate_timeout(gate_timeout_ms)
     if synchronize is not None and not callable(synchronize):
         raise InvalidInputError(
             f"synchronize must be callable or None, got {type(synchronize).__name__}"
         )
     in_step, group = _check_barrier(barrier)
     check_choice(measure, "measure", MEASURES)
-    label = name if name is not None else callable_name(fn)
     return _Options(
-        label,
+        name if name is not None else callable_name(fn),
         n_calls,
         warmup,
-        min_time,
-        noise_limit,
+        min_time_s,
+        max_noise,
         l2_flush,
         hide_launch_latency,
-        fixed_timeout,
+        gate_timeout_ms,
         synchronize,
         in_step,
         group,
@@ -320,9 +320,9 @@ def _prepare(
     if opts.l2_flush:
         run.flusher = _l2_flusher(run)
     events = backend.is_gpu and plan is None
-    if events and opts.hide is not False:
+    if events and opts.hide_launch_latency is not False:
         run.hide = can_hide_launch_latency(backend)
-        if not run.hide and opts.hide:
+        if not run.hide and opts.hide_launch_latency:
             raise GpuError(
                 "hide_launch_latency=True needs gpukeeper's gate kernel, and this build has "
                 "none (built without CUDA); pass hide_launch_latency=None or False"
@@ -368,11 +368,11 @@ def _make_timer(run: _Run, opts: _Options, slowest_ms: Optional[float], hide: bo
     """The timer of the GPU calls, on the backend's current stream; its gate times out
     after ``gate_timeout_ms``, else 20 x the slowest warm-up call (50 ms .. 2 s)."""
     return CUDATimer(
-        opts.label if isinstance(opts.label, str) else "",
+        opts.name if isinstance(opts.name, str) else "",
         backend=run.backend,
         stream=run.backend.current_stream(),
         hide_launch_latency=hide,
-        gate_timeout_ms=opts.gate_timeout or _gate_timeout_ms(slowest_ms),
+        gate_timeout_ms=opts.gate_timeout_ms or _gate_timeout_ms(slowest_ms),
     )
 
 
@@ -491,8 +491,8 @@ def _measure_loop(run: _Run, opts: _Options, samples: _Samples) -> None:
         settle,
         estimate,
         opts.n_calls,
-        opts.min_time,
-        opts.noise_limit,
+        opts.min_time_s,
+        opts.max_noise,
         run.warnings,
         run.ranks,
         LOOP_BATCH_MS,
@@ -511,7 +511,7 @@ def _measure(run: _Run, opts: _Options) -> _Samples:
         step = _host_sync_step(run, samples)
     else:
         step = _cpu_step(run, opts, samples)
-    stop = StopRule(opts.n_calls, opts.min_time, opts.noise_limit, run.warnings)
+    stop = StopRule(opts.n_calls, opts.min_time_s, opts.max_noise, run.warnings)
     add = stop.add
     if run.ranks is not None:
         reason = _measure_in_step(step, stop, run.ranks)
@@ -571,7 +571,7 @@ def _say_how_long(opts: _Options, count: int, elapsed: float) -> bool:
     rest = per_call * (opts.n_calls - count)
     if rest > SAY_LONG_RUN_S:
         sys.stderr.write(
-            f"gpukeeper: benchmark {opts.label!r}: {opts.n_calls:,} calls at about "
+            f"gpukeeper: benchmark {opts.name!r}: {opts.n_calls:,} calls at about "
             f"{per_call * 1e6:.3g} us each will take about {_duration_text(rest)} more "
             "(fewer n_calls, or min_time_s, shortens it)\n"
         )
@@ -797,7 +797,7 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         DEVICE_BOUND_SHARE,
     )
     result = BenchmarkResult(
-        name=opts.label,
+        name=opts.name,
         times_ms=headline,
         host_times_ms=samples.host,
         gpu_times_ms=samples.gpu if on_gpu else None,
@@ -831,7 +831,7 @@ def _result(run: _Run, opts: _Options, samples: _Samples, watch: _Watch) -> Benc
         bound=bound,
         device_busy=busy,
     )
-    limit = opts.noise_limit if opts.noise_limit is not None else NOISY_THRESHOLD
+    limit = opts.max_noise if opts.max_noise is not None else NOISY_THRESHOLD
     noise = result.relative_noise
     if not math.isnan(noise) and noise > limit:
         result.noisy = True

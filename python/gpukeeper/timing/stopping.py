@@ -38,7 +38,7 @@ class StopRule:
         warnings: List[str],
     ) -> None:
         self.n_calls = n_calls
-        self.min_time = min_time_s
+        self.min_time_s = min_time_s
         self.warnings = warnings
         self.criterion: Optional[NoiseCriterion] = None
         if max_noise is not None:
@@ -62,15 +62,15 @@ class StopRule:
                 return "noise_converged" if self.criterion.converged else "max_noise"
         if self.count < self.n_calls:
             return None
-        if self.min_time is None:
+        if self.min_time_s is None:
             return "n_calls"
-        if self.measured_ms >= self.min_time * 1e3:
+        if self.measured_ms >= self.min_time_s * 1e3:
             return "min_time_s" if self.count > self.n_calls else "n_calls"
         wall_ns = time.perf_counter_ns() - self.wall_start
         if wall_ns > self.wall_limit_ns:
             self.warnings.append(
-                f"min_time_s={self.min_time} not reached: measured {self.measured_ms / 1e3:.3f} s "
-                f"in {wall_ns / 1e9:.1f} s of wall time (safety stop)"
+                f"min_time_s={self.min_time_s} not reached: measured "
+                f"{self.measured_ms / 1e3:.3f} s in {wall_ns / 1e9:.1f} s of wall time (safety stop)"
             )
             return "timeout"
         return None
