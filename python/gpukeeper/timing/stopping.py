@@ -70,7 +70,8 @@ class StopRule:
         if wall_ns > self.wall_limit_ns:
             self.warnings.append(
                 f"min_time_s={self.min_time_s} not reached: measured "
-                f"{self.measured_ms / 1e3:.3f} s in {wall_ns / 1e9:.1f} s of wall time (safety stop)"
+                f"{self.measured_ms / 1e3:.3f} s in {wall_ns / 1e9:.1f} s of wall time "
+                "(safety stop)"
             )
             return "timeout"
         return None
