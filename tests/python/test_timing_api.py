@@ -572,7 +572,7 @@ def test_benchmark_on_gpu_uses_events() -> None:
 
 
 def test_the_printed_table_is_not_shown_again_as_a_cells_value() -> None:
-    from gpukeeper.timing.compare import PrintedText
+    from gpukeeper.timing.implementations import PrintedText
 
     out = io.StringIO()
     text = print_comparison_table([_result("only", [1.0, 2.0])], file=out)

@@ -33,7 +33,7 @@ from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.timing import stats
 from gpukeeper.timing.benchmark import NOISY_THRESHOLD, benchmark_function
 from gpukeeper.timing.benchmark_result import BenchmarkResult
-from gpukeeper.timing.compare import (
+from gpukeeper.timing.implementations import (
     ImplementationComparison,
     compare_implementations,
     format_comparison_table,
