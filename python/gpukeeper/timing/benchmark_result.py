@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Tuple
 
+from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.html_table import html_fields
 from gpukeeper.base.plotting import PathLike
@@ -382,8 +383,10 @@ class BenchmarkResult:
             lines.append(f"  launch latency {self.launch_latency} in the GPU times")
         if self.memory_source is not None:
             lines.append(
-                f"  memory ({self.memory_source}) before {_mb(self.memory_before_bytes)}, "
-                f"after {_mb(self.memory_after_bytes)}, peak {_mb(self.memory_peak_bytes)}"
+                f"  memory ({self.memory_source}) before "
+                f"{_bytes_text(self.memory_before_bytes)}, after "
+                f"{_bytes_text(self.memory_after_bytes)}, peak "
+                f"{_bytes_text(self.memory_peak_bytes)}"
             )
         if self.speedup is not None:
             lines.append(f"  speedup {self.speedup:.2f}x")
@@ -430,8 +433,10 @@ class BenchmarkResult:
         if self.timing_method:
             rows.insert(1, ("timed", self.timing_method))
         if self.memory_source is not None:
-            rows.append((f"memory delta ({self.memory_source})", _mb(self.memory_delta_bytes)))
-            rows.append(("memory peak", _mb(self.memory_peak_bytes)))
+            rows.append(
+                (f"memory delta ({self.memory_source})", _bytes_text(self.memory_delta_bytes))
+            )
+            rows.append(("memory peak", _bytes_text(self.memory_peak_bytes)))
         if self.speedup is not None:
             rows.append(("speedup", f"{self.speedup:.2f}x"))
         return rows
@@ -503,5 +508,5 @@ def _pct(fraction: float) -> str:
     return "n/a" if math.isnan(fraction) else f"{fraction * 100:.2f} %"
 
 
-def _mb(value: Optional[int]) -> str:
-    return "n/a" if value is None else f"{value / (1 << 20):.2f} MiB"
+def _bytes_text(value: Optional[int]) -> str:
+    return fmt_bytes(value, unknown="n/a")
