@@ -13,7 +13,7 @@ using namespace gktest;
 
 namespace {
 
-// The pool's messages give sizes as "7.00 MiB" (and "N B" below 1 KiB).
+// The pool's messages give sizes as "7.0 MiB" (and "N B" below 1 KiB).
 std::string human(std::size_t bytes) { return gpukeeper::detail::human_bytes(bytes); }
 
 // `label` followed by the amount, in bytes or in the human form.

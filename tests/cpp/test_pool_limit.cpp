@@ -29,7 +29,7 @@ TEST_CASE("pool limit: set refuses a limit below what is allocated, changing not
     FAIL("a limit below the allocated bytes was taken");
   } catch (const InvalidInputError& e) {
     CHECK(std::string(e.what()) ==
-          "limit of 1048576 bytes (1.00 MiB) is below the 2097152 bytes (2.00 MiB) now "
+          "limit of 1048576 bytes (1.0 MiB) is below the 2097152 bytes (2.0 MiB) now "
           "allocated; return buffers first");
   }
   CHECK(limit.get() == 8 * MiB);

@@ -363,7 +363,7 @@ def test_set_max_pool_size_and_allocation_error(pool, balanced):
             pool.get_managed_buffer(0, 5 * MiB, Precision.Uint8)
         message = str(info.value)
         assert str(5 * MiB) in message  # requested bytes
-        assert "limit 4.00 MiB" in message
+        assert "limit 4.0 MiB" in message
         assert "allocated" in message and "reserved" in message
         assert "largest free block" in message
         assert isinstance(info.value, MemoryError)

@@ -42,7 +42,8 @@ class Text {
   std::string text_;
 };
 
-// "1.50 GiB": bytes for people, in powers of 1024.
+// "1.5 GiB": bytes for people, in powers of 1024, with one decimal as Python's
+// byte_figures.fmt_bytes writes them.
 inline std::string human_bytes(std::size_t bytes) {
   char text[64];
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -55,7 +56,7 @@ inline std::string human_bytes(std::size_t bytes) {
   if (unit == 0) {
     std::snprintf(text, sizeof text, "%zu B", bytes);
   } else {
-    std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
+    std::snprintf(text, sizeof text, "%.1f %s", value, units[unit]);
   }
   return text;
 }
