@@ -63,7 +63,7 @@ def _gpukeeper_version() -> str:
     try:
         return metadata.version("gpukeeper")
     except metadata.PackageNotFoundError:
-        from gpukeeper import __version__
+        from gpukeeper.base.runtime import __version__
 
         return __version__
 
