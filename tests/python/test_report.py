@@ -25,7 +25,7 @@ from gpukeeper.base import device_names as devices
 from gpukeeper.account import account_reader as report
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks import FrameworkMemory
-from gpukeeper.account.account_reader import memory_report, memory_reports
+from gpukeeper.account.account_reader import memory_report
 from gpukeeper.account.device_account import MemoryReport
 
 CUDA = gpukeeper.cuda_available()
@@ -116,7 +116,7 @@ def test_without_cuda_every_device_is_cpu_mode():
     assert any("CPU mode" in n and "CUDA unavailable" in n for n in r.notes)
     with pytest.raises(InvalidInputError, match="CUDA is unusable"):
         memory_report(3)  # a named GPU that is not there is an error, not the host
-    all_reports = memory_reports()
+    all_reports = list(memory_report())
     assert len(all_reports) == 1 and all_reports[0].mode == "cpu"
 
 
@@ -306,7 +306,7 @@ def test_compute_and_graphics_process_counted_once(monkeypatch, fake_cuda):
 
 def test_all_devices(monkeypatch, fake_cuda):
     install_nvml(monkeypatch, FakeNvml([proc(os.getpid(), GiB)]))
-    reports = memory_reports()
+    reports = list(memory_report())
     assert [r.device for r in reports] == [0, 1]
     everything = memory_report()  # the same devices, with their totals
     assert [r.device for r in everything] == [0, 1] and everything.mode == "cuda"

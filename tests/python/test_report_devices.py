@@ -64,8 +64,9 @@ def test_memory_report_of_one_device_stays_a_memory_report():
 
 
 @cpu_only
-def test_memory_reports_is_the_per_device_list():
-    reports = memory_reports(use_nvml=False)
+def test_memory_reports_is_the_per_device_list_and_warns():
+    with pytest.warns(DeprecationWarning, match=r"list\(gpukeeper.memory_report\(\)\)"):
+        reports = memory_reports(use_nvml=False)
     everything = memory_report(use_nvml=False)
     assert [type(r) for r in reports] == [MemoryReport]
     assert [(r.mode, r.device) for r in reports] == [(r.mode, r.device) for r in everything]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Union, overload
 
 import gpukeeper._core as _core
@@ -393,8 +394,15 @@ def _devices_report(
 
 
 def memory_reports(*, use_nvml: bool = True) -> List[MemoryReport]:
-    """The per-device list: ``list(memory_report())``, one :class:`MemoryReport` per
-    visible CUDA device (one CPU-mode report without CUDA), without the totals."""
+    """Deprecated, removed in the next release: ``list(memory_report())`` is the same
+    per-device list (one :class:`MemoryReport` per visible CUDA device, one CPU-mode
+    report without CUDA). ``memory_report`` is the one entry point to device memory."""
+    warnings.warn(
+        "gpukeeper.memory_reports() is deprecated and goes in the next release: "
+        "list(gpukeeper.memory_report()) gives the same per-device reports",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return _every_device(use_nvml)
 
 

@@ -67,10 +67,10 @@ def report_for(device: str, use_nvml: bool = True) -> Union["DevicesReport", "Me
 def reports_for(device: str, use_nvml: bool = True) -> List["MemoryReport"]:
     """The per-device reports ``--device`` asks for (one per device with ``all``), as
     ``gpukeeper watch`` shows them; ``UserError`` for a device that does not exist."""
-    from gpukeeper.account.account_reader import memory_reports
+    from gpukeeper.account.account_reader import memory_report
 
     if device == "all":
-        return memory_reports(use_nvml=use_nvml)
+        return list(memory_report(use_nvml=use_nvml))
     return [_one_device(device, use_nvml)]
 
 
