@@ -76,47 +76,35 @@ class RankTiming:
     @classmethod
     def of(cls, result: Result, rank: int, hostname: Optional[str] = None) -> "RankTiming":
         host = hostname if hostname is not None else socket.gethostname()
+        # What differs between the two kinds; the statistics are read alike.
         if isinstance(result, BenchmarkResult):
-            return cls(
-                rank,
-                host,
-                "benchmark",
-                result.name,
-                result.device,
-                result.n_calls,
-                result.median_ms,
-                result.mean_ms,
-                _finite(result.std_ms),
-                result.min_ms,
-                result.max_ms,
-                result.p95_ms,
-                None,
-                _finite(result.calls_per_s),
-                bool(result.noisy),
-                len(result.warnings),
+            kind, n, ns_day, per_s = "benchmark", result.n_calls, None, result.calls_per_s
+            noisy = bool(result.noisy)
+        elif isinstance(result, TrajectoryResult):
+            kind, n, ns_day = "trajectory", len(result.times_ms), result.ns_per_day
+            per_s, noisy = result.steps_per_s, False
+        else:
+            raise InvalidInputError(
+                "aggregate: result must be a BenchmarkResult or a TrajectoryResult, "
+                f"got {type(result).__name__}"
             )
-        if isinstance(result, TrajectoryResult):
-            return cls(
-                rank,
-                host,
-                "trajectory",
-                result.name,
-                result.device,
-                len(result.times_ms),
-                result.median_ms,
-                result.mean_ms,
-                _finite(result.std_ms),
-                result.min_ms,
-                result.max_ms,
-                result.p95_ms,
-                _finite(result.ns_per_day),
-                _finite(result.steps_per_s),
-                False,
-                len(result.warnings),
-            )
-        raise InvalidInputError(
-            "aggregate: result must be a BenchmarkResult or a TrajectoryResult, "
-            f"got {type(result).__name__}"
+        return cls(
+            rank,
+            host,
+            kind,
+            result.name,
+            result.device,
+            n,
+            result.median_ms,
+            result.mean_ms,
+            _finite(result.std_ms),
+            result.min_ms,
+            result.max_ms,
+            result.p95_ms,
+            _finite(ns_day),
+            _finite(per_s),
+            noisy,
+            len(result.warnings),
         )
 
     def to_vector(self) -> List[int]:
