@@ -701,7 +701,7 @@ def benchmark_md_trajectory(
         event_ring: GPU event marks kept before they are resolved.
         event_every: with GPU events, a mark after every k-th step: "auto" chooses k
             from the warm-up's step time so that the marks cost the device at most 0.5%
-            of a step and the host at most 0.4 us a step (module doc; the second half
+            of a step and the host at most 0.4 us or 0.1% of a step (module doc; the second half
             of the warm-up is then timed between two device waits; without warm-up
             steps the host's budget alone decides); 1 gives every step its own GPU
             time. The k used is ``result.event_every``.
