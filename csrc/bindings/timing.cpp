@@ -210,6 +210,11 @@ void init_stream_gate(py::module_& m) {
                                to_timeout_ns(timeout_ms));
            }),
            py::arg("stream") = 0, py::arg("device") = 0, py::arg("timeout_ms") = 1000.0)
+      .def("queue_floor_kernel", &StreamGate::queue_floor_kernel,
+           "Queues the zero-length calibration kernel behind the closed gate: an event "
+           "recorded before it and one after read the launch floor in place (the device's "
+           "own cost of a bracket, on this stream, just before the measured work). "
+           "InvalidInputError once the gate is open.")
       .def("open", &StreamGate::open, "Lets the queued work through (idempotent).")
       .def_property_readonly(
           "outcome", [](const StreamGate& g) { return outcome_name(g.outcome()); },

@@ -149,11 +149,15 @@ class ClockSimDevice:
 
     LAUNCH_NS = 4_000  # an ungated kernel on an idle stream starts this long after its mark
 
-    def __init__(self, bracket_ns: int) -> None:
+    def __init__(self, bracket_ns: int, empty_bracket_ns: Optional[int] = None) -> None:
         self.now = 1_000_000_000
         self.bracket_ns = bracket_ns  # what a gated event pair costs the device itself
+        # what the pair costs around the empty kernel alone (a device whose in-place floor
+        # reads other than the measured bracket's cost, when it differs)
+        self.empty_bracket_ns = bracket_ns if empty_bracket_ns is None else empty_bracket_ns
         self.closed = False
         self.marks_behind_gate = 0
+        self.since_mark: List[int] = []  # kernels run since the last mark behind the gate
         self.time_out = False
         self.kernels: List[int] = []
 
@@ -163,13 +167,15 @@ class ClockSimDevice:
         first = self.now
         self.now += int(duration_ns)
         self.kernels.append(int(duration_ns))
+        self.since_mark.append(int(duration_ns))
         if out is not None:
             (ctypes.c_uint64 * 2).from_address(out)[:] = [first, self.now]
 
 
 class ClockSimBackend(TimerBackend):
-    """Events on the clocked device: a mark reads its clock; the first mark behind a
-    closed gate adds the bracket's own cost."""
+    """Events on the clocked device: a mark reads its clock; behind a closed gate, every
+    mark after the first closes a bracket, and the device's own cost of that bracket
+    (around the empty kernel alone, or around work) comes before it."""
 
     name = "gpukeeper"
     is_gpu = True
@@ -186,11 +192,12 @@ class ClockSimBackend(TimerBackend):
 
     def record(self, event: List[int], stream: Any) -> None:
         sim = self.sim
-        event[0] = sim.now
         if sim.closed:
             sim.marks_behind_gate += 1
-            if sim.marks_behind_gate == 1:  # the bracket's own cost follows the start mark
-                sim.now += sim.bracket_ns
+            if sim.marks_behind_gate > 1:
+                sim.now += sim.bracket_ns if any(sim.since_mark) else sim.empty_bracket_ns
+        sim.since_mark = []
+        event[0] = sim.now
 
     def elapsed_ms(self, start: List[int], end: List[int]) -> float:
         return (end[0] - start[0]) / 1e6
@@ -216,4 +223,5 @@ class ClockSimGates:
             gate.outcome = "timed_out" if sim.time_out else "opened"
 
         gate.open = open_
+        gate.queue_floor_kernel = lambda: sim.spin(0)
         return gate

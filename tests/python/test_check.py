@@ -11,7 +11,7 @@ launch latency after its start mark. The real device is checked by the GPU round
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from sim_device import ClockSimBackend, ClockSimDevice, ClockSimGates
@@ -68,9 +68,13 @@ def test_a_failing_check_is_a_result_not_a_crash() -> None:
 # --------------------------------------------------------------------- simulated GPU
 
 
-def _simulate(monkeypatch: pytest.MonkeyPatch, bracket_ns: int, floor_ns: int) -> ClockSimDevice:
-    """Device 0 as the simulated device for the check's GPU path."""
-    sim = ClockSimDevice(bracket_ns)
+def _simulate(
+    monkeypatch: pytest.MonkeyPatch, bracket_ns: int, floor_ns: int, empty_bracket_ns: Optional[int] = None
+) -> ClockSimDevice:
+    """Device 0 as the simulated device for the check's GPU path: gated brackets cost
+    ``bracket_ns`` (``empty_bracket_ns`` around the empty kernel alone), the process's
+    once-measured floor reads ``floor_ns``."""
+    sim = ClockSimDevice(bracket_ns, empty_bracket_ns)
     gates = ClockSimGates(sim, floor_ns)
     monkeypatch.setattr(devices, "cuda_status", lambda: (1, ""))
     monkeypatch.setattr(check_module, "cuda_available", lambda: True)
@@ -88,22 +92,35 @@ def _simulate(monkeypatch: pytest.MonkeyPatch, bracket_ns: int, floor_ns: int) -
 def test_simulated_gpu_timing_check_passes_with_the_right_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     sim = _simulate(monkeypatch, bracket_ns=2_500, floor_ns=2_500)
     detail, data = check_module._check_timing(require_gpu=True)
-    assert data["launch_floor_us"] == pytest.approx(2.5)
+    assert data["launch_floor_us"] == pytest.approx(2.5) and data["process_floor_us"] == pytest.approx(2.5)
     for key in ("10us", "100us", "1000us"):
         # hidden: kernel + bracket - floor = the kernel's own duration
         assert data[key]["hidden_error_us"] == pytest.approx(0.0, abs=1e-6)
         # plain: the launch latency in front of the kernel is in the reading
         assert data[key]["plain_error_us"] == pytest.approx(ClockSimDevice.LAUNCH_NS / 1e3)
-    assert "floor 2.50 us subtracted" in detail and "plain event pair on 10 us: +4.00 us" in detail
+    assert "floor taken in place 2.50 us subtracted" in detail and "plain event pair on 10 us: +4.00 us" in detail
     measured = [ns for ns in sim.kernels if ns]
     assert measured == [10_000] * 14 + [100_000] * 14 + [1_000_000] * 14  # 7 hidden + 7 plain each
 
 
 @pytest.mark.skipif(CUDA, reason="simulates a GPU where there is none: the check's buffer would be real device memory here")
+def test_simulated_gpu_timing_check_takes_the_floor_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The process's floor reads 1 us where a bracket costs 2.5 (it drifted, or another
+    # stream's): the in-place brackets beside the calls read 2.5, and that is subtracted.
+    sim = _simulate(monkeypatch, bracket_ns=2_500, floor_ns=1_000)
+    detail, data = check_module._check_timing(require_gpu=True)
+    assert data["process_floor_us"] == pytest.approx(1.0) and data["launch_floor_us"] == pytest.approx(2.5)
+    for key in ("10us", "100us", "1000us"):
+        assert data[key]["hidden_error_us"] == pytest.approx(0.0, abs=1e-6)
+    # one empty kernel per hidden call, behind its gate
+    assert sim.kernels.count(0) >= 3 * 7
+
+
+@pytest.mark.skipif(CUDA, reason="simulates a GPU where there is none: the check's buffer would be real device memory here")
 def test_simulated_gpu_timing_check_catches_a_wrong_floor(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The timer subtracts 1 us where the bracket costs 2.5: every hidden reading is 1.5 us
-    # long, past the 10 us kernel's limit of 1 us + 0.1 %.
-    _simulate(monkeypatch, bracket_ns=2_500, floor_ns=1_000)
+    # The empty bracket costs 1 us where a bracket around work costs 2.5: every hidden
+    # reading is 1.5 us long, past the 10 us kernel's limit of 1 us + 0.1 %.
+    _simulate(monkeypatch, bracket_ns=2_500, floor_ns=1_000, empty_bracket_ns=1_000)
     with pytest.raises(check_module._Failed, match=r"10 us kernel: events read \+1\.500 us off"):
         check_module._check_timing(require_gpu=True)
 

@@ -746,6 +746,29 @@ def test_gpu_hidden_timer_reads_the_kernel_alone() -> None:
     assert plain_error > hidden_error, (hidden_error, plain_error)
 
 
+@pytest.mark.gpu
+def test_gpu_floor_kernel_sits_behind_the_gate() -> None:
+    torch = _torch_gates()
+    s = torch.cuda.current_stream()
+    a, b = _core.Event(), _core.Event()
+    gate = _core.StreamGate(s, torch.cuda.current_device(), 2000.0)
+    a.record(s)
+    gate.queue_floor_kernel()
+    b.record(s)
+    gate.open()
+    floor_ms = a.elapsed_ms(b)
+    assert gate.outcome == "opened"
+    assert 0.0 < floor_ms < 0.02  # one empty bracket: a few microseconds of the device's
+    with pytest.raises(InvalidInputError, match="closed gate"):
+        gate.queue_floor_kernel()  # open: the kernel would not be behind it
+    # the timer's floor is the in-place brackets' median, near the process's floor
+    t = CUDATimer(hide_launch_latency=True)
+    process = _core.launch_floor_ms(0)
+    for _ in range(30):
+        t.time_call(_core.spin_kernel, (10_000, s))
+    assert abs(t.floor_ms - process) < 0.002, (t.floor_ms, process)
+
+
 @pytest.mark.quiet_machine
 @pytest.mark.gpu
 def test_gpu_hidden_timer_around_a_synchronize_warns() -> None:
@@ -905,6 +928,65 @@ def test_fake_timer_subtracts_the_launch_floor(fake_gpu: types.SimpleNamespace) 
     with plain:
         pass
     assert plain.floor_ms == 0.0 and plain.elapsed_ms == plain.raw_elapsed_ms
+
+
+class InPlaceFloorGates(FakeGates):
+    """Fake gates whose gates queue the empty kernel of an in-place floor bracket: on the
+    host clock of the fake marks it lasts ``bracket_ms`` (each gate takes the next)."""
+
+    def __init__(self, log: List[str], brackets_ms: List[float]) -> None:
+        super().__init__(log, floor_ms=5.0)  # the process's floor: never the one subtracted
+        self.brackets_ms = list(brackets_ms)
+
+    def StreamGate(self, stream: Any, device: int, timeout_ms: float) -> FakeGate:  # noqa: N802
+        gate = super().StreamGate(stream, device, timeout_ms)
+        ms = self.brackets_ms.pop(0)
+
+        def queue_floor_kernel() -> None:
+            if gate.is_open:
+                raise InvalidInputError("queue_floor_kernel needs a closed gate")
+            self.log.append("floor")
+            _busy(ms)
+
+        gate.queue_floor_kernel = queue_floor_kernel  # type: ignore[attr-defined]
+        return gate
+
+
+def test_fake_timer_takes_the_floor_in_place(fake_gpu: types.SimpleNamespace) -> None:
+    brackets = [0.2, 0.6, 0.4, 0.3] + [0.5] * (timer_module.FLOOR_WINDOW + 1)
+    fake_gpu.gates = InPlaceFloorGates(fake_gpu.log, brackets)
+    t = _fake_timer(hide_launch_latency=True)
+    assert t.floor_ms == 5.0  # before a measurement: the process's floor
+    seen: List[float] = []
+
+    def flush(stream: Any) -> None:
+        fake_gpu.log.append("prepare")
+
+    for i in range(4):
+        fake_gpu.log.clear()
+        took = t.time_call(_busy, (1.0,), prepare=flush) if i % 2 else None
+        if took is None:
+            with t:
+                _busy(1.0)
+        seen.append(t._start[0] - t._floor_mark[0])  # the bracket the fake marks read
+        # the floor's mark and kernel behind the gate (after what prepare queues), then
+        # the measurement's start mark closes the bracket
+        order = ["close"] + (["prepare"] if i % 2 else []) + ["record", "floor", "record", "record", "open"]
+        assert fake_gpu.log == order
+        assert t.floor_ms == pytest.approx(statistics.median(seen))
+        assert t.elapsed_ms == pytest.approx(t.raw_elapsed_ms - statistics.median(seen))
+    assert all(b >= a for a, b in zip(brackets, seen))  # each bracket holds its kernel
+    # the median of the last FLOOR_WINDOW brackets: the early ones age out
+    for _ in range(timer_module.FLOOR_WINDOW):
+        with t:
+            pass
+        t.elapsed_ms  # noqa: B018 - a reading that is read
+    assert t.floor_ms >= 0.5
+    # switching the gate off and on starts over from the process's floor
+    t.hides_launch_latency = False
+    assert t.floor_ms == 0.0
+    t.hides_launch_latency = True
+    assert t.floor_ms == 5.0
 
 
 @pytest.mark.quiet_machine

@@ -9,6 +9,9 @@
 //
 // Measured once per device on a private non-blocking stream (median of 21 gated brackets
 // around the calibration kernel with a zero duration) and cached; refresh re-measures.
+// That figure drifts by up to 0.3 us over seconds and differs between streams, so the
+// Python timer uses it only as a prior: it takes the floor in place, behind each
+// measurement's own gate (StreamGate::queue_floor_kernel).
 #pragma once
 
 namespace gpukeeper {

@@ -306,6 +306,18 @@ StreamGate& StreamGate::operator=(StreamGate&& other) noexcept {
   return *this;
 }
 
+void StreamGate::queue_floor_kernel() {
+  if (slot_ == nullptr || opened_) {
+    throw InvalidInputError(
+        "queue_floor_kernel needs a closed gate: a kernel queued after open() is not "
+        "behind it, and its bracket would hold the launch latency");
+  }
+#ifdef GPUKEEPER_WITH_CUDA
+  detail::DeviceGuard guard(device_);
+  launch_spin_kernel(0, stream_);
+#endif
+}
+
 void StreamGate::open() noexcept {
   if (slot_ == nullptr || opened_) return;
   std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -55,6 +55,14 @@ class StreamGate {
   StreamGate(const StreamGate&) = delete;
   StreamGate& operator=(const StreamGate&) = delete;
 
+  // Queues the zero-length calibration kernel behind the closed gate. With one mark
+  // before it and the measurement's start mark after it, that event pair reads the
+  // device's own cost of a bracket (the launch floor) on this stream, behind this gate,
+  // just before the measured work: the floor taken where and when the work is measured,
+  // so that the floor's drift over seconds and its difference between streams leave the
+  // reading alone. InvalidInputError once the gate is open or empty (the kernel would
+  // not be behind it); DeviceError when the launch fails.
+  void queue_floor_kernel();
   // Lets the queued work through. Idempotent; never blocks.
   void open() noexcept;
   // pending until the gate kernel has finished (it finishes before anything queued after

@@ -22,7 +22,8 @@ include the launch latency of its first kernel (a 10 us kernel reads ~14 us). Th
 (``_core.StreamGate``, nvbench's blocking kernel) holds the stream while the host
 launches, so the device runs start event, ``fn``'s kernels and stop event back to back:
 the GPU time is the device's work alone, less the device's own cost of the bracket (the
-launch floor: the same gated events around an empty kernel, measured once per device,
+launch floor: the same gated events around an empty kernel, taken in place behind each
+call's gate just before its start event, the median of the last 21 subtracted;
 ``result.gpu_floor_ms``). A function that waits for the GPU inside
 (``.item()``, a synchronize, a copy from pageable memory) cannot run behind a closed
 gate; the last warm-up call finds that out (its gate times out) and such functions are
@@ -412,7 +413,7 @@ def _probe(run: _Run, opts: _Options, slowest_ms: Optional[float]) -> Any:
     """The last warm-up call, behind a gate: a function that waits for the GPU inside is
     found here (its gate times out; the timer stops gating) rather than in every measured
     call. Returns what the call returned."""
-    run.backend.synchronize()  # the launch floor is measured (once per device) on an idle device
+    run.backend.synchronize()  # the process's launch floor, the prior, is taken on an idle device
     timer = run.timer = _make_timer(run, opts, slowest_ms, hide=True)
     sync = opts.synchronize
     call = run.fn if sync is None else _then(run.fn, sync)

@@ -100,8 +100,8 @@ class BenchmarkResult:
     (the device's work alone, see ``benchmark_function``), ``"included"`` when the
     launch latency of the call's first kernel is inside its GPU time, ``"n/a"`` for host
     timing. ``gpu_floor_ms``: with hidden launch latency, the device's own cost of the
-    gated event bracket (an empty kernel's reading), already subtracted from each GPU
-    time; None otherwise.
+    gated event bracket (the median of the empty-kernel brackets taken in place beside
+    the last calls), as subtracted from the last GPU times; None otherwise.
 
     Conditions: ``noisy`` (relative noise above the limit), ``throttled`` (True/False
     from NVML, None when unknown), ``recompiles`` (torch.compile frames compiled while

@@ -33,8 +33,10 @@ on that same stream.
 
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
+from collections import deque
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from gpukeeper.base.device_names import DeviceSpec, resolve_device
@@ -169,6 +171,12 @@ def check_gate_timeout(value: Any) -> float:
     return float(value)
 
 
+#: How many in-place floor brackets the subtracted floor is the median of: enough that
+#: one bracket's noise (a few tens of ns) averages out, few enough that the floor follows
+#: its drift within a fraction of a second of measurements.
+FLOOR_WINDOW = 21
+
+
 class CallTiming(NamedTuple):
     """One call timed by ``CUDATimer.time_call``."""
 
@@ -206,10 +214,14 @@ class CUDATimer:
     really takes. ``hide_launch_latency=True`` measures the device's work alone: a gate
     kernel holds the stream from ``start()`` to ``stop()``, so the launches only fill the
     queue and the device then runs start mark, work and stop mark back to back (nvbench's
-    blocking kernel); and the device's own cost of that bracket (``floor_ms``: what the
-    same gated marks read around an empty kernel, ~3 us, measured once per device by
-    ``_core.launch_floor_ms``) is subtracted, so a kernel reads what a profiler reports
-    as its duration (``raw_elapsed_ms`` keeps the reading as taken). Use it to time
+    blocking kernel); and the device's own cost of that bracket (``floor_ms``, ~3 us) is
+    subtracted, so a kernel reads what a profiler reports as its duration
+    (``raw_elapsed_ms`` keeps the reading as taken). The floor is taken in place: behind
+    the same gate, just before the start mark, one more mark and an empty kernel read
+    what a bracket costs on this stream at this moment, and the median of the last
+    ``FLOOR_WINDOW`` such brackets is subtracted. A floor measured once per process
+    (``_core.launch_floor_ms``, used only until the first bracket) drifts by 0.3 us over
+    seconds and differs between streams. Use it to time
     kernels, not regions: work that makes the host wait
     for the stream inside the region (``.item()``, ``.cpu()``, a synchronize, a copy from
     pageable memory, more launches than the queue holds) stalls until the gate times out
@@ -261,6 +273,11 @@ class CUDATimer:
         self._gates: Any = None
         self._gate: Any = None
         self._floor_ms = 0.0
+        # The in-place floor brackets of the last measurements (ms), and the mark that
+        # opens the next one.
+        self._floors: "deque[float]" = deque(maxlen=FLOOR_WINDOW)
+        self._floor_mark = self._backend.new_event()
+        self._floor_queued = False
         self._set_hiding(hide_launch_latency)
         self._raw: Optional[float] = None
         self._state = "idle"  # idle -> running -> stopped -> running ...
@@ -274,6 +291,7 @@ class CUDATimer:
         if not hide or not self._backend.is_gpu:
             # On the host clock there is no launch latency to hide: the flag is moot there.
             self._gates, self._floor_ms = None, 0.0
+            self._floors.clear()
             return
         found = gates()
         if found is None:
@@ -282,6 +300,7 @@ class CUDATimer:
                 "(it was built without CUDA); time without it, or rebuild with the CUDA runtime"
             )
         self._floor_ms = float(found.launch_floor_ms(self._index))
+        self._floors.clear()
         self._gates = found
 
     @property
@@ -341,6 +360,7 @@ class CUDATimer:
         )
         self._stream = stream
         self._elapsed = None
+        self._floor_queued = False
         gates_ = self._gates
         self._gate = (
             None
@@ -348,6 +368,18 @@ class CUDATimer:
             else gates_.StreamGate(stream, self._index, self._gate_timeout_ms)
         )
         return stream
+
+    def _queue_floor(self, stream: Any) -> None:
+        """Behind the closed gate, the in-place floor bracket's first mark and its empty
+        kernel; the measurement's start mark, recorded next, closes the bracket. A
+        stand-in gate without the empty kernel leaves the process's floor in use."""
+        gate = self._gate
+        queue = getattr(gate, "queue_floor_kernel", None)
+        if queue is None:
+            return
+        self._backend.record(self._floor_mark, stream)
+        queue()
+        self._floor_queued = True
 
     def start(self) -> "CUDATimer":
         """Records the start mark on the current stream (or the given one); with
@@ -359,6 +391,8 @@ class CUDATimer:
         self._host_start = time.perf_counter_ns()
         stream = self._open_stream()
         try:
+            if self._gate is not None:
+                self._queue_floor(stream)
             self._backend.record(self._start, stream)
         except BaseException:
             if self._gate is not None:
@@ -414,6 +448,8 @@ class CUDATimer:
         try:
             if prepare is not None:
                 prepare(stream)
+            if gate is not None:
+                self._queue_floor(stream)
             h0 = clock()
             record(start, stream)
             result = fn(*args, **kwargs) if kwargs else fn(*args)
@@ -437,9 +473,14 @@ class CUDATimer:
         subtracted when the gate opened in time (never below zero)."""
         self._raw = raw
         gate = self._gate
-        self._elapsed = (
-            max(0.0, raw - self._floor_ms) if gate is not None and gate.outcome == "opened" else raw
-        )
+        if gate is None or gate.outcome != "opened":
+            self._elapsed = raw
+            return raw
+        if self._floor_queued:
+            floors = self._floors
+            floors.append(self._backend.elapsed_ms(self._floor_mark, self._start))
+            self._floor_ms = statistics.median(floors)
+        self._elapsed = max(0.0, raw - self._floor_ms)
         return self._elapsed
 
     @property
@@ -477,7 +518,13 @@ class CUDATimer:
 
     @property
     def floor_ms(self) -> float:
-        """The launch floor subtracted from hidden-latency readings (0.0 otherwise)."""
+        """The launch floor subtracted from the last hidden-latency reading (0.0 for
+        other timers): the median of the in-place floor brackets of the last
+        ``FLOOR_WINDOW`` measurements; before the first, the process's floor for the
+        device (``_core.launch_floor_ms``). After ``stop()`` it waits for the stop mark,
+        as ``elapsed_ms`` does."""
+        if self._state == "stopped" and self._gate is not None:
+            self.elapsed_ms  # noqa: B018 - resolves the measurement and its floor
         return self._floor_ms
 
     @property
