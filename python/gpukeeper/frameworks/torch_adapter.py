@@ -396,17 +396,22 @@ class TorchAdapter(FrameworkAdapter):
         return max(0, before - after)
 
     def reset_peak(self, device: int) -> bool:
-        # Under use_torch_allocator() the peak is the pool's: the gpukeeper adapter has it.
+        # Under use_torch_allocator() the peak is that of the pool behind PyTorch (not a
+        # registered MemoryPool, so the gpukeeper adapter does not count it).
         torch = torch_in_use()
-        if torch is None or torch_uses_gpukeeper() or device >= torch.cuda.device_count():
+        if torch is None or device >= torch.cuda.device_count():
             return False
+        if torch_uses_gpukeeper():
+            return bool(sys.modules["gpukeeper.integrations.torch_allocator"].reset_peak(device))
         torch.cuda.reset_peak_memory_stats(device)
         return True
 
     def peak(self, device: int) -> Optional[int]:
         torch = torch_in_use()
-        if torch is None or torch_uses_gpukeeper() or device >= torch.cuda.device_count():
+        if torch is None or device >= torch.cuda.device_count():
             return None
+        if torch_uses_gpukeeper():
+            return sys.modules["gpukeeper.integrations.torch_allocator"].peak_allocated(device)
         return _peak(torch, device)
 
     def memory_and_peak(self, device: int) -> Tuple[Optional[FrameworkMemory], Optional[int]]:
@@ -416,7 +421,7 @@ class TorchAdapter(FrameworkAdapter):
         if torch is None or device >= torch.cuda.device_count():
             return None, None
         if torch_uses_gpukeeper():
-            return self.memory(device), None
+            return self.memory(device), self.peak(device)
         stats = _stats(torch, device)
         try:
             allocated = stats["allocated_bytes"]["all"]

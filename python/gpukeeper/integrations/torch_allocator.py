@@ -274,6 +274,23 @@ def stats(device: int = 0) -> Optional[PoolStats]:
     return _core._torch_pool_stats(device)
 
 
+def peak_allocated(device: int = 0) -> Optional[int]:
+    """Most bytes in live tensors on ``device`` since the pool's last peak reset (None
+    before the pool's first use there)."""
+    s = stats(device)
+    return None if s is None else int(s.peak_allocated_bytes)
+
+
+def reset_peak(device: int = 0) -> bool:
+    """Starts a new peak of allocated bytes in the pool behind PyTorch on ``device``
+    (``torch.cuda.reset_peak_memory_stats`` under this allocator); False when the pool
+    has not been used there."""
+    if stats(device) is None:
+        return False
+    _core._torch_pool_reset(device, True, False)
+    return True
+
+
 def pool_usage(device: int = 0) -> Tuple[int, int]:
     """(allocated, reserved) bytes of the pool behind PyTorch on ``device``."""
     s = stats(device)
