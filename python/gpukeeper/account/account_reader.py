@@ -7,8 +7,13 @@
 >>> report.to_json()                  # or to_dict(); MemoryReport.from_dict() reads it back
 >>> everything = memory_report()      # every visible device and their totals
 >>> everything.frameworks_reserved_bytes, everything[1].free_bytes  # (DevicesReport)
+>>> memory_report(0, detail="counters")   # the frameworks' counters, free and total only
 
-What each figure means is in :mod:`gpukeeper.account.device_account`.
+What each figure means is in :mod:`gpukeeper.account.device_account`. ``detail`` says how
+much is read: ``"full"`` (the default) everything; ``"counters"`` each framework's
+counters and peak and the device's free and total, without NVML's process lists, names,
+the contexts or the host section (what ``get_gpu_memory_info`` shows); ``"device"`` the
+device's free and total alone (what ``GPUMemoryManager.get_memory_info`` shows).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from gpukeeper import frameworks
 from gpukeeper.account.device_account import MemoryReport
 from gpukeeper.account.process_account import DevicesReport
 from gpukeeper.base import device_names as devices
-from gpukeeper.base import host_memory as host
+from gpukeeper.base import host_memory as host_mem
 from gpukeeper.base.arg_checks import check_choice
 from gpukeeper.base.byte_figures import fmt_bytes, sum_known
+from gpukeeper.base.errors import DeviceError
 from gpukeeper.base.nvml import (
     NVML,
     ProcessMemory,
@@ -41,7 +47,10 @@ from gpukeeper.base.nvml import (
 from gpukeeper.frameworks import FrameworkMemory
 from gpukeeper.frameworks.ranks import current_rank
 
-__all__ = ["ProcessMemory", "memory_report", "memory_reports", "nvml_status"]
+__all__ = ["DETAILS", "ProcessMemory", "memory_report", "memory_reports", "nvml_status"]
+
+#: How much ``memory_report(detail=...)`` reads, most first (see the module's docstring).
+DETAILS = ("full", "counters", "device")
 
 
 # --------------------------------------------------------------------- gathering
@@ -55,14 +64,25 @@ def _host_section() -> Dict[str, Optional[int]]:
     return {
         "total_bytes": int(total),
         "available_bytes": int(available),
-        "process_rss_bytes": host.current_rss_bytes(),
+        "process_rss_bytes": host_mem.current_rss_bytes(),
         "gpukeeper_pools_allocated_bytes": allocated,
         "gpukeeper_pools_reserved_bytes": reserved,
     }
 
 
-def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
+def _not_read(detail: str) -> str:
+    """What a lean report (``detail`` other than "full") writes where it read nothing."""
+    return f"not read (detail={detail!r})"
+
+
+def _cpu_report(reason: str, use_nvml: bool, detail: str = "full") -> MemoryReport:
+    if detail == "device":
+        return _host_totals_report(reason)
     host = _host_section()
+    # In CPU mode the host stands for the device: what the C allocator has handed out
+    # and the peak resident set are this process's figures (get_gpu_memory_info's).
+    host["malloc_in_use_bytes"] = host_mem.malloc_in_use_bytes()
+    host["peak_rss_bytes"] = host_mem.peak_rss_bytes()
     pools = [p for p in frameworks.live_pools() if getattr(p, "kind", "") in ("host", "pinned")]
     framework_memory: Dict[str, FrameworkMemory] = {}
     peaks: Dict[str, int] = {}
@@ -77,6 +97,10 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
         peak = frameworks.host_pool_peak()
         if peak is not None:
             peaks["gpukeeper"] = int(peak)
+    if detail != "full":
+        nvml = _not_read(detail)
+    else:
+        nvml = nvml_status() if use_nvml else "disabled (use_nvml=False)"
     return MemoryReport(
         mode="cpu",
         device=None,
@@ -89,10 +113,33 @@ def _cpu_report(reason: str, use_nvml: bool) -> MemoryReport:
         process_source="resident set size (/proc/self/statm)",
         this_process="CPU mode",
         other_processes=[],
-        nvml=nvml_status() if use_nvml else "disabled (use_nvml=False)",
+        nvml=nvml,
         host=host,
         notes=[f"CPU mode ({reason}): figures are host memory"],
         peaks=peaks,
+        detail=detail,
+    )
+
+
+def _host_totals_report(reason: str) -> MemoryReport:
+    """``detail="device"`` in CPU mode: the host's available and total memory alone."""
+    available, total = (int(x) for x in _core.host_memory_info())
+    return MemoryReport(
+        mode="cpu",
+        device=None,
+        name="host",
+        total_bytes=total,
+        free_bytes=available,
+        memory_source="host",
+        frameworks={},
+        process_bytes=None,
+        process_source=_not_read("device"),
+        this_process="CPU mode",
+        other_processes=[],
+        nvml=_not_read("device"),
+        host={"total_bytes": total, "available_bytes": available},
+        notes=[f"CPU mode ({reason}): figures are host memory; only its available and total read"],
+        detail="device",
     )
 
 
@@ -169,6 +216,46 @@ def _cuda_report(
         # call (13-19 us on an H100 host), the pools' stats (well under that); none for
         # an adapter that gave its peak with its counters.
         peaks=peaks if peaks is not None else frameworks.peak_by_framework(device),
+    )
+
+
+def _lean_cuda_report(device: int, use_nvml: bool, detail: str) -> MemoryReport:
+    """``detail="counters"``: each framework's counters and peak (one read each where
+    the adapter can) and the device's free and total; ``detail="device"``: free and
+    total alone. Neither reads NVML's process lists, the device's name, the contexts or
+    the host, so this process's figure and the other processes are unknown here."""
+    notes: List[str] = []
+    framework_memory: Dict[str, FrameworkMemory] = {}
+    peaks: Dict[str, int] = {}
+    if detail == "counters":
+        framework_memory, _reserved, read_peaks = _framework_section(device, notes, True)
+        peaks = read_peaks or {}
+    nvml, nvml_reason, handle = _nvml_handle(device, use_nvml, notes)
+    name, total, free, source, _ = _device_memory(
+        device, nvml, handle, notes, details=False, list_processes=False
+    )
+    notes.append(
+        f"detail={detail!r}: "
+        + ("the frameworks' counters, " if detail == "counters" else "")
+        + "free and total read; no process list, contexts or host"
+    )
+    return MemoryReport(
+        mode="cuda",
+        device=device,
+        name=name,
+        total_bytes=int(total),
+        free_bytes=int(free),
+        memory_source=source,
+        frameworks=framework_memory,
+        process_bytes=None,
+        process_source=_not_read(detail),
+        this_process="unknown: " + _not_read(detail),
+        other_processes=[],
+        nvml=NVML.status() if use_nvml else nvml_reason,
+        host={},
+        notes=notes,
+        peaks=peaks,
+        detail=detail,
     )
 
 
@@ -249,8 +336,11 @@ def _device_memory(
     if total is None:
         # cudaMemGetInfo needs a context: this creates one on `device` if the process has
         # none yet (NVML avoids that, which is why it comes first).
-        free, total = _core.device_memory_info(device)
-        free, total = int(free), int(total)
+        try:
+            free, total = (int(x) for x in _core.device_memory_info(device))
+        except DeviceError as exc:
+            free, total, source = 0, 0, "unavailable"
+            notes.append(f"free and total unknown (reported as 0): {exc}")
         if details and name == f"CUDA device {device}":
             name = frameworks.torch_device_name(device) or name
     return name, total, free, source, processes
@@ -307,18 +397,18 @@ def _holds_context(device: int) -> bool:
 
 @overload
 def memory_report(
-    device: None = None, *, use_nvml: bool = True, scope: str = "visible"
+    device: None = None, *, use_nvml: bool = True, scope: str = "visible", detail: str = "full"
 ) -> "DevicesReport": ...
 
 
 @overload
 def memory_report(
-    device: Any, *, use_nvml: bool = True, scope: str = "visible"
+    device: Any, *, use_nvml: bool = True, scope: str = "visible", detail: str = "full"
 ) -> MemoryReport: ...
 
 
 def memory_report(
-    device: Any = None, *, use_nvml: bool = True, scope: str = "visible"
+    device: Any = None, *, use_nvml: bool = True, scope: str = "visible", detail: str = "full"
 ) -> "Union[MemoryReport, DevicesReport]":
     """Who holds the memory of every visible device, or of one.
 
@@ -341,17 +431,34 @@ def memory_report(
     NVML's process list where the driver cannot be asked; None when neither can tell).
     Outside a distributed job, or without CUDA, ``"rank"`` is ``"visible"``.
 
+    ``detail``: how much is read (the report's ``detail`` keeps it). ``"full"`` (the
+    default): everything above. ``"counters"``: each framework's allocated, reserved and
+    peak bytes and the device's free and total; no NVML process list (this process's
+    figure and the other processes are unknown), no device name, contexts or host
+    section: what :func:`~gpukeeper.account.device_utils.get_gpu_memory_info` shows, at
+    its cost. ``"device"``: the device's free and total alone (the frameworks are not
+    read, and their sums are None): what ``GPUMemoryManager.get_memory_info`` shows.
+
     Raises ``InvalidInputError`` for a malformed or nonexistent device, a CUDA device
-    where CUDA is unusable, or an unknown ``scope``; a missing or failing NVML never
-    raises (the ``nvml`` field says why).
+    where CUDA is unusable, or an unknown ``scope`` or ``detail``; a missing or failing
+    NVML never raises (the ``nvml`` field says why), nor does a failing cudaMemGetInfo
+    (free and total are then 0, ``memory_source`` is ``"unavailable"`` and a note says why).
     """
     check_choice(scope, "memory_report: scope", ("visible", "rank"))
+    check_choice(detail, "memory_report: detail", DETAILS)
     if device is None:
-        return _devices_report(use_nvml, scope, for_totals=False)
+        return _devices_report(use_nvml, scope, for_totals=False, detail=detail)
     spec = devices.resolve_device(device)
     if spec.index is None:
-        return _cpu_report(spec.reason, use_nvml)
-    return _cuda_report(spec.index, use_nvml)
+        return _cpu_report(spec.reason, use_nvml, detail)
+    return _one_device(spec.index, use_nvml, detail)
+
+
+def _one_device(device: int, use_nvml: bool, detail: str) -> MemoryReport:
+    """The report of CUDA device ``device`` at ``detail``."""
+    if detail == "full":
+        return _cuda_report(device, use_nvml)
+    return _lean_cuda_report(device, use_nvml, detail)
 
 
 def rank_totals_report(
@@ -375,16 +482,23 @@ def _devices_report(
     *,
     for_totals: bool,
     process_reading: Optional[ProcessReadingSource] = None,
+    detail: str = "full",
 ) -> DevicesReport:
     info = current_rank()
     others: Optional[List[int]] = None
     count = devices.cuda_status()[0] if scope == "rank" and info is not None else 0
     if count > 0:
         own = min(devices.current_cuda_index(), count - 1)
-        reports = [_cuda_report(own, use_nvml, for_totals=for_totals, **_given(process_reading))]
+        if detail == "full":
+            given = _given(process_reading)
+            reports = [_cuda_report(own, use_nvml, for_totals=for_totals, **given)]
+        else:
+            reports = [_lean_cuda_report(own, use_nvml, detail)]
         others = _other_devices(own, count, use_nvml)
     else:
-        reports = _every_device(use_nvml, for_totals=for_totals, process_reading=process_reading)
+        reports = _every_device(
+            use_nvml, for_totals=for_totals, process_reading=process_reading, detail=detail
+        )
     return DevicesReport(
         devices=reports,
         rank=None if info is None else info.rank,
@@ -434,10 +548,13 @@ def _every_device(
     *,
     for_totals: bool = False,
     process_reading: Optional[ProcessReadingSource] = None,
+    detail: str = "full",
 ) -> List[MemoryReport]:
     count, reason = devices.cuda_status()
     if count == 0:
-        return [_cpu_report(f"CUDA unavailable: {reason}", use_nvml)]
+        return [_cpu_report(f"CUDA unavailable: {reason}", use_nvml, detail)]
+    if detail != "full":
+        return [_lean_cuda_report(d, use_nvml, detail) for d in range(count)]
     given = _given(process_reading)
     return [_cuda_report(d, use_nvml, for_totals=for_totals, **given) for d in range(count)]
 

@@ -90,6 +90,10 @@ class MemoryReport:
     # Each framework's most allocated bytes on the device since frameworks.reset_peaks
     # (only those that keep a resettable peak: PyTorch, gpukeeper's pools; not CuPy).
     peaks: Dict[str, int] = field(default_factory=dict)
+    # How much was read (memory_report's ``detail``): "full", "counters" (no process
+    # list, name, contexts or host section) or "device" (free and total alone: the
+    # frameworks were not read, so their sums are None).
+    detail: str = "full"
 
     # ----------------------------------------------------------------- derived figures
 
@@ -100,12 +104,18 @@ class MemoryReport:
 
     @property
     def frameworks_allocated_bytes(self) -> Optional[int]:
-        """Sum of the frameworks' allocated bytes; None if any framework cannot tell."""
+        """Sum of the frameworks' allocated bytes; None if any framework cannot tell (or
+        none was read: ``detail="device"``)."""
+        if self.detail == "device":
+            return None
         return sum_known(m.allocated for m in self.frameworks.values())
 
     @property
     def frameworks_reserved_bytes(self) -> Optional[int]:
-        """Sum of the frameworks' reserved bytes; None if any framework cannot tell."""
+        """Sum of the frameworks' reserved bytes; None if any framework cannot tell (or
+        none was read: ``detail="device"``)."""
+        if self.detail == "device":
+            return None
         return sum_known(m.reserved for m in self.frameworks.values())
 
     @property
@@ -208,6 +218,7 @@ class MemoryReport:
             "other_processes_bytes": self.other_processes_bytes,
             "host": dict(self.host),
             "notes": list(self.notes),
+            "detail": self.detail,
         }
 
     def to_json(self, indent: Optional[int] = 2) -> str:
@@ -217,7 +228,8 @@ class MemoryReport:
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "MemoryReport":
         """Reads back ``to_dict()`` (or parsed ``to_json()``); derived keys are ignored.
-        Keys added later (the contexts, ``peaks``) may be absent, as in older reports.
+        Keys added later (the contexts, ``peaks``, ``detail``) may be absent, as in older
+        reports.
 
         Raises ``InvalidInputError`` naming the first missing key, or when ``data`` is
         not a dict.
@@ -263,6 +275,7 @@ class MemoryReport:
             other_contexts=data.get("other_contexts"),
             contexts_how=data.get("contexts_how", ""),
             peaks={name: int(b) for name, b in (data.get("peaks") or {}).items()},
+            detail=data.get("detail", "full"),
         )
 
     def _table_parts(self) -> Tuple[str, List[Tuple[str, str, str]], List[str]]:
@@ -272,7 +285,10 @@ class MemoryReport:
             title = "gpukeeper memory report: CPU mode, host memory"
         else:
             title = f"gpukeeper memory report: CUDA device {self.device} ({self.name})"
-        rows = framework_rows(self.frameworks, self.mode)
+        if self.detail == "device":
+            rows = [("  (not read: detail='device')", "", "")]
+        else:
+            rows = framework_rows(self.frameworks, self.mode)
         allocated, reserved = self.frameworks_allocated_bytes, self.frameworks_reserved_bytes
         rows.append(
             (

@@ -30,11 +30,12 @@ from typing import Any, Dict, Optional, Tuple
 
 import gpukeeper._core as _core
 from gpukeeper import frameworks
-from gpukeeper.base import host_memory as host
+from gpukeeper.account.account_reader import memory_report
+from gpukeeper.account.device_account import MemoryReport
 from gpukeeper.base import nvml
 from gpukeeper.base.arg_checks import check_int
 from gpukeeper.base.device_names import DeviceSpec, resolve_device
-from gpukeeper.base.errors import DeviceError, InvalidInputError
+from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.host_memory import process_rss_bytes
 from gpukeeper.frameworks import driver as cuda_driver
 
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 GB = float(1 << 30)
-MB = float(1 << 20)
 
 
 # --------------------------------------------------------------------- helpers
@@ -263,42 +263,19 @@ def _driver_info(index: int, info: Dict[str, Any]) -> None:
 # --------------------------------------------------------------------- memory
 
 
-def _device_counts(index: int) -> Tuple[int, int, Dict[str, Dict[str, Optional[int]]]]:
-    """(allocated, reserved, per framework) bytes on CUDA device ``index``."""
-    per = frameworks.memory_by_framework(index)
-    # Under use_torch_allocator() the torch reader already reads gpukeeper's pool behind
-    # PyTorch; that pool is not a registered MemoryPool, so nothing is counted twice.
-    allocated = sum(m.allocated or 0 for m in per.values())
-    reserved = sum(m.reserved or 0 for m in per.values())
-    breakdown = frameworks.memory_dict(per)
-    return allocated, reserved, breakdown
-
-
-def _torch_peak(index: int) -> Optional[int]:
-    torch = frameworks.torch_in_use()
-    if torch is None or frameworks.torch_uses_gpukeeper():
-        if torch is not None:
-            from gpukeeper.integrations import torch_allocator
-
-            s = torch_allocator.stats(index)
-            return None if s is None else int(s.peak_allocated_bytes)
-        return None
-    try:
-        stats = torch.cuda.memory.memory_stats_as_nested_dict(index)
-        return int(stats["allocated_bytes"]["all"]["peak"])
-    except (KeyError, TypeError, RuntimeError):
-        return None
-
-
 def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
     """Memory of one device right now. Values in GB (floats), with ``*_bytes`` twins.
 
-    Keys: ``allocated`` (in live tensors/arrays/buffers of every loaded framework:
-    PyTorch, CuPy, JAX, gpukeeper's pools), ``reserved`` (held from the driver, caches
-    included), ``peak`` (peak allocated: PyTorch's or gpukeeper's own peak counter, at
-    least ``allocated``), ``free`` and ``total`` (the device's, NVML first, else
-    cudaMemGetInfo), ``*_bytes`` for each, ``mode`` ("cuda"/"cpu"), ``device``,
-    ``frameworks`` (the per-framework breakdown).
+    A view of :func:`gpukeeper.memory_report` (``detail="counters"``: the same figures,
+    read by the same code, without NVML's process lists). Keys: ``allocated`` (in live
+    tensors/arrays/buffers of every loaded framework: PyTorch, CuPy, JAX, gpukeeper's
+    pools; a framework that cannot tell counts 0), ``reserved`` (held from the driver,
+    caches included), ``peak`` (the report's ``peak_allocated_bytes``: the frameworks'
+    peaks since ``frameworks.reset_peaks``, summed, and at least ``allocated``), ``free``
+    and ``total`` (the device's, NVML first, else cudaMemGetInfo; 0 when neither can
+    tell), ``*_bytes`` for each, ``mode`` ("cuda"/"cpu"), ``device``, ``source``,
+    ``free_total_source`` (the report's ``memory_source``), ``frameworks`` (the
+    per-framework breakdown).
 
     CPU mode (see the module doc): ``allocated`` is what the C allocator has handed out
     and not had back (glibc's ``mallinfo2()``; ``source`` says "malloc_in_use"), else the
@@ -309,55 +286,52 @@ def get_gpu_memory_info(device: Any = None) -> Dict[str, Any]:
     ``host_pools_reserved_bytes`` (gpukeeper host pools).
     """
     index = _resolve(device).index
-    if index is None:
-        rss = process_rss_bytes()
-        in_use = host.malloc_in_use_bytes()
-        allocated = rss if in_use is None else in_use
-        peak = max(rss, allocated, host.peak_rss_bytes())
-        try:
-            free, total = (int(x) for x in _core.host_memory_info())
-        except Exception:
-            free = total = 0
-        pools = frameworks.host_pool_memory()
-        out: Dict[str, Any] = {
-            "mode": "cpu",
-            "device": "cpu",
-            "source": "process_rss" if in_use is None else "malloc_in_use",
-        }
-        values = {
-            "allocated": allocated,
-            "reserved": rss,
-            "peak": peak,
-            "free": free,
-            "total": total,
-        }
-        out["host_pools_allocated_bytes"] = pools.allocated if pools else 0
-        out["host_pools_reserved_bytes"] = pools.reserved if pools else 0
+    report = memory_report("cpu" if index is None else index, detail="counters")
+    if report.mode == "cpu":
+        out, values = _host_figures(report)
     else:
-        allocated, reserved, breakdown = _device_counts(index)
-        peak = max(allocated, _torch_peak(index) or 0)
-        try:
-            free, total, how = nvml.device_free_total(index)
-        except (DeviceError, InvalidInputError):
-            free, total, how = 0, 0, "unavailable"
+        allocated = sum(m.allocated or 0 for m in report.frameworks.values())
         out = {
             "mode": "cuda",
-            "device": index,
+            "device": report.device,
             "source": "frameworks",
-            "free_total_source": how,
-            "frameworks": breakdown,
+            "free_total_source": report.memory_source,
+            "frameworks": frameworks.memory_dict(report.frameworks),
         }
         values = {
             "allocated": allocated,
-            "reserved": reserved,
-            "peak": peak,
-            "free": free,
-            "total": total,
+            "reserved": sum(m.reserved or 0 for m in report.frameworks.values()),
+            "peak": max(allocated, report.peak_allocated_bytes or 0),
+            "free": report.free_bytes,
+            "total": report.total_bytes,
         }
     for key, value in values.items():
         out[key] = value / GB
         out[f"{key}_bytes"] = int(value)
     return out
+
+
+def _host_figures(report: MemoryReport) -> Tuple[Dict[str, Any], Dict[str, int]]:
+    """``get_gpu_memory_info``'s keys and byte figures from a CPU-mode report."""
+    figures = report.host
+    rss = report.process_bytes if report.process_bytes is not None else process_rss_bytes()
+    in_use = figures.get("malloc_in_use_bytes")
+    allocated = rss if in_use is None else in_use
+    out: Dict[str, Any] = {
+        "mode": "cpu",
+        "device": "cpu",
+        "source": "process_rss" if in_use is None else "malloc_in_use",
+        "host_pools_allocated_bytes": figures.get("gpukeeper_pools_allocated_bytes") or 0,
+        "host_pools_reserved_bytes": figures.get("gpukeeper_pools_reserved_bytes") or 0,
+    }
+    values = {
+        "allocated": allocated,
+        "reserved": rss,
+        "peak": max(rss, allocated, figures.get("peak_rss_bytes") or 0),
+        "free": report.free_bytes,
+        "total": report.total_bytes,
+    }
+    return out, values
 
 
 def check_memory_leak(initial_mem: float, tolerance_mb: float = 10.0, device: Any = None) -> bool:

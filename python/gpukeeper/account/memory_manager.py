@@ -42,7 +42,6 @@ from gpukeeper.account.account_reader import memory_report
 from gpukeeper.account.device_account import MemoryReport
 from gpukeeper.base import device_names as devices
 from gpukeeper.base.errors import InvalidInputError
-from gpukeeper.base.nvml import device_free_total as _device_free_total
 
 __all__ = [
     "GPUMemoryManager",
@@ -90,14 +89,13 @@ class GPUMemoryManager:
     # ----------------------------------------------------------------- figures
 
     def _free_total(self) -> Tuple[int, int]:
-        if self.device is None:
-            available, total = _core.host_memory_info()
-            return int(available), int(total)
-        free, total, _source = _device_free_total(self.device)
-        return free, total
+        """(free, total) bytes: ``memory_report``'s cheapest reading (``detail="device"``)."""
+        report = self.report(detail="device")
+        return report.free_bytes, report.total_bytes
 
     def get_memory_info(self) -> Tuple[float, float, float]:
-        """``(used, available, total)`` in GB; ``used = total - available``."""
+        """``(used, available, total)`` in GB; ``used = total - available``. A view of
+        :meth:`report` (``detail="device"``: the device's free and total alone)."""
         free, total = self._free_total()
         return (total - free) / GiB, free / GiB, total / GiB
 
