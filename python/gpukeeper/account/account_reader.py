@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Union, overload
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union, overload
 
 import gpukeeper._core as _core
 from gpukeeper import frameworks
@@ -193,22 +193,18 @@ def _cuda_report(
             "gives one figure per process, so its memory is not told apart from the "
             "primary context's"
         )
-    return MemoryReport(
-        mode="cuda",
-        device=device,
-        name=name,
-        total_bytes=int(total),
-        free_bytes=int(free),
-        memory_source=source,
-        frameworks=framework_memory,
+    return _device_report(
+        device,
+        (name, total, free, source),
+        framework_memory,
+        NVML.status() if use_nvml else nvml_reason,
+        notes,
         process_bytes=process_bytes,
         process_source="nvml" if processes is not None else "unavailable",
         this_process=this_process,
         other_processes=others,
-        nvml=NVML.status() if use_nvml else nvml_reason,
         host={} if for_totals else _host_section(),
         pid=pid,
-        notes=notes,
         primary_context=primary,
         other_contexts=other,
         contexts_how=census.how,
@@ -239,6 +235,36 @@ def _lean_cuda_report(device: int, use_nvml: bool, detail: str) -> MemoryReport:
         + ("the frameworks' counters, " if detail == "counters" else "")
         + "free and total read; no process list, contexts or host"
     )
+    unread = _not_read(detail)
+    nvml_text = NVML.status() if use_nvml else nvml_reason
+    return _device_report(
+        device,
+        (name, total, free, source),
+        framework_memory,
+        nvml_text,
+        notes,
+        process_bytes=None,
+        process_source=unread,
+        this_process="unknown: " + unread,
+        other_processes=[],
+        host={},
+        peaks=peaks,
+        detail=detail,
+    )
+
+
+def _device_report(
+    device: int,
+    figures: Tuple[str, int, int, str],
+    framework_memory: Dict[str, FrameworkMemory],
+    nvml_text: str,
+    notes: List[str],
+    **process: Any,
+) -> MemoryReport:
+    """The report of CUDA device ``device`` from its ``figures`` (name, total, free and
+    where they came from), its frameworks' counters and what was read of the process
+    (``process``: the rest of ``MemoryReport``'s fields)."""
+    name, total, free, source = figures
     return MemoryReport(
         mode="cuda",
         device=device,
@@ -247,15 +273,9 @@ def _lean_cuda_report(device: int, use_nvml: bool, detail: str) -> MemoryReport:
         free_bytes=int(free),
         memory_source=source,
         frameworks=framework_memory,
-        process_bytes=None,
-        process_source=_not_read(detail),
-        this_process="unknown: " + _not_read(detail),
-        other_processes=[],
-        nvml=NVML.status() if use_nvml else nvml_reason,
-        host={},
+        nvml=nvml_text,
         notes=notes,
-        peaks=peaks,
-        detail=detail,
+        **process,
     )
 
 

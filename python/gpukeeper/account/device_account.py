@@ -106,17 +106,18 @@ class MemoryReport:
     def frameworks_allocated_bytes(self) -> Optional[int]:
         """Sum of the frameworks' allocated bytes; None if any framework cannot tell (or
         none was read: ``detail="device"``)."""
-        if self.detail == "device":
-            return None
-        return sum_known(m.allocated for m in self.frameworks.values())
+        return self._frameworks_sum("allocated")
 
     @property
     def frameworks_reserved_bytes(self) -> Optional[int]:
         """Sum of the frameworks' reserved bytes; None if any framework cannot tell (or
         none was read: ``detail="device"``)."""
+        return self._frameworks_sum("reserved")
+
+    def _frameworks_sum(self, figure: str) -> Optional[int]:
         if self.detail == "device":
-            return None
-        return sum_known(m.reserved for m in self.frameworks.values())
+            return None  # not read, so not zero
+        return sum_known(getattr(m, figure) for m in self.frameworks.values())
 
     @property
     def peak_allocated_bytes(self) -> Optional[int]:

@@ -171,8 +171,32 @@ def torch_in_use() -> Any:
 def torch_uses_gpukeeper() -> bool:
     """True when use_torch_allocator() routed PyTorch's allocations to gpukeeper: then
     PyTorch's own counters are meaningless and the pool's are read instead."""
+    return _pool_behind_torch() is not None
+
+
+def _pool_behind_torch() -> Any:
+    """``gpukeeper.integrations.torch_allocator`` (the pool's counters, peak and reset)
+    while PyTorch allocates through it, else None. Read from ``sys.modules``: the
+    integration sits above the adapters."""
     integration = sys.modules.get("gpukeeper.integrations.torch_allocator")
-    return bool(integration is not None and integration.is_active())
+    return integration if integration is not None and integration.is_active() else None
+
+
+def _torch_on(device: int) -> Any:
+    """PyTorch when it has initialised CUDA and ``device`` is one of its devices."""
+    torch = torch_in_use()
+    return None if torch is None or device >= torch.cuda.device_count() else torch
+
+
+def _figure(device: int, of_pool: str, of_torch: Callable[[Any, int], Any]) -> Any:
+    """A figure of PyTorch's memory on ``device``: the pool's function ``of_pool`` under
+    use_torch_allocator(), else ``of_torch(torch, device)``; None when PyTorch has not
+    initialised CUDA or has no such device."""
+    torch = _torch_on(device)
+    if torch is None:
+        return None
+    pool = _pool_behind_torch()
+    return getattr(pool, of_pool)(device) if pool else of_torch(torch, device)
 
 
 def torch_allocated_reader(device: int) -> Tuple[Callable[[], int], str]:
@@ -364,15 +388,8 @@ class TorchAdapter(FrameworkAdapter):
         return stop
 
     def memory(self, device: int) -> Optional[FrameworkMemory]:
-        torch = torch_in_use()
-        if torch is None or device >= torch.cuda.device_count():
-            return None
-        if torch_uses_gpukeeper():
-            integration = sys.modules["gpukeeper.integrations.torch_allocator"]
-            allocated, reserved = integration.pool_usage(device)
-        else:
-            allocated, reserved = _counts(torch, device)
-        return FrameworkMemory("torch", allocated, reserved)
+        counts = _figure(device, "pool_usage", _counts)
+        return None if counts is None else FrameworkMemory("torch", *counts)
 
     def release(self, devices: Optional[List[int]]) -> int:
         assert devices is not None, "not whole_process: the registry passes the devices"
@@ -398,21 +415,17 @@ class TorchAdapter(FrameworkAdapter):
     def reset_peak(self, device: int) -> bool:
         # Under use_torch_allocator() the peak is that of the pool behind PyTorch (not a
         # registered MemoryPool, so the gpukeeper adapter does not count it).
-        torch = torch_in_use()
-        if torch is None or device >= torch.cuda.device_count():
+        torch = _torch_on(device)
+        if torch is None:
             return False
-        if torch_uses_gpukeeper():
-            return bool(sys.modules["gpukeeper.integrations.torch_allocator"].reset_peak(device))
+        pool = _pool_behind_torch()
+        if pool:
+            return bool(pool.reset_peak(device))
         torch.cuda.reset_peak_memory_stats(device)
         return True
 
     def peak(self, device: int) -> Optional[int]:
-        torch = torch_in_use()
-        if torch is None or device >= torch.cuda.device_count():
-            return None
-        if torch_uses_gpukeeper():
-            return sys.modules["gpukeeper.integrations.torch_allocator"].peak_allocated(device)
-        return _peak(torch, device)
+        return _figure(device, "peak_allocated", _peak)
 
     def memory_and_peak(self, device: int) -> Tuple[Optional[FrameworkMemory], Optional[int]]:
         # One statistics call for the three figures: each call builds PyTorch's nested
