@@ -26,8 +26,16 @@
 //           through cudaMallocFromPoolAsync on a fresh mempool with release threshold
 //           UINT64_MAX (its ReservedMemHigh / UsedMemHigh), unless --no-async-reference
 //
+// The frontier (--frontier S1,S2,...): for each expandable layout of the run and each
+// PoolOptions::expandable_slack given, a simulated replay's reserved over requested (all
+// passes) against its warm mean operation and page maps per 1000 operations, with the
+// device's warm mean estimated as the simulated one plus maps/kop x --map-cost-us (a page
+// map or move: about 60 us on an H100, benchmarks/cpp/page_move_bench); beside it the
+// references: cudaMallocAsync (device mode) and PyTorch's recorded peaks with and without
+// expandable segments (the trace's metadata).
+//
 //   trace_replay [--mode sim|device|all] [--passes N] [--capacity BYTES] [--json PATH]
-//                TRACE...
+//                [--frontier S1,S2,...] [--map-cost-us US] TRACE...
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -468,6 +476,40 @@ std::string mode_label(const SegmentLayout& layout, const gpukeeper::CachingPool
   return "gpukeeper pool, " + name + " segments, " + upstream;
 }
 
+// One point of the frontier: a layout and a spare budget, and what the replay cost.
+struct FrontierPoint {
+  std::string trace, layout;
+  double slack = 0;
+  bool ran = false;
+  std::string error;
+  double ratio_all = std::nan("");  // peak reserved (all passes) over peak requested
+  double warm_ns = std::nan("");    // the simulated warm passes' median ns/op
+  double maps_per_kop = std::nan("");
+};
+
+// The device's warm mean operation as the simulation predicts it: the simulated bookkeeping
+// plus what the warm passes' page maps cost on the device.
+double device_estimate_ns(const FrontierPoint& p, double map_cost_us) {
+  return p.warm_ns + p.maps_per_kop * map_cost_us;  // maps per 1000 ops x us = ns per op
+}
+
+std::vector<double> parse_list(const std::string& text, const char* what) {
+  std::vector<double> out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = trim(text.substr(at, comma - at));
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || end == nullptr || *end != '\0' || !(v >= 0.0)) {
+      throw std::runtime_error(std::string(what) + ": '" + item + "' is not a number >= 0");
+    }
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
+}
+
 void usage() {
   std::puts(
       "usage: trace_replay [--mode sim|device|all] [--segments fixed|expandable|hybrid|default|both|all]\n"
@@ -486,6 +528,11 @@ void usage() {
       "  --capacity B  simulated device memory in bytes (default 80 GiB; suffixes K M G)\n"
       "  --no-min-capacity  skip the search for the least simulated capacity that runs\n"
       "                the trace (the pool then releases its cache when the upstream refuses)\n"
+      "  --frontier S1,S2,...  also replay every expandable layout of the run (simulated)\n"
+      "                with each expandable_slack given, and print reserved/requested against\n"
+      "                warm ns/op and maps/kop, beside cudaMallocAsync and PyTorch's figures\n"
+      "  --map-cost-us US  what one page map costs on the device, for the frontier's\n"
+      "                estimate of the device's warm mean operation (default 60)\n"
       "  --max-ratio R exit 1 when a simulated replay's peak reserved over peak requested\n"
       "                (all passes) exceeds R: a checked number in CI\n"
       "  --json PATH   write the results as JSON");
@@ -512,6 +559,8 @@ int main(int argc, char** argv) {
   bool async_reference = true;
   bool search_min_capacity = true;
   double max_ratio = 0.0;  // > 0: fail when a simulated replay reserves more, over requested
+  std::vector<double> frontier_slacks;  // --frontier
+  double map_cost_us = 60.0;
   std::string segments = "all";
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
@@ -543,6 +592,19 @@ int main(int argc, char** argv) {
       max_ratio = std::atof(v.c_str());
       if (!(max_ratio >= 1.0)) {
         std::fprintf(stderr, "--max-ratio must be a number >= 1\n");
+        return 2;
+      }
+    } else if (take_arg(argc, argv, &i, "--frontier", &v)) {
+      try {
+        frontier_slacks = parse_list(v, "--frontier");
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+      }
+    } else if (take_arg(argc, argv, &i, "--map-cost-us", &v)) {
+      map_cost_us = std::atof(v.c_str());
+      if (!(map_cost_us >= 0.0)) {
+        std::fprintf(stderr, "--map-cost-us must be a number >= 0\n");
         return 2;
       }
     } else if (arg == "--no-min-capacity") {
@@ -594,6 +656,13 @@ int main(int argc, char** argv) {
   std::vector<Trace> traces;
   traces.reserve(paths.size());
   std::vector<Line> lines;
+  std::vector<FrontierPoint> frontier;
+  // Per trace, the references the frontier is read against.
+  struct Reference {
+    const Trace* t;
+    double async_ratio = std::nan(""), async_warm_ns = std::nan("");
+  };
+  std::vector<Reference> references;
 
   for (const std::string& path : paths) {
     traces.emplace_back();
@@ -713,6 +782,59 @@ int main(int argc, char** argv) {
     }
 #endif
 
+    // ---- the frontier: each expandable layout of the run under each spare budget
+    std::vector<std::string> frontier_json;
+    if (!frontier_slacks.empty() && (mode == "sim" || mode == "all")) {
+      std::vector<gpukeeper::stream_t> streams;
+      for (std::size_t i = 0; i < t.streams.size(); ++i) streams.push_back(t.streams[i] == 0 ? 0 : i + 1);
+      const double asked_slack = g_expandable_slack;
+      for (const SegmentLayout& layout : layouts) {
+        if (layout.segments == gpukeeper::SegmentLayout::fixed) continue;
+        for (double slack : frontier_slacks) {
+          FrontierPoint p;
+          p.trace = t.name;
+          p.layout = layout.name;
+          p.slack = slack;
+          ModeResult r;
+          g_expandable_slack = slack;
+          try {
+            gpukeeper::CachingPool pool(std::make_unique<SimulatedDeviceResource>(capacity),
+                                        pool_options(layout));
+            replay_pool(t, pool, streams, passes, &r);
+          } catch (const std::exception& e) {
+            r.error = e.what();
+          }
+          p.ran = r.ran;
+          p.error = r.error;
+          if (r.ran) {
+            p.ratio_all = ratio(r.peak_reserved_all, t.peak_requested);
+            p.warm_ns = r.warm.median;
+            p.maps_per_kop = r.warm_maps_per_kop;
+          }
+          JsonObject fj;
+          fj.str("layout", p.layout);
+          fj.num("expandable_slack", p.slack);
+          fj.boolean("ran", p.ran);
+          fj.str("error", p.error);
+          fj.num("reserved_over_requested_all_passes", p.ratio_all);
+          fj.num("warm_ns_per_op_median", p.warm_ns);
+          fj.num("warm_maps_per_kop", p.maps_per_kop);
+          fj.num("device_warm_ns_per_op_estimate", device_estimate_ns(p, map_cost_us));
+          frontier_json.push_back(fj.dump(6));
+          frontier.push_back(std::move(p));
+        }
+      }
+      g_expandable_slack = asked_slack;
+    }
+    Reference ref{&t};
+    for (const ModeResult& r : results) {
+      if (r.mode == "cudaMallocAsync" && r.ran) {
+        ref.async_ratio = ratio(r.peak_reserved_all, t.peak_requested);
+        ref.async_warm_ns = r.warm.median;
+      }
+    }
+    references.push_back(ref);
+
     // ---- JSON for this trace
     JsonObject tj;
     tj.str("trace", t.name);
@@ -794,6 +916,10 @@ int main(int argc, char** argv) {
       lines.push_back(Line{t.name, r.mode, &t, std::move(r)});
     }
     tj.raw("modes", json_array(modes_json, 4));
+    if (!frontier_json.empty()) {
+      tj.num("map_cost_us", map_cost_us);
+      tj.raw("frontier", json_array(frontier_json, 4));
+    }
     json_traces.push_back(tj.dump(2));
   }
 
@@ -834,6 +960,44 @@ int main(int argc, char** argv) {
   std::printf("(torch r/a: PyTorch's own max_memory_reserved / max_memory_allocated for the recorded run,"
               " then with expandable_segments, where the trace carries them)\n");
 
+  if (!frontier.empty()) {
+    std::printf("\nFrontier: reserved over requested (all passes) against the warm mean operation and page maps"
+                " (simulated upstream; dev ns/op = sim ns/op + maps/kop x %.0f us)\n", map_cost_us);
+    std::printf("%-26s %-26s %9s %10s %9s %11s\n", "trace", "setting", "all:r/req", "sim ns/op", "maps/kop",
+                "dev ns/op~");
+    for (const Reference& ref : references) {
+      const Trace& t = *ref.t;
+      for (const FrontierPoint& p : frontier) {
+        if (p.trace != t.name) continue;
+        char setting[64];
+        std::snprintf(setting, sizeof setting, "%s, slack %.3f", p.layout.c_str(), p.slack);
+        if (!p.ran) {
+          std::printf("%-26s %-26s   FAILED: %s\n", t.name.c_str(), setting, p.error.c_str());
+          continue;
+        }
+        std::printf("%-26s %-26s %9s %10s %9.2f %11s\n", t.name.c_str(), setting, fmt_ratio(p.ratio_all).c_str(),
+                    fmt_ns(p.warm_ns).c_str(), p.maps_per_kop, fmt_ns(device_estimate_ns(p, map_cost_us)).c_str());
+      }
+      if (std::isfinite(ref.async_ratio)) {
+        std::printf("%-26s %-26s %9s %10s %9s %11s\n", t.name.c_str(), "cudaMallocAsync (device)",
+                    fmt_ratio(ref.async_ratio).c_str(), "-", "-", fmt_ns(ref.async_warm_ns).c_str());
+      }
+      const double torch_default = meta_ratio(t, "torch_max_memory_reserved", "torch_peak_requested");
+      const double torch_expandable =
+          meta_ratio(t, "torch_expandable_max_memory_reserved", "torch_expandable_peak_requested");
+      if (std::isfinite(torch_default)) {
+        std::printf("%-26s %-26s %9s %10s %9s %11s\n", t.name.c_str(), "PyTorch (recorded)",
+                    fmt_ratio(torch_default).c_str(), "-", "-", "-");
+      }
+      if (std::isfinite(torch_expandable)) {
+        std::printf("%-26s %-26s %9s %10s %9s %11s\n", t.name.c_str(), "PyTorch expandable (rec.)",
+                    fmt_ratio(torch_expandable).c_str(), "-", "-", "-");
+      }
+    }
+    std::printf("(PyTorch rows: its max_memory_reserved over its peak requested bytes for the recorded run;"
+                " cudaMallocAsync: ReservedMemHigh over peak requested and its warm ns/op, device mode only)\n");
+  }
+
   if (!json_path.empty()) {
     JsonObject config;
     config.str("mode", mode);
@@ -842,6 +1006,16 @@ int main(int argc, char** argv) {
     config.boolean("async_reference", async_reference);
     config.boolean("min_capacity_search", search_min_capacity);
     config.str("segments", segments);
+    if (!frontier_slacks.empty()) {
+      std::vector<std::string> slacks;
+      for (double v : frontier_slacks) slacks.push_back(fmt_ratio(v));
+      config.raw("frontier_slacks", "[" + [&] {
+        std::string joined;
+        for (std::size_t i = 0; i < slacks.size(); ++i) joined += (i ? ", " : "") + slacks[i];
+        return joined;
+      }() + "]");
+      config.num("map_cost_us", map_cost_us);
+    }
     config.str("peak_requested", "peak of the sum of live requested sizes, from the trace");
     config.str("peak_allocated", "pool: peak of live block bytes (256-byte rounding); cudaMallocAsync: UsedMemHigh");
     config.str("peak_reserved", "pool: peak of segment bytes held from the upstream; cudaMallocAsync: ReservedMemHigh");
