@@ -21,22 +21,28 @@ here it does not have.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 from gpukeeper.base.device_names import DeviceSpec
+from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
     "CpuBackend",
     "DeviceFilter",
+    "FilledScratch",
     "FrameworkAdapter",
+    "FrameworkEventBackend",
     "FrameworkMemory",
     "InUseReader",
     "LiveArray",
     "Scratch",
     "StopRecording",
     "TimerBackend",
+    "entered",
+    "loaded_with_cuda",
     "memory_dict",
 ]
 
@@ -279,6 +285,47 @@ class Scratch:
         raise NotImplementedError
 
 
+def loaded_with_cuda(name: str) -> Any:
+    """The module ``name`` when it is already imported (never imports it) and has a
+    ``cuda`` attribute (PyTorch, CuPy), else None."""
+    module = sys.modules.get(name)
+    return module if module is not None and hasattr(module, "cuda") else None
+
+
+def entered(manager: Any) -> StopRecording:
+    """Enters ``manager`` (a context manager, such as an allocation hook) and returns the
+    call that leaves it; leaving never raises (a hook that fails to leave is left as is)."""
+    manager.__enter__()
+
+    def stop() -> None:
+        try:
+            manager.__exit__(None, None, None)
+        except Exception:
+            pass
+
+    return stop
+
+
+class FilledScratch(Scratch):
+    """A framework's scratch array, overwritten by ``zero()`` (its fill with zeros); on a
+    given stream, inside ``on_stream(stream)`` (the framework's context manager that makes
+    that stream current)."""
+
+    def __init__(
+        self, array: Any, zero: Callable[[], Any], on_stream: Callable[[Any], Any]
+    ) -> None:
+        self.array = array
+        self._zero = zero
+        self._on_stream = on_stream
+
+    def fill(self, stream: Any = None) -> None:
+        if stream is None:
+            self._zero()
+            return
+        with self._on_stream(stream):
+            self._zero()
+
+
 class TimerBackend:
     """How marks are made and read. Subclass and ``register_backend()`` to add one.
 
@@ -315,6 +362,40 @@ class TimerBackend:
 
     def synchronize(self) -> None:
         """Waits for all work on the device."""
+
+
+class FrameworkEventBackend(TimerBackend):
+    """A framework's own CUDA events: recorded with ``event.record(stream)``, waited for
+    with ``event.synchronize()``. A subclass sets ``name`` and ``needs`` (what its error
+    says is missing) and gives ``framework`` (its module when events can be made through
+    it, else None; kept as ``self.module``), ``event_ms`` and the other methods of
+    :class:`TimerBackend`."""
+
+    is_gpu = True
+    needs: str = ""
+
+    def __init__(self, device: DeviceSpec) -> None:
+        super().__init__(device)
+        module = self.framework()
+        if module is None:
+            raise InvalidInputError(f"the {self.name!r} timer backend needs {self.needs}")
+        self.module = module
+
+    @staticmethod
+    def framework() -> Any:
+        """The framework's module when events can be made through it, else None."""
+        raise NotImplementedError
+
+    def record(self, event: Any, stream: Any) -> None:
+        event.record(stream)
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        end.synchronize()
+        return float(self.event_ms(start, end))
+
+    def event_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds from ``start`` to ``end``, both passed by the device."""
+        raise NotImplementedError
 
 
 class CpuBackend(TimerBackend):

@@ -7,16 +7,17 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from gpukeeper.base.device_names import DeviceSpec
-from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks.adapter import (
     DeviceFilter,
+    FilledScratch,
     FrameworkAdapter,
+    FrameworkEventBackend,
     FrameworkMemory,
     LiveArray,
     Scratch,
     StopRecording,
-    TimerBackend,
+    entered,
+    loaded_with_cuda,
 )
 
 __all__ = [
@@ -31,8 +32,7 @@ __all__ = [
 
 def loaded_cupy() -> Any:
     """CuPy when it is already imported (never imports it), else None."""
-    cupy = sys.modules.get("cupy")
-    return cupy if cupy is not None and hasattr(cupy, "cuda") else None
+    return loaded_with_cuda("cupy")
 
 
 def cupy_current_device() -> Optional[int]:
@@ -139,17 +139,9 @@ class CupyAdapter(FrameworkAdapter):
         hook = _CupyRecorder()
         hook.name = f"gpukeeper-tracker-{id(hook)}"  # hook names must be unique per thread
         try:
-            hook.__enter__()
+            return entered(hook)
         except Exception:
             return None  # CuPy's hooks unavailable: its arrays are listed without sites
-
-        def stop() -> None:
-            try:
-                hook.__exit__(None, None, None)
-            except Exception:
-                pass
-
-        return stop
 
     def memory(self, device: int) -> Optional[FrameworkMemory]:
         cupy = cupy_cuda()
@@ -195,59 +187,35 @@ class CupyAdapter(FrameworkAdapter):
         if cupy is None:
             return None
         with cupy.cuda.Device(device):
-            return _CupyScratch(cupy.empty(nbytes, dtype=cupy.uint8))
+            array = cupy.empty(nbytes, dtype=cupy.uint8)
+        # A CuPy stream is itself the context manager that makes it current.
+        return FilledScratch(array, lambda: array.fill(0), lambda stream: stream)
 
 
-class _CupyScratch(Scratch):
-    """A ``cupy.uint8`` array, overwritten with ``fill(0)``."""
-
-    def __init__(self, buffer: Any) -> None:
-        self.array = buffer
-
-    def fill(self, stream: Any = None) -> None:
-        if stream is None:
-            self.array.fill(0)
-            return
-        with stream:
-            self.array.fill(0)
-
-
-class CupyBackend(TimerBackend):
+class CupyBackend(FrameworkEventBackend):
     """``cupy.cuda.Event`` on CuPy's current stream."""
 
     name = "cupy"
-    is_gpu = True
-
-    def __init__(self, device: DeviceSpec) -> None:
-        super().__init__(device)
-        cupy = cupy_cuda()
-        if cupy is None:
-            raise InvalidInputError(
-                "the 'cupy' timer backend needs CuPy loaded with a usable device"
-            )
-        self._cupy = cupy
+    needs = "CuPy loaded with a usable device"
+    framework = staticmethod(cupy_cuda)
 
     def current_stream(self) -> Any:
-        with self._cupy.cuda.Device(self.device.index or 0):
-            return self._cupy.cuda.get_current_stream()
+        with self.module.cuda.Device(self.device.index or 0):
+            return self.module.cuda.get_current_stream()
 
     def new_event(self) -> Any:
-        with self._cupy.cuda.Device(self.device.index or 0):
-            return self._cupy.cuda.Event()
+        with self.module.cuda.Device(self.device.index or 0):
+            return self.module.cuda.Event()
 
-    def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        end.synchronize()
-        return float(self._cupy.cuda.get_elapsed_time(start, end))
+    def event_ms(self, start: Any, end: Any) -> float:
+        return float(self.module.cuda.get_elapsed_time(start, end))
 
     def query(self, event: Any) -> bool:
         return bool(event.done)
 
     def synchronize(self) -> None:
-        with self._cupy.cuda.Device(self.device.index or 0):
-            self._cupy.cuda.runtime.deviceSynchronize()
+        with self.module.cuda.Device(self.device.index or 0):
+            self.module.cuda.runtime.deviceSynchronize()
 
 
 CupyAdapter.timer_backend = CupyBackend

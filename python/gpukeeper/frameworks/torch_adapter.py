@@ -8,16 +8,17 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from gpukeeper.base import process_life
-from gpukeeper.base.device_names import DeviceSpec
-from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.frameworks.adapter import (
     DeviceFilter,
+    FilledScratch,
     FrameworkAdapter,
+    FrameworkEventBackend,
     FrameworkMemory,
     LiveArray,
     Scratch,
     StopRecording,
-    TimerBackend,
+    entered,
+    loaded_with_cuda,
 )
 
 __all__ = [
@@ -41,8 +42,7 @@ __all__ = [
 
 def loaded_torch() -> Any:
     """PyTorch when it is already imported (never imports it), else None."""
-    torch = sys.modules.get("torch")
-    return torch if torch is not None and hasattr(torch, "cuda") else None
+    return loaded_with_cuda("torch")
 
 
 def import_torch() -> Any:
@@ -376,16 +376,7 @@ class TorchAdapter(FrameworkAdapter):
         torch_types = torch_dispatch_mode()
         if torch_types is None:
             return None
-        mode = _recorder_class(torch_types)(on_alloc)
-        mode.__enter__()
-
-        def stop() -> None:
-            try:
-                mode.__exit__(None, None, None)
-            except Exception:
-                pass
-
-        return stop
+        return entered(_recorder_class(torch_types)(on_alloc))
 
     def memory(self, device: int) -> Optional[FrameworkMemory]:
         counts = _figure(device, "pool_usage", _counts)
@@ -468,7 +459,8 @@ class TorchAdapter(FrameworkAdapter):
         torch = torch_cuda()
         if torch is None:
             return None
-        return _TorchScratch(torch, torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}"))
+        array = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        return FilledScratch(array, lambda: array.fill_(0), torch.cuda.stream)
 
 
 def torch_dtype_name(dtype: Any) -> str:
@@ -525,54 +517,27 @@ def _recorder_class(torch_types: Tuple[type, type]) -> Any:
     return _dispatch_mode_class
 
 
-class _TorchScratch(Scratch):
-    """A ``torch.uint8`` tensor, overwritten with ``fill_(0)``."""
-
-    def __init__(self, torch: Any, buffer: Any) -> None:
-        self._torch = torch
-        self.array = buffer
-
-    def fill(self, stream: Any = None) -> None:
-        if stream is None:
-            self.array.fill_(0)
-            return
-        with self._torch.cuda.stream(stream):
-            self.array.fill_(0)
-
-
-class TorchBackend(TimerBackend):
+class TorchBackend(FrameworkEventBackend):
     """``torch.cuda.Event`` on PyTorch's current stream of the device."""
 
     name = "torch"
-    is_gpu = True
-
-    def __init__(self, device: DeviceSpec) -> None:
-        super().__init__(device)
-        torch = torch_cuda()
-        if torch is None:
-            raise InvalidInputError(
-                "the 'torch' timer backend needs PyTorch loaded with usable CUDA"
-            )
-        self._torch = torch
+    needs = "PyTorch loaded with usable CUDA"
+    framework = staticmethod(torch_cuda)
 
     def current_stream(self) -> Any:
-        return self._torch.cuda.current_stream(self.device.index)
+        return self.module.cuda.current_stream(self.device.index)
 
     def new_event(self) -> Any:
-        return self._torch.cuda.Event(enable_timing=True)
+        return self.module.cuda.Event(enable_timing=True)
 
-    def record(self, event: Any, stream: Any) -> None:
-        event.record(stream)
-
-    def elapsed_ms(self, start: Any, end: Any) -> float:
-        end.synchronize()
+    def event_ms(self, start: Any, end: Any) -> float:
         return float(start.elapsed_time(end))
 
     def query(self, event: Any) -> bool:
         return bool(event.query())
 
     def synchronize(self) -> None:
-        self._torch.cuda.synchronize(self.device.index)
+        self.module.cuda.synchronize(self.device.index)
 
 
 TorchAdapter.timer_backend = TorchBackend
