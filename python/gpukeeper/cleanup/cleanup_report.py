@@ -5,19 +5,31 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from gpukeeper import frameworks
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.html_table import html_table
 from gpukeeper.frameworks import FrameworkMemory
+from gpukeeper.frameworks.adapter import ArrayDescription
 
 # location ("cuda:0", "host") -> framework name -> its memory
 Snapshot = Dict[str, Dict[str, FrameworkMemory]]
 
 
+def snapshot_pairs(
+    before: Snapshot, after: Snapshot
+) -> Iterator[Tuple[str, str, Optional[FrameworkMemory], Optional[FrameworkMemory]]]:
+    """(location, framework, its memory before, after) for each framework seen at each
+    location in either snapshot, sorted; None where it was not there."""
+    for loc in sorted(set(before) | set(after)):
+        then, now = before.get(loc, {}), after.get(loc, {})
+        for name in sorted(set(then) | set(now)):
+            yield loc, name, then.get(name), now.get(name)
+
+
 @dataclass(frozen=True)
-class LeakedArray:
+class LeakedArray(ArrayDescription):
     """A live tensor or array still holding memory after cleanup.
 
     ``inside``: True when it was created inside the context (known from the allocation
@@ -28,12 +40,6 @@ class LeakedArray:
     graph, which keeps the tensors saved for its backward alive too.
     """
 
-    framework: str
-    device: str
-    kind: str
-    shape: Tuple[int, ...]
-    dtype: str
-    nbytes: int
     inside: Optional[bool] = None
     created_at: Tuple[str, ...] = ()
     grad_fn: bool = False  # a result of autograd: its graph (and what it saved) lives on
@@ -218,23 +224,17 @@ class CleanupReport:
     def _memory_rows(self) -> List[Tuple[str, str, str, str, str, str]]:
         """(location, framework, allocated before, after, reserved before, after) as text,
         for each framework seen at each location ("-" where it was not there)."""
-        rows = []
-        for loc in sorted(set(self.before) | set(self.after)):
-            names = sorted(set(self.before.get(loc, {})) | set(self.after.get(loc, {})))
-            for name in names:
-                b = self.before.get(loc, {}).get(name)
-                a = self.after.get(loc, {}).get(name)
-                rows.append(
-                    (
-                        loc,
-                        name,
-                        fmt_bytes(b.allocated) if b else "-",
-                        fmt_bytes(a.allocated) if a else "-",
-                        fmt_bytes(b.reserved) if b else "-",
-                        fmt_bytes(a.reserved) if a else "-",
-                    )
-                )
-        return rows
+        return [
+            (
+                loc,
+                name,
+                fmt_bytes(b.allocated) if b else "-",
+                fmt_bytes(a.allocated) if a else "-",
+                fmt_bytes(b.reserved) if b else "-",
+                fmt_bytes(a.reserved) if a else "-",
+            )
+            for loc, name, b, a in snapshot_pairs(self.before, self.after)
+        ]
 
     def _head(self) -> str:
         head = f"{self.source} cleanup in {self.duration_s * 1e3:.2f} ms"

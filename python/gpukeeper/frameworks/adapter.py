@@ -30,6 +30,7 @@ from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import InvalidInputError
 
 __all__ = [
+    "ArrayDescription",
     "CpuBackend",
     "DeviceFilter",
     "FilledScratch",
@@ -55,7 +56,20 @@ StopRecording = Callable[[], None]
 
 
 @dataclass(frozen=True)
-class LiveArray:
+class ArrayDescription:
+    """What a tensor or array is: its framework's name, its device ("cuda:0"), its kind
+    ("Tensor", "ndarray"), shape, dtype and the bytes of its allocation."""
+
+    framework: str
+    device: str
+    kind: str
+    shape: Tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class LiveArray(ArrayDescription):
     """One allocation held by a live tensor or array that Python can see.
 
     ``nbytes`` is the whole allocation (the storage for PyTorch, the memory chunk for
@@ -64,12 +78,6 @@ class LiveArray:
     allocation's address, the key under which creation sites are recorded.
     """
 
-    framework: str
-    device: str
-    kind: str
-    shape: Tuple[int, ...]
-    dtype: str
-    nbytes: int
     data_ptr: int
     grad_fn: bool = False  # a PyTorch result that keeps an autograd graph alive
 

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Set, Tuple
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.html_table import html_table
 from gpukeeper.cleanup import CleanupReport
+from gpukeeper.cleanup.cleanup_report import snapshot_pairs
 from gpukeeper.cleanup.measure import HOST
 from gpukeeper.pool.memory_pool import ManagedBuffer
 
@@ -107,24 +108,20 @@ class CellMemory:
 
     def rows(self) -> List[Tuple[str, str, str, str, str, str, str]]:
         """(where, framework, allocated before, peak, after, reserved before, after)."""
-        before, after = self.report.before, self.report.after
         out = []
-        for loc in sorted(set(before) | set(after)):
-            for name in sorted(set(before.get(loc, {})) | set(after.get(loc, {}))):
-                b = before.get(loc, {}).get(name)
-                a = after.get(loc, {}).get(name)
-                peak = self.peaks.get(loc, {}).get(name)
-                out.append(
-                    (
-                        loc,
-                        name,
-                        fmt_bytes(b.allocated) if b else "0 B",
-                        fmt_bytes(peak) if peak is not None else "n/a",
-                        fmt_bytes(a.allocated) if a else "-",
-                        fmt_bytes(b.reserved) if b else "0 B",
-                        fmt_bytes(a.reserved) if a else "-",
-                    )
+        for loc, name, b, a in snapshot_pairs(self.report.before, self.report.after):
+            peak = self.peaks.get(loc, {}).get(name)
+            out.append(
+                (
+                    loc,
+                    name,
+                    fmt_bytes(b.allocated) if b else "0 B",
+                    fmt_bytes(peak) if peak is not None else "n/a",
+                    fmt_bytes(a.allocated) if a else "-",
+                    fmt_bytes(b.reserved) if b else "0 B",
+                    fmt_bytes(a.reserved) if a else "-",
                 )
+            )
         return out
 
     def _head(self) -> str:
