@@ -18,7 +18,7 @@ from gpukeeper.cleanup.cleanup_report import CleanupReport, Snapshot, leak_messa
 from gpukeeper.cleanup.frames import caller_frame, clear_traceback_frames
 from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.cleanup.names import NameSnapshot, release_new_names, snapshot_names
-from gpukeeper.cleanup.run import run_cleanup
+from gpukeeper.cleanup.run import cleanup_from_now, run_cleanup
 from gpukeeper.cleanup.tracking import AllocationTracker
 
 
@@ -293,20 +293,8 @@ def cleanup_cuda(device: Any = None) -> CleanupReport:
     """Synchronizes, releases every framework's cached memory, collects garbage, releases
     again. Returns a ``CleanupReport`` whose ``before`` is the state at the call and whose
     ``held`` is everything still allocated afterwards (by live objects)."""
-    started = time.perf_counter()
-    fixed = _parse_device(device)
-    devices = devices_in_use(fixed)
-    before = measure(devices)
-    report, error = run_cleanup(
-        "cleanup_cuda",
-        fixed=fixed,
-        devices=devices,
-        before=before,
-        baseline=None,
-        started=started,
-        collect=True,
-        find_leaks=False,
-        max_listed=0,
+    report, error = cleanup_from_now(
+        "cleanup_cuda", _parse_device(device), collect=True, find_leaks=False, max_listed=0
     )
     if error is not None:
         raise error

@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -18,7 +17,6 @@ from gpukeeper.base.errors import InvalidInputError, LeakWarning
 from gpukeeper.cleanup import run
 from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
 from gpukeeper.cleanup.guard_threads import SignalWatcher, SyncWorker, Watchdog
-from gpukeeper.cleanup.measure import devices_in_use, measure
 from gpukeeper.frameworks import ranks
 
 
@@ -60,20 +58,8 @@ class _ExitGuard:
             pass  # a signal handler must not fail over cleanup
 
     def full_cleanup(self) -> CleanupReport:
-        started = time.perf_counter()
-        devices = devices_in_use(None)
-        before = measure(devices)
-        report, _ = run.run_cleanup(
-            "exit guard",
-            fixed=None,
-            devices=devices,
-            before=before,
-            baseline=None,
-            started=started,
-            collect=None,
-            find_leaks=True,
-            max_listed=10,
-            sync=self.timed_sync,
+        report, _ = run.cleanup_from_now(
+            "exit guard", None, find_leaks=True, max_listed=10, sync=self.timed_sync
         )
         self.last_report = report
         return report

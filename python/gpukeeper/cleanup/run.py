@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpukeeper.base.process_life import device_stuck
 from gpukeeper.cleanup.cleanup_report import CleanupReport, LeakedArray, Snapshot
@@ -19,6 +19,27 @@ from gpukeeper.cleanup.measure import (
 )
 from gpukeeper.cleanup.tracking import AllocationTracker, name_leaks
 from gpukeeper.frameworks.ranks import current_rank
+
+
+def cleanup_from_now(
+    source: str, fixed: Optional[List[int]], **options: Any
+) -> Tuple[CleanupReport, Optional[BaseException]]:
+    """:func:`run_cleanup` of what is held now, against no baseline: the devices in use
+    (``fixed``, or every one when None) measured first, as ``cleanup_cuda`` and the exit
+    guard ask for it. ``options``: the rest of ``run_cleanup``'s (``collect``,
+    ``find_leaks``, ``max_listed``, ``sync``)."""
+    started = time.perf_counter()
+    devices = devices_in_use(fixed)
+    before = measure(devices)
+    return run_cleanup(
+        source,
+        fixed=fixed,
+        devices=devices,
+        before=before,
+        baseline=None,
+        started=started,
+        **options,
+    )
 
 
 def run_cleanup(
