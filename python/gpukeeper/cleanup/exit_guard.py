@@ -59,7 +59,7 @@ class _ExitGuard:
 
     def full_cleanup(self) -> CleanupReport:
         report, _ = run.cleanup_from_now(
-            "exit guard", None, find_leaks=True, max_listed=10, sync=self.timed_sync
+            "exit guard", None, collect=None, find_leaks=True, max_listed=10, sync=self.timed_sync
         )
         self.last_report = report
         return report
