@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from gpukeeper.md.leak import MB, outside_frameworks
+from gpukeeper.md.leak import MiB, outside_frameworks
 from gpukeeper.timing.memory_readers import MemorySeries
 from gpukeeper.timing.sampling import StepSampler
 
@@ -91,25 +91,25 @@ def test_clean_loops_in_fresh_processes_never_leak_nor_get_a_cause() -> None:
 
 def test_memory_outside_every_framework_is_a_leak_and_the_cache_is_not() -> None:
     n, tol = 300, 1.0
-    # NVML's figure grew 300 MB while the frameworks' reserved bytes stayed: outside.
+    # NVML's figure grew 300 MiB while the frameworks' reserved bytes stayed: outside.
     verdict, cache = outside_frameworks((100 << 20, 64 << 20), (400 << 20, 64 << 20), n, tol)
     assert verdict is not None and verdict.leak and cache == 0
-    assert verdict.growth == pytest.approx(300 * MB)
+    assert verdict.growth == pytest.approx(300 * MiB)
     assert "outside every framework" in verdict.reason and "an engine or an extension" in verdict.reason
     # The frameworks' cache grew by as much: explained, not outside.
     verdict, cache = outside_frameworks((100 << 20, 64 << 20), (400 << 20, 364 << 20), n, tol)
-    assert verdict is None and cache == pytest.approx(300 * MB)
+    assert verdict is None and cache == pytest.approx(300 * MiB)
     assert outside_frameworks(None, (1, 1), n, tol) == (None, 0.0)
 
 
 def test_readings_during_the_run_tell_a_one_off_allocation_from_a_leak() -> None:
     n, tol, base = 400, 1.0, 64 << 20
     steps = [50 * k for k in range(1, 8)]
-    # A library that sets itself up once, 40 MB at step 120, and then nothing more.
+    # A library that sets itself up once, 40 MiB at step 120, and then nothing more.
     once = [(float(x), base + (40 << 20 if x >= 120 else 0)) for x in steps]
     verdict, _ = outside_frameworks((base, 0), (base + (40 << 20), 0), n, tol, once)
     assert verdict is None
-    # The same 40 MB from the end points alone is called a leak: the readings matter.
+    # The same 40 MiB from the end points alone is called a leak: the readings matter.
     assert outside_frameworks((base, 0), (base + (40 << 20), 0), n, tol)[0] is not None
     # A tenth of a MiB a step, read at every 50th step: a leak, slope and all.
     steady = [(float(x), base + x * (100 << 10)) for x in steps]
@@ -141,7 +141,7 @@ def test_the_sampler_takes_the_dear_reading_at_its_own_period() -> None:
 
 
 class _Allocator:
-    """In use: 10 MB, and a 64 MB scratch for one step in every 50 (a neighbour-list
+    """In use: 10 MiB, and a 64 MiB scratch for one step in every 50 (a neighbour-list
     rebuild); a peak counter that can be reset, as PyTorch's."""
 
     def __init__(self) -> None:
@@ -175,9 +175,9 @@ def test_the_true_peak_is_read_per_interval_and_its_recurrence_is_said() -> None
     final = sampler.finish()
     warnings: list = []
     out = memory_outcome(sampler, final, n, 1.0, warnings)
-    # The samples alone sit at 10 MB; the counter saw the 74 MB spikes between them.
+    # The samples alone sit at 10 MiB; the counter saw the 74 MiB spikes between them.
     assert max(out.bytes) == 10 << 20 and out.peak == 74 << 20
-    assert out.peak_text.startswith("peak 74.00 MB: spikes of up to 64.00 MB above the steps' own")
+    assert out.peak_text.startswith("peak 74.00 MiB: spikes of up to 64.00 MiB above the steps' own")
     assert "in 8 of 17 sampling intervals" in out.peak_text and "about every 48 steps" in out.peak_text
     assert out.leak is False
 
@@ -186,7 +186,7 @@ def test_a_flat_run_says_its_peak_is_level() -> None:
     from gpukeeper.md.leak import peak_pattern
 
     text = peak_pattern([24, 48, 72], [5 << 20] * 3, [9 << 20] * 3, 1.0)
-    assert text.startswith("peak 9.00 MB, about 4.00 MB above the memory in use in every")
+    assert text.startswith("peak 9.00 MiB, about 4.00 MiB above the memory in use in every")
     assert text.endswith("no spike")
     assert peak_pattern([], [], [], 1.0) == ""
     # A leak's rising level, with the same working memory each interval: no spike.

@@ -170,7 +170,7 @@ def test_series_noisier_than_the_tolerance_is_inconclusive() -> None:
                                 memory_sample_every=1)
     assert r.memory_leak is None
     assert r.memory_leak_reason.startswith("inconclusive: malloc_in_use noise")
-    assert "> tolerance 1 MB" in r.memory_leak_reason
+    assert "> tolerance 1 MiB" in r.memory_leak_reason
     assert r.memory_noise_bytes > MB
     assert any("inconclusive" in w for w in r.warnings)
     assert "inconclusive" in r.summary()
@@ -181,7 +181,7 @@ def test_leak_verdict_steady_leak_jump_and_flat() -> None:
     steady = leak_verdict(xs, [1000 + 50_000 * x for x in xs], 100, 1.0, "s")
     assert steady.leak is True and steady.noise < 1.0 and steady.steady == 1.0
     jump = leak_verdict(xs, [0 if x < 80 else 6 * MB for x in xs], 100, 1.0, "rss")
-    assert jump.leak is None and jump.reason.startswith("inconclusive: rss noise 6.00 MB > tolerance 1 MB")
+    assert jump.leak is None and jump.reason.startswith("inconclusive: rss noise 6.00 MiB > tolerance 1 MiB")
     flat = leak_verdict(xs, [5 * MB] * len(xs), 100, 1.0)
     assert flat.leak is False and flat.growth == 0.0
     # A leak far above the noise is a leak even when the noise exceeds the tolerance.

@@ -10,7 +10,7 @@ each step, its tail and its stability over the run, and memory that must not cre
 ...     timestep_fs=0.5, n_atoms=64,
 ... )
 >>> print(f"Mean latency: {result.mean_ms:.4f} ms")
->>> print(f"Memory delta: {result.memory_delta_gb * 1024:.2f} MB")
+>>> print(f"Memory delta: {result.memory_delta_gb * 1024:.2f} MiB")
 >>> print(result.summary())
 
 The package, one concern a module:
@@ -82,9 +82,9 @@ How it measures (and why):
   allocation or a cache that fills in the first steps (a caching allocator warming up)
   is growth, not a leak. Under noise: the series' noise is the largest move between two
   samples that the steady per-step move does not explain; when it exceeds the tolerance
-  the verdict is ``None`` ("inconclusive: process_rss noise 12 MB > tolerance 1 MB"),
+  the verdict is ``None`` ("inconclusive: process_rss noise 12 MiB > tolerance 1 MiB"),
   unless the growth is also over 4 times the noise. In CPU mode the in-use counts
-  decide (RSS also moves when the C allocator keeps or returns pages: tens of MB in a
+  decide (RSS also moves when the C allocator keeps or returns pages: tens of MiB in a
   loop that makes and drops big arrays); RSS decides only a leak they cannot see
   (memory taken outside malloc), when it grows steadily and quietly.
   ``memory_leak_source`` names the series that decided, ``memory_leak_reason`` says

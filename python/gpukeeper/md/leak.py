@@ -29,7 +29,7 @@ __all__ = [
     "ABOVE_NOISE",
 ]
 
-MB = float(1 << 20)
+MiB = float(1 << 20)
 
 #: A series noisier than the tolerance still proves a leak when its projected growth is
 #: at least this many times its noise: a single jump of h inside the second half fits a
@@ -135,24 +135,24 @@ def leak_verdict(
     typical = tstats.median(rates) if rates else 0.0
     noise = max((abs(m - typical * s) for m, s in zip(moves, spans)), default=0.0)
     steady = sum(1 for m in moves if m > 0) / len(moves) if moves else 0.0
-    tol = tolerance_mb * MB
-    over = f"{growth / MB:+.2f} MB over {n_steps} steps ({slope:+.1f} B/step)"
+    tol = tolerance_mb * MiB
+    over = f"{growth / MiB:+.2f} MiB over {n_steps} steps ({slope:+.1f} B/step)"
     if noise <= tol:
         leak: Optional[bool] = growth > tol
         reason = (
-            f"{'leak' if leak else 'stable'}: {source} {over}, tolerance {tolerance_mb:g} MB "
-            f"(noise {noise / MB:.2f} MB)"
+            f"{'leak' if leak else 'stable'}: {source} {over}, tolerance {tolerance_mb:g} MiB "
+            f"(noise {noise / MiB:.2f} MiB)"
         )
     elif growth > tol and growth > ABOVE_NOISE * noise:
         leak = True
         reason = (
-            f"leak: {source} {over}, above its noise {noise / MB:.2f} MB "
-            f"(tolerance {tolerance_mb:g} MB)"
+            f"leak: {source} {over}, above its noise {noise / MiB:.2f} MiB "
+            f"(tolerance {tolerance_mb:g} MiB)"
         )
     else:
         leak = None
         reason = (
-            f"inconclusive: {source} noise {noise / MB:.2f} MB > tolerance {tolerance_mb:g} MB "
+            f"inconclusive: {source} noise {noise / MiB:.2f} MiB > tolerance {tolerance_mb:g} MiB "
             f"(growth {over})"
         )
     return LeakVerdict(source, leak, slope, growth, noise, steady, len(late), reason)
@@ -186,7 +186,7 @@ def combine_verdicts(primary: LeakVerdict, in_use: Optional[LeakVerdict]) -> Lea
     note = primary.reason
     if primary.leak:
         note = (
-            f"{primary.source} grows {primary.growth / MB:+.2f} MB in jumps, not steadily: "
+            f"{primary.source} grows {primary.growth / MiB:+.2f} MiB in jumps, not steadily: "
             "the allocator keeping freed memory"
         )
     return LeakVerdict(
@@ -233,12 +233,12 @@ def outside_frameworks(
         how += f", {len(xs)} readings"
     else:
         grew = ys[-1] - ys[0]
-        if grew <= tolerance_mb * MB:
+        if grew <= tolerance_mb * MiB:
             return None, cache
         slope, noise, steady = grew / n_steps, 0.0, 1.0
     reason = (
-        f"leak: outside every framework {grew / MB:+.2f} MB over {n_steps} steps "
-        f"({slope:+.1f} B/step; {how}), tolerance {tolerance_mb:g} MB: an engine or an "
+        f"leak: outside every framework {grew / MiB:+.2f} MiB over {n_steps} steps "
+        f"({slope:+.1f} B/step; {how}), tolerance {tolerance_mb:g} MiB: an engine or an "
         "extension in this process allocates it (its own CUDA context, or cudaMalloc "
         "outside the frameworks' allocators)"
     )
@@ -266,8 +266,8 @@ def _verdict_warnings(
 ) -> None:
     if verdict.leak:
         warnings.append(
-            f"memory grows by {verdict.slope:.1f} bytes/step ({verdict.growth / MB:.2f} MB over "
-            f"{n} steps, tolerance {leak_tolerance_mb} MB, {verdict.source}): leak"
+            f"memory grows by {verdict.slope:.1f} bytes/step ({verdict.growth / MiB:.2f} MiB over "
+            f"{n} steps, tolerance {leak_tolerance_mb} MiB, {verdict.source}): leak"
         )
     elif verdict.leak is None:
         warnings.append(f"leak verdict {verdict.reason}")
@@ -336,7 +336,7 @@ def peak_pattern(
     spike. Says how high, how often and in which intervals; "" without peaks."""
     if not peaks or len(levels) != len(peaks):
         return ""
-    tol = max(tolerance_mb * MB, 1.0)
+    tol = max(tolerance_mb * MiB, 1.0)
     excess = [
         p - max(levels[k - 1] if k > 0 else levels[0], levels[k]) for k, p in enumerate(peaks)
     ]
@@ -345,13 +345,13 @@ def peak_pattern(
     spikes = [(int(end), e - typical) for end, e in zip(ends, excess) if e - typical > tol]
     if not spikes:
         return (
-            f"peak {top / MB:.2f} MB, about {max(typical, 0.0) / MB:.2f} MB above the memory in "
-            "use in every sampling interval (the steps' own working memory): no spike"
+            f"peak {top / MiB:.2f} MiB, about {max(typical, 0.0) / MiB:.2f} MiB above the memory "
+            "in use in every sampling interval (the steps' own working memory): no spike"
         )
     shown = ", ".join(str(end) for end, _ in spikes[:6]) + (", ..." if len(spikes) > 6 else "")
     above = max(extra for _, extra in spikes)
     text = (
-        f"peak {top / MB:.2f} MB: spikes of up to {above / MB:.2f} MB above the steps' own "
+        f"peak {top / MiB:.2f} MiB: spikes of up to {above / MiB:.2f} MiB above the steps' own "
         f"working memory in {len(spikes)} of {len(peaks)} sampling intervals (those ending at "
         f"steps {shown})"
     )

@@ -23,7 +23,7 @@ from gpukeeper.frameworks.live_arrays import LiveArray, live_arrays
 
 __all__ = ["ArraysBefore", "arrays_before", "leak_cause", "SURVIVOR_SHARE"]
 
-MB = float(1 << 20)
+MiB = float(1 << 20)
 
 #: Survivors of the run are a cause when there are at least this many per step.
 SURVIVOR_SHARE = 0.5
@@ -68,7 +68,7 @@ def leak_cause(
     if len(graphs) >= need:
         shape, count = _commonest(graphs)
         return (
-            f"an autograd graph survives each step: about {slope_bytes / MB:.3g} MB/step in "
+            f"an autograd graph survives each step: about {slope_bytes / MiB:.3g} MiB/step in "
             f"tensors saved for backward; {len(graphs)} results made during the run still carry "
             f"a grad_fn ({count} of shape {shape[0]}){_made_at(graphs, sites)}; a result kept "
             "without .detach() is the usual cause"
@@ -82,7 +82,7 @@ def leak_cause(
     held = sum(a.nbytes for a in group)
     return (
         f"{count} tensors of shape {shape[0]} ({shape[1]}) made during the run are still "
-        f"alive, about {count / n_steps:.2g} per step and {held / MB:.3g} MB in all"
+        f"alive, about {count / n_steps:.2g} per step and {held / MiB:.3g} MiB in all"
         f"{_made_at(group, sites)}"
     )
 

@@ -27,7 +27,7 @@ from gpukeeper.timing.plans import Plan, choose_plan, confirm_plan, cpu_plan
 from gpukeeper.timing.sampling import StepSampler, sample_period
 from gpukeeper.timing.timer import timing_device
 
-MB = float(1 << 20)
+MiB = float(1 << 20)
 
 __all__ = [
     "benchmark_md_trajectory",
@@ -547,10 +547,10 @@ def _where_and_why(
     elif outside is not None:
         verdict, where = outside, outside.source
         mem.leak = True
-    elif verdict is not None and cache > tolerance * MB:
+    elif verdict is not None and cache > tolerance * MiB:
         verdict = dataclasses.replace(
             verdict,
-            reason=f"{verdict.reason}; the frameworks' cache grew {cache / MB:+.2f} MB (reserved "
+            reason=f"{verdict.reason}; the frameworks' cache grew {cache / MiB:+.2f} MiB (reserved "
             "bytes) while the memory in use did not: kept for reuse, not a leak",
         )
     if outside is not None:
@@ -580,8 +580,8 @@ def _headroom(run: _Run, mem: Any, series: List[memory.MemorySeries]) -> Optiona
         return None
     headroom = free - max(0, mem.peak - held)
     text = (
-        f"headroom at the peak: about {headroom / MB:.0f} MB of the device's {total / MB:.0f} MB "
-        "free (read after the run: other processes move it)"
+        f"headroom at the peak: about {headroom / MiB:.0f} MiB of the device's "
+        f"{total / MiB:.0f} MiB free (read after the run: other processes move it)"
     )
     mem.peak_text = f"{mem.peak_text}; {text}" if mem.peak_text else text
     return headroom

@@ -10,7 +10,7 @@ from gpukeeper.base.plotting import PathLike, finish, pyplot
 
 __all__ = ["plot_trajectory"]
 
-MB = float(1 << 20)
+MiB = float(1 << 20)
 
 # Memory colours by leak verdict (True, False, None): a leak must stand out at a glance.
 _LEAK_COLOURS = {True: "tab:red", False: "tab:green", None: "tab:gray"}
@@ -42,7 +42,7 @@ def _latency_lines(ax: Any, r: Any) -> None:
 
 
 def _fitted_line(r: Any) -> Optional[Tuple[List[float], List[float]]]:
-    """The slope fitted over the second half of the run, as two points in MB (None
+    """The slope fitted over the second half of the run, as two points in MiB (None
     when there is no slope or no sample in that half)."""
     slope = r.memory_slope_bytes_per_step
     half = [(x, y) for x, y in zip(r.memory_steps, r.memory_bytes) if x >= r.n_steps // 2]
@@ -52,7 +52,7 @@ def _fitted_line(r: Any) -> Optional[Tuple[List[float], List[float]]]:
     # The line goes through the centre of the half's samples, as a least-squares fit does.
     y0 = sum(y for _, y in half) / len(half) - slope * (sum(x for x, _ in half) / len(half) - x0)
     xs = [float(x0), float(r.n_steps - 1)]
-    return xs, [(y0 + slope * (x - x0)) / MB for x in xs]
+    return xs, [(y0 + slope * (x - x0)) / MiB for x in xs]
 
 
 def _memory_lines(ax: Any, r: Any) -> None:
@@ -72,7 +72,7 @@ def _memory_lines(ax: Any, r: Any) -> None:
         return
     ax.plot(
         r.memory_steps,
-        [b / MB for b in r.memory_bytes],
+        [b / MiB for b in r.memory_bytes],
         ".-",
         ms=3,
         lw=0.8,
@@ -102,7 +102,7 @@ def _memory_lines(ax: Any, r: Any) -> None:
             va="top",
             transform=ax.transAxes,
         )
-    ax.set_ylabel("memory (MB)", color=colour)
+    ax.set_ylabel("memory (MiB)", color=colour)
     ax.tick_params(axis="y", colors=colour)
 
 

@@ -18,10 +18,10 @@ from gpukeeper.base.plotting import PathLike
 from gpukeeper.timing.latency import LatencyStats, latency_stats
 from gpukeeper.timing.stats import json_safe
 
-__all__ = ["LatencyStats", "latency_stats", "TrajectoryResult", "GB", "MB", "json_safe"]
+__all__ = ["LatencyStats", "latency_stats", "TrajectoryResult", "GB", "MiB", "json_safe"]
 
 GB = float(1 << 30)
-MB = float(1 << 20)
+MiB = float(1 << 20)
 
 
 @dataclass
@@ -201,10 +201,10 @@ class TrajectoryResult:
         verdict = {True: "LEAK", False: "stable", None: "inconclusive"}[self.memory_leak]
         lines = [
             f"  memory ({self.memory_source}, every {self.memory_sample_every} step(s), "
-            f"{len(self.memory_steps)} samples): delta {self.memory_delta_gb * 1024:+.2f} MB, "
-            f"peak {(self.memory_peak_bytes or 0) / MB:.2f} MB, slope "
+            f"{len(self.memory_steps)} samples): delta {self.memory_delta_gb * 1024:+.2f} MiB, "
+            f"peak {(self.memory_peak_bytes or 0) / MiB:.2f} MiB, slope "
             f"{self.memory_slope_bytes_per_step or 0.0:+.1f} B/step -> {verdict} "
-            f"(tolerance {self.leak_tolerance_mb} MB over the run)"
+            f"(tolerance {self.leak_tolerance_mb} MiB over the run)"
         ]
         if self.memory_leak_reason:
             lines.append(
