@@ -8,7 +8,14 @@ from typing import Any, Optional, Sequence
 
 from gpukeeper.base.errors import InvalidInputError
 
-__all__ = ["check_fraction", "check_int", "check_optional_int", "check_positive"]
+__all__ = [
+    "check_bool",
+    "check_callable",
+    "check_fraction",
+    "check_int",
+    "check_optional_int",
+    "check_positive",
+]
 
 
 def check_int(value: Any, what: str, minimum: int) -> int:
@@ -54,4 +61,22 @@ def check_choice(value: Any, what: str, choices: Sequence[str]) -> str:
         raise InvalidInputError(
             f"{what} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
         )
+    return value
+
+
+def check_bool(value: Any, what: str) -> bool:
+    """``value`` when it is True or False; ``InvalidInputError`` naming ``what`` otherwise."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{what} must be True or False, got {value!r}")
+    return value
+
+
+def check_callable(value: Any, what: str, *, optional: bool = False) -> Any:
+    """``value`` when it is callable (or None, with ``optional``); ``InvalidInputError``
+    naming ``what`` and the type given otherwise."""
+    if optional and value is None:
+        return None
+    if not callable(value):
+        allowed = "callable or None" if optional else "callable"
+        raise InvalidInputError(f"{what} must be {allowed}, got {type(value).__name__}")
     return value

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 import gpukeeper.md.events as events
 from gpukeeper import frameworks
 from gpukeeper.base import nvml
-from gpukeeper.base.arg_checks import check_int, check_positive
+from gpukeeper.base.arg_checks import check_bool, check_callable, check_int, check_positive
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
 from gpukeeper.cleanup.tracking import AllocationTracker
@@ -69,10 +69,23 @@ def checked_arguments(
     synchronize: Any,
     event_every: Any = "auto",
 ) -> Tuple[Sequence[Any], int, Optional[float], str]:
-    """benchmark_md_trajectory's arguments checked (InvalidInputError otherwise):
-    (the per-step inputs as a sequence, measured steps, timestep, label)."""
-    if not callable(model_func):
-        raise InvalidInputError(f"model_func must be callable, got {type(model_func).__name__}")
+    """benchmark_md_trajectory's arguments checked (InvalidInputError otherwise, for the
+    first bad one in this order): (the per-step inputs as a sequence, measured steps,
+    timestep, label)."""
+    check_callable(model_func, "model_func")
+    data = _checked_inputs(inputs)
+    check_int(warmup_steps, "warmup_steps", 0)
+    n = len(data) if n_steps is None else check_int(n_steps, "n_steps", 1)
+    timestep = check_positive(timestep_fs, "timestep_fs")
+    _check_periods(n_atoms, sync_every, memory_sample_every, event_every)
+    _check_settings(timing, leak_tolerance_mb, outlier_k, event_ring)
+    check_callable(synchronize, "synchronize", optional=True)
+    return data, n, timestep, _label(name, model_func)
+
+
+def _checked_inputs(inputs: Any) -> Sequence[Any]:
+    """The per-step inputs as a sequence (an iterable is materialized): not a string,
+    not empty."""
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
         raise InvalidInputError(
             f"inputs must be an iterable of per-step inputs, got {type(inputs).__name__}"
@@ -80,9 +93,14 @@ def checked_arguments(
     data: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
     if len(data) == 0:
         raise InvalidInputError("inputs is empty: a trajectory needs at least one step")
-    check_int(warmup_steps, "warmup_steps", 0)
-    n = len(data) if n_steps is None else check_int(n_steps, "n_steps", 1)
-    timestep = check_positive(timestep_fs, "timestep_fs")
+    return data
+
+
+def _check_periods(
+    n_atoms: Any, sync_every: Any, memory_sample_every: Any, event_every: Any
+) -> None:
+    """The counts that may be left out (None, or "auto" for the two periods chosen from
+    the run): each an int >= 1 when given."""
     if n_atoms is not None:
         check_int(n_atoms, "n_atoms", 1)
     if sync_every is not None:
@@ -91,18 +109,22 @@ def checked_arguments(
         check_int(memory_sample_every, "memory_sample_every", 1)
     if event_every != "auto":
         check_int(event_every, "event_every", 1)
+
+
+def _check_settings(timing: Any, leak_tolerance_mb: Any, outlier_k: Any, event_ring: Any) -> None:
+    """How the run is timed and judged: the timing mode, the leak tolerance (0, or a
+    positive number of MiB), the outlier threshold and the event ring's size."""
     if timing not in ("auto", "gpu", "host"):
         raise InvalidInputError(f"timing must be 'auto', 'gpu' or 'host', got {timing!r}")
     if leak_tolerance_mb != 0:
         check_positive(leak_tolerance_mb, "leak_tolerance_mb")
     check_positive(outlier_k, "outlier_k")
     check_int(event_ring, "event_ring", 1)
-    if synchronize is not None and not callable(synchronize):
-        raise InvalidInputError(
-            f"synchronize must be callable or None, got {type(synchronize).__name__}"
-        )
-    label = name or getattr(model_func, "__name__", None) or type(model_func).__name__
-    return data, n, timestep, label
+
+
+def _label(name: Optional[str], model_func: Any) -> str:
+    """The run's label: ``name``, else the function's name, else its type's."""
+    return name or getattr(model_func, "__name__", None) or type(model_func).__name__
 
 
 # --------------------------------------------------------------------- warm-up and setup
@@ -748,11 +770,7 @@ def benchmark_md_trajectory(
         leak_tolerance_mb,
         outlier_k,
         synchronize,
+        track=check_bool(track_allocations, "track_allocations") and check_memory_leak,
     )
-    if not isinstance(track_allocations, bool):
-        raise InvalidInputError(
-            f"track_allocations must be True or False, got {track_allocations!r}"
-        )
-    run.track = track_allocations and check_memory_leak
     warm = _prepare(run, model_func, data, device, timing, event_every, event_ring)
     return _measure(run, model_func, data, warm, check_memory_leak, memory_sample_every, progress)

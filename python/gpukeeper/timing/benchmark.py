@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from gpukeeper import frameworks
-from gpukeeper.base.arg_checks import check_choice, check_int, check_positive
+from gpukeeper.base.arg_checks import check_callable, check_choice, check_int, check_positive
 from gpukeeper.base.device_names import DeviceSpec
 from gpukeeper.base.errors import GpuError, InvalidInputError
 from gpukeeper.base.progress import REDRAW_S, ProgressBar, progress_wanted
@@ -235,8 +235,7 @@ def _check_options(
     measure: Any = "loop",
 ) -> _Options:
     """The arguments checked, in this order; ``InvalidInputError`` for the first bad one."""
-    if not callable(fn):
-        raise InvalidInputError(f"fn must be callable, got {type(fn).__name__}")
+    check_callable(fn, "fn")
     check_int(n_calls, "n_calls", 1)
     check_int(warmup, "warmup", 0)
     min_time_s = check_positive(min_time_s, "min_time_s")
@@ -250,10 +249,7 @@ def _check_options(
             f"hide_launch_latency must be a bool or None, got {hide_launch_latency!r}"
         )
     gate_timeout_ms = None if gate_timeout_ms is None else check_gate_timeout(gate_timeout_ms)
-    if synchronize is not None and not callable(synchronize):
-        raise InvalidInputError(
-            f"synchronize must be callable or None, got {type(synchronize).__name__}"
-        )
+    check_callable(synchronize, "synchronize", optional=True)
     in_step, group = _check_barrier(barrier)
     check_choice(measure, "measure", MEASURES)
     return _Options(
