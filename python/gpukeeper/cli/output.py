@@ -130,6 +130,18 @@ def device_arg(allow_all: bool) -> Callable[[str], str]:
     return parse
 
 
+def add_devices_option(parser: argparse.ArgumentParser, spellings: str) -> None:
+    """Adds ``--device N|all``: one device, or every one (the default); ``spellings``
+    starts its help with the spellings the command takes ("a CUDA ordinal, cuda:N")."""
+    parser.add_argument(
+        "--device",
+        default="all",
+        metavar="N|all",
+        type=device_arg(allow_all=True),
+        help=f"{spellings}, or all (the default)",
+    )
+
+
 def add_json_option(parser: argparse.ArgumentParser, what: str) -> None:
     """Adds ``--json [FILE|-]`` (``-``, stdout, when no FILE is given); ``what`` starts
     its help, e.g. "write the reports"."""

@@ -9,10 +9,10 @@ from gpukeeper.cli.output import (
     OK,
     UserError,
     add_command,
+    add_devices_option,
     add_json_option,
     check_json_target,
     console,
-    device_arg,
     write_json,
 )
 
@@ -39,13 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "nothing: what matters there is what the other processes hold.",
         epilog=EXAMPLES,
     )
-    p.add_argument(
-        "--device",
-        default="all",
-        metavar="N|all",
-        type=device_arg(allow_all=True),
-        help="a CUDA ordinal, cuda:N, cpu, or all (the default)",
-    )
+    add_devices_option(p, "a CUDA ordinal, cuda:N, cpu")
     add_json_option(p, "write the report")
     p.add_argument(
         "--no-nvml", action="store_true", help="skip NVML (faster; no per-process split)"

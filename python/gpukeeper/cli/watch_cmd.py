@@ -14,7 +14,15 @@ import argparse
 import time
 from typing import Any, List, Optional
 
-from gpukeeper.cli.output import OK, UserError, add_command, console, count_arg, device_arg, plain
+from gpukeeper.cli.output import (
+    OK,
+    UserError,
+    add_command,
+    add_devices_option,
+    console,
+    count_arg,
+    plain,
+)
 
 __all__ = ["add_parser", "snapshot", "watch"]
 
@@ -35,13 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--interval", type=float, default=2.0, metavar="S", help="seconds between refreshes (2)"
     )
-    p.add_argument(
-        "--device",
-        default="all",
-        metavar="N|all",
-        type=device_arg(allow_all=True),
-        help="a CUDA ordinal, cuda:N, or all (the default)",
-    )
+    add_devices_option(p, "a CUDA ordinal, cuda:N")
     p.add_argument(
         "--count", type=count_arg(1), default=None, metavar="K", help="stop after K refreshes"
     )
