@@ -18,9 +18,7 @@ bool calibration_kernels_available() noexcept;
 
 // Queues one single-thread kernel on `stream` (of the current device) that spins until
 // %globaltimer has advanced by `duration_ns`. When `device_out` is given (device memory
-// for two values), the kernel writes its first and last %globaltimer readings (ns) there,
-// else to a sink of its module: every launch ends with the same two stores, so the launch
-// floor (a zero-length launch's bracket) holds what a timed launch's bracket holds.
+// for two values), the kernel writes its first and last %globaltimer readings (ns) there.
 // Does not synchronize. Throws DeviceError when the launch fails or without the kernels.
 void launch_spin_kernel(std::uint64_t duration_ns, stream_t stream,
                         std::uint64_t* device_out = nullptr);
