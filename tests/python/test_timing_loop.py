@@ -53,7 +53,7 @@ def test_launch_bound_call_leads_with_the_loop_time(sim: SimDevice) -> None:
     assert 0.78 <= r.loop_median_ms < 3.0
     assert r.median_ms == r.loop_median_ms  # the headline is the loop's
     assert r.bound == "launch" and r.device_busy is not None and r.device_busy < 0.3
-    assert r.loop_calls >= 2 and r.n_calls >= 10 and r.times_ms == r.loop_times_ms
+    assert r.loop_calls >= 2 and r.n_calls >= 6 and r.times_ms == r.loop_times_ms  # six batches at least
     assert "loop time per call" in r.summary() and "host's launches" in r.summary()
     # asked for, the device time leads
     d = _bench(small_kernels, measure="device")
@@ -107,8 +107,8 @@ def test_batches_last_about_the_target(sim: SimDevice) -> None:
         sim.kernel(0.2, 0.01)
 
     r = _bench(call, n_calls=10)
-    # 10 ms batches of 0.2 ms calls
-    assert 10 <= r.loop_calls <= 70
+    # 25 ms batches of 0.2 ms calls
+    assert 25 <= r.loop_calls <= 175
     assert r.loop_issue_ms is not None and len(r.loop_issue_ms) == len(r.loop_times_ms or [])
 
 
