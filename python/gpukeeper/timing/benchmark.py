@@ -37,10 +37,10 @@ eager step next to its CUDA graph). So the calls are then run once more the way 
 runs them: batches of back-to-back calls, nothing between them, each batch timed by the
 wall clock from a synchronized start to a synchronized end. A batch lasts about
 ``LOOP_BATCH_MS``, so its one synchronisation and the first launch on an idle device
-(about 18 us on an H100) cost under 0.1 % of it. That is the *loop time* per call, the headline by default
-(``measure="loop"``); the ratio of the two is the share of the loop the device was busy,
-and from it (and the gate) the verdict on what bounds the call: the device, the host's
-launches, or a synchronisation inside the call.
+(about 18 us on an H100) cost under 0.1 % of it. That is the *loop time* per call, the
+headline by default (``measure="loop"``); the ratio of the two is the share of the loop
+the device was busy, and from it (and the gate) the verdict on what bounds the call: the
+device, the host's launches, or a synchronisation inside the call.
 """
 
 from __future__ import annotations
