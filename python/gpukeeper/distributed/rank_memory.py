@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence, Union
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from gpukeeper.account.account_reader import memory_report, rank_totals_report
 from gpukeeper.account.process_account import DevicesReport
@@ -138,7 +139,7 @@ class RankMemory:
         _, rank, world, pid, devices, others = row[:6]
         sizes = [None if v == _UNKNOWN else int(v) for v in row[6:11]]
         age_us = row[11]
-        hostname = words_text(row[12:], HOSTNAME_BYTES)
+        hostname = _hostname(tuple(row[12:]))
         return cls(
             rank=int(rank),
             world_size=None if world == _UNKNOWN else int(world),
@@ -162,6 +163,12 @@ VECTOR_LENGTH = 12 + text_word_count(HOSTNAME_BYTES)
 _VECTOR_MARK = 0x676B_0002
 _UNKNOWN = -1
 _MASK_BITS = 63  # bit 63 would make the word negative, and -1 means unknown
+
+
+@lru_cache(maxsize=256)
+def _hostname(words: Tuple[int, ...]) -> str:
+    # A job's rows carry a few host names over and over: each is decoded once.
+    return words_text(words, HOSTNAME_BYTES)
 
 
 def _mask(devices: Sequence[int]) -> int:

@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from gpukeeper.base import process_life
 from gpukeeper.base.errors import InvalidInputError
@@ -197,13 +197,27 @@ def gather_objects(obj: Any, group: Any, dst: Optional[int]) -> Optional[List[An
     return out_or_none
 
 
+class KeptGather(NamedTuple):
+    """What one key of :class:`GatherBuffers` keeps: the collective's tensors (``row``
+    in, ``out`` of world x row), and for a CUDA device their pinned host twins and the
+    event that says the last row has left ``host_in`` (None on the CPU)."""
+
+    row: Any
+    out: Any
+    host_in: Any
+    host_out: Any
+    sent: Any
+
+
 class GatherBuffers:
-    """The device tensors of :func:`all_gather_int64` (a row in, ``world x row`` out),
-    kept between calls: one pair per (group, device, current stream, world size, row
-    length), the :data:`CAPACITY` most recent kept. Making them on each call costs two
+    """The tensors of :func:`all_gather_int64` (a row in, ``world x row`` out), kept
+    between calls: one set per (group, device, current stream, world size, row length),
+    the :data:`CAPACITY` most recent kept. Making them on each call costs two
     allocations and, for NCCL, lets the caching allocator hand the collective a
     different block each time; kept, they stay allocated in PyTorch's counters between
-    calls (a few hundred bytes; the allocator rounds each up to 512).
+    calls (a few hundred bytes; the allocator rounds each up to 512). For a CUDA device
+    the rows go through pinned host twins, copied without a wait on either side but the
+    one for the gathered rows: a copy from pageable memory waits for the device twice.
 
     A pair is never shared by two groups: a group's pair is keyed by the group itself,
     and goes when the group is freed (a weak reference) or the default group is torn
@@ -216,30 +230,40 @@ class GatherBuffers:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self._pairs: "OrderedDict[Tuple[Any, ...], Tuple[Any, Any, Any]]" = OrderedDict()
-        self.made = 0  # pairs made since the start (a test reads it)
+        self._pairs: "OrderedDict[Tuple[Any, ...], Tuple[Any, KeptGather]]" = OrderedDict()
+        self.made = 0  # sets made since the start (a test reads it)
 
-    def pair(self, torch: Any, group: Any, device: Any, size: int, length: int) -> Tuple[Any, Any]:
-        """(row, out) for one call: kept ones when this key had them, else new ones."""
+    def pair(self, torch: Any, group: Any, device: Any, size: int, length: int) -> KeptGather:
+        """The tensors for one call: kept ones when this key had them, else new ones."""
         stream = None
-        if device.type == "cuda":
+        cuda = device.type == "cuda"
+        if cuda:
             stream = int(torch.cuda.current_stream(device).cuda_stream)
         key = (None if group is None else id(group), str(device), stream, size, length)
         with self.lock:
             kept = self._pairs.get(key)
             if kept is not None and (kept[0] is None or kept[0]() is group):
                 self._pairs.move_to_end(key)
-                return kept[1], kept[2]
+                return kept[1]
         row = torch.empty(length, dtype=torch.int64, device=device)
         out = torch.empty(size * length, dtype=torch.int64, device=device)
+        made = KeptGather(row, out, None, None, None)
+        if cuda:
+            made = KeptGather(
+                row,
+                out,
+                torch.empty(length, dtype=torch.int64, pin_memory=True),
+                torch.empty(size * length, dtype=torch.int64, pin_memory=True),
+                torch.cuda.Event(),
+            )
         ref = None if group is None else self._group_ref(group)
         with self.lock:
-            self._pairs[key] = (ref, row, out)
+            self._pairs[key] = (ref, made)
             self._pairs.move_to_end(key)
             while len(self._pairs) > self.CAPACITY:
                 self._pairs.popitem(last=False)
             self.made += 1
-        return row, out
+        return made
 
     def _group_ref(self, group: Any) -> Any:
         ident = id(group)
@@ -262,9 +286,9 @@ class GatherBuffers:
             return [dict(zip(names, k)) for k in self._pairs]
 
     def tensors(self) -> List[Tuple[Any, Any]]:
-        """The kept (row, out) pairs, most recent last."""
+        """The kept (row, out) pairs of the collective, most recent last."""
         with self.lock:
-            return [(row, out) for _ref, row, out in self._pairs.values()]
+            return [(kept.row, kept.out) for _ref, kept in self._pairs.values()]
 
     def clear(self) -> None:
         """Forgets every pair (a torn-down default group, or a test)."""
@@ -294,9 +318,15 @@ def all_gather_int64(
     torch = sys.modules["torch"]
     size = int(dist.get_world_size(group))
     device = _collective_device(dist, group)
-    host = torch.tensor([int(v) for v in values], dtype=torch.int64)
-    row, out = GATHER_BUFFERS.pair(torch, group, device, size, host.numel())
-    row.copy_(host)  # to the device: waits for the copy, as .to(device) did
+    kept = GATHER_BUFFERS.pair(torch, group, device, size, len(values))
+    row, out = kept.row, kept.out
+    if kept.host_in is None:
+        row.copy_(torch.tensor([int(v) for v in values], dtype=torch.int64))
+    else:
+        kept.sent.synchronize()  # the last call's row has left host_in (long since, as a rule)
+        kept.host_in.copy_(torch.tensor([int(v) for v in values], dtype=torch.int64))
+        row.copy_(kept.host_in, non_blocking=True)
+        kept.sent.record()
     # all_gather_single is the current name (torch 2.13 deprecates all_gather_into_tensor);
     # both take a flat output of world x row; the list form is for torch versions with neither.
     flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
@@ -306,7 +336,11 @@ def all_gather_int64(
         dist.all_gather(list(out.view(size, -1).unbind(0)), row, group=group)
     if dst is not None and int(dist.get_rank()) != dst:
         return None
-    return out.view(size, -1).tolist()  # to the host: waits for the collective
+    if kept.host_out is None:
+        return out.view(size, -1).tolist()
+    kept.host_out.copy_(out, non_blocking=True)
+    torch.cuda.current_stream(device).synchronize()  # the collective, then the copy back
+    return kept.host_out.view(size, -1).tolist()
 
 
 def check_dst(dst: Any, group: Any, what: str) -> Optional[int]:
