@@ -1,5 +1,6 @@
 // StreamGate and Timer(hide_launch_latency): refused cleanly where there is no GPU or no
-// gate kernel; on a GPU, a gate holds its stream until opened or timed out, slots are
+// gate kernel; on a GPU, a gate holds its stream (and the floor kernel queued behind
+// it) until opened or timed out, slots are
 // reused and their idle chunks freed, nesting works, graph capture is refused, and a
 // hidden-latency timer reads the calibration kernels within 0.5 us of their own
 // %globaltimer duration.
@@ -57,6 +58,7 @@ TEST_CASE("gate: refused without a GPU or kernels; empty gates are harmless", "[
   empty.open();
   REQUIRE(empty.outcome() == GateOutcome::pending);
   empty.reset();
+  REQUIRE_THROWS_AS(empty.queue_floor_kernel(), InvalidInputError);  // nothing to sit behind
 
   REQUIRE_THROWS_AS(StreamGate(0, 0, 0), InvalidInputError);
   REQUIRE_THROWS_AS(Timer(kCpuDevice, 0, true, 0), InvalidInputError);
@@ -103,6 +105,21 @@ TEST_CASE("gate: a closed gate holds the stream until it is opened", "[gate][gpu
   sync_stream(0);
   CHECK(gate.outcome() == GateOutcome::opened);
   CHECK(stream_idle(0));
+}
+
+TEST_CASE("gate: the floor kernel sits behind a closed gate, and is refused after open",
+          "[gate][gpu]") {
+  GK_SKIP_UNLESS_GATES();
+  gpukeeper::launch_spin_kernel(0, 0);
+  sync_stream(0);
+  StreamGate gate(0, 0);
+  gate.queue_floor_kernel();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(stream_idle(0));  // held with the gate
+  gate.open();
+  sync_stream(0);
+  CHECK(gate.outcome() == GateOutcome::opened);
+  REQUIRE_THROWS_AS(gate.queue_floor_kernel(), InvalidInputError);
 }
 
 TEST_CASE("gate: an unopened gate times out and lets the work through", "[gate][gpu]") {
