@@ -361,10 +361,10 @@ class StreamGate:
     """
     def __init__(self, stream: Any = ..., device: int = ..., timeout_ms: float = ...) -> None: ...
     def queue_floor_kernel(self) -> None:
-        """Queues the zero-length calibration kernel behind the closed gate: an event recorded
-        before it and one after read the launch floor in place (the device's own cost of a
-        bracket, on this stream, just before the measured work). InvalidInputError once the
-        gate is open.
+        """Queues the zero-length calibration kernel behind the closed gate: an event
+        recorded before it and one after read the launch floor in place (the device's
+        own cost of a bracket, on this stream, just before the measured work).
+        InvalidInputError once the gate is open.
         """
     def open(self) -> None:
         """Lets the queued work through (idempotent)."""
