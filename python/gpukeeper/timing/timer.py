@@ -388,11 +388,13 @@ class CUDATimer:
             raise InvalidInputError(
                 f"CUDATimer {self.name!r} is already running; call stop() first"
             )
-        self._host_start = time.perf_counter_ns()
         stream = self._open_stream()
         try:
             if self._gate is not None:
                 self._queue_floor(stream)
+            # After the gate and the floor's bracket, as time_call does: host_ms is the
+            # time to issue the work between the marks.
+            self._host_start = time.perf_counter_ns()
             self._backend.record(self._start, stream)
         except BaseException:
             if self._gate is not None:
