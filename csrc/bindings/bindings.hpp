@@ -29,7 +29,8 @@ void init_memory_pool(py::module_& m);
 void init_buffer(py::module_& m);
 void init_torch_allocator(py::module_& m);
 void init_torch_pool_api(py::module_& m);
-// Sets options.segments from Python's expandable='auto' | True | False | 'large', and
+// Sets options.segments from Python's expandable='auto' | 'fixed' | 'expandable' |
+// 'hybrid' | True | False (and the former 'large', with a DeprecationWarning), and
 // gives a layout's value back, through the one mapping (gpukeeper/memory/pool_layout.hpp).
 void set_pool_layout(PoolOptions& options, const py::object& expandable);
 py::object pool_layout_value(SegmentLayout layout);

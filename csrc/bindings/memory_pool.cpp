@@ -117,10 +117,11 @@ void def_pool_buffers(PoolClass& pool_class) {
       .def_property_readonly(
           "expandable",
           [](const PoolRegistry& r) { return pool_layout_value(r.options().segments); },
-          "The layout asked for: 'auto' (the default: 'large' where the "
+          "The layout asked for: 'auto' (the default: 'hybrid' where the "
           "device has virtual memory management, else False), True (every "
-          "request in expandable ranges), 'large' (requests over 1 MiB "
-          "only; small ones in fixed segments) or False.")
+          "request in expandable ranges; also asked as 'expandable'), 'hybrid' "
+          "(requests over 1 MiB only; small ones in fixed segments) or False "
+          "(fixed segments; also asked as 'fixed').")
       .def_property_readonly("kind",
                              [](const PoolRegistry& r) { return std::string(to_string(r.kind())); })
       .def_property_readonly("device_count", &PoolRegistry::device_count)
@@ -169,7 +170,8 @@ void init_buffer_hook(py::module_& m) {
 }  // namespace
 
 // MemoryPool(expandable=...) and use_torch_allocator(expandable=...): the words users type
-// for a layout, read off the one mapping (pool_layout.hpp: True, False, "large", "auto").
+// for a layout, read off the one mapping (pool_layout.hpp: "auto", "fixed", "expandable",
+// "hybrid", and True and False for the two yes/no layouts).
 void set_pool_layout(PoolOptions& options, const py::object& expandable) {
   std::string spelled;  // as Python writes the value, the form the mapping holds
   if (PyBool_Check(expandable.ptr())) {
@@ -177,8 +179,21 @@ void set_pool_layout(PoolOptions& options, const py::object& expandable) {
   } else if (py::isinstance<py::str>(expandable)) {
     spelled = "'" + expandable.cast<std::string>() + "'";
   }
-  if (!spelled.empty() && layout_from_python(spelled, options.segments)) return;
-  throw InvalidInputError("expandable must be " + python_spellings() + ", got " +
+  bool former = false;
+  if (!spelled.empty() && layout_from_python(spelled, options.segments, &former)) {
+    if (former) {
+      const std::string text = "expandable=" + spelled + " is now expandable='" +
+                               std::string(to_string(options.segments)) +
+                               "' (the same word as the C++ layout); the former word goes "
+                               "in the next release";
+      if (PyErr_WarnEx(PyExc_DeprecationWarning, text.c_str(), 2) != 0) {
+        throw py::error_already_set();  // warnings turned into errors
+      }
+    }
+    return;
+  }
+  throw InvalidInputError("expandable must be " + python_spellings() +
+                          " (or the words 'fixed', 'expandable'), got " +
                           std::string(py::repr(expandable)));
 }
 

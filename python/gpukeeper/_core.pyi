@@ -225,9 +225,10 @@ class _MemoryPoolBase:
     def kind(self) -> str: ...
     @property
     def expandable(self) -> Union[bool, str]:
-        """The layout asked for: 'auto' (the default: 'large' where the device has virtual
-        memory management, else False), True (every request in expandable ranges),
-        'large' (requests over 1 MiB only; small ones in fixed segments) or False.
+        """The layout asked for: 'auto' (the default: 'hybrid' where the device has virtual
+        memory management, else False), True (every request in expandable ranges; also
+        asked as 'expandable'), 'hybrid' (requests over 1 MiB only; small ones in fixed
+        segments) or False (fixed segments; also asked as 'fixed').
         """
     @property
     def device_count(self) -> int: ...

@@ -125,16 +125,22 @@ TEST_CASE("layout: every layout has its type, its name and the word users type f
     const char* python;
     bool needs_pages;
   };
-  const Row rows[] = {{SegmentLayout::automatic, "automatic", "'auto'", false},
+  const Row rows[] = {{SegmentLayout::automatic, "auto", "'auto'", false},
                       {SegmentLayout::fixed, "fixed", "False", false},
                       {SegmentLayout::expandable, "expandable", "True", true},
-                      {SegmentLayout::hybrid, "hybrid", "'large'", true}};
+                      {SegmentLayout::hybrid, "hybrid", "'hybrid'", true}};
   for (const Row& row : rows) {
     CAPTURE(row.name);
     CHECK(std::string(gpukeeper::to_string(row.layout)) == row.name);
     CHECK(std::string(python_spelling(row.layout)) == row.python);
-    SegmentLayout parsed = SegmentLayout::fixed;
-    CHECK(gpukeeper::layout_from_python(row.python, parsed));
+    SegmentLayout parsed = SegmentLayout::automatic;
+    bool former = true;
+    CHECK(gpukeeper::layout_from_python(row.python, parsed, &former));
+    CHECK(parsed == row.layout);
+    CHECK_FALSE(former);
+    // The same word in Python as in C++: each layout's word, quoted, names it too.
+    parsed = SegmentLayout::automatic;
+    CHECK(gpukeeper::layout_from_python(std::string("'") + row.name + "'", parsed));
     CHECK(parsed == row.layout);
     CHECK(layout_needs_virtual_memory(row.layout) == row.needs_pages);
     if (row.layout == SegmentLayout::automatic) {
@@ -143,8 +149,13 @@ TEST_CASE("layout: every layout has its type, its name and the word users type f
       CHECK(make_layout(row.layout)->id() == row.layout);
     }
   }
+  // The former word for hybrid is still read, and said to be former.
+  SegmentLayout parsed = SegmentLayout::fixed;
+  bool former = false;
+  CHECK(gpukeeper::layout_from_python("'large'", parsed, &former));
+  CHECK((parsed == SegmentLayout::hybrid && former));
   SegmentLayout untouched = SegmentLayout::fixed;
-  for (const char* other : {"'hybrid'", "'True'", "auto", "large", "'expandable'", ""}) {
+  for (const char* other : {"'automatic'", "'True'", "auto", "hybrid", "'Fixed'", ""}) {
     CAPTURE(other);
     CHECK_FALSE(gpukeeper::layout_from_python(other, untouched));
   }
@@ -152,7 +163,8 @@ TEST_CASE("layout: every layout has its type, its name and the word users type f
   // Every spelling, in the registry's order (a new layout's row adds its own at the end).
   const std::string listed = gpukeeper::python_spellings();
   CHECK(listed.rfind("'auto', True, False", 0) == 0);
-  CHECK(listed.find("'large'") != std::string::npos);
+  CHECK(listed.find("'hybrid'") != std::string::npos);
+  CHECK(listed.find("'large'") == std::string::npos);
   CHECK(listed.find(" or ") != std::string::npos);
 }
 

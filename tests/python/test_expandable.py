@@ -87,9 +87,9 @@ def test_expandable_small_blocks_share_pages():
     assert pool.validate(0) == ""
 
 
-def test_large_layout_keeps_small_blocks_in_fixed_segments_and_data_intact():
-    pool = MemoryPool("host", expandable="large")
-    assert pool.expandable == "large" and "expandable='large'" in repr(pool)
+def test_hybrid_layout_keeps_small_blocks_in_fixed_segments_and_data_intact():
+    pool = MemoryPool("host", expandable="hybrid")
+    assert pool.expandable == "hybrid" and "expandable='hybrid'" in repr(pool)
     peak = replay(pool, seed=11)
     layouts = {(seg.small, seg.expandable) for seg in pool.snapshot(0)}
     assert layouts <= {(True, False), (False, True)}  # small fixed, large expandable
@@ -101,11 +101,24 @@ def test_large_layout_keeps_small_blocks_in_fixed_segments_and_data_intact():
     assert pool.stats(0).reserved_bytes == 0
 
 
-@pytest.mark.parametrize("bad", ["small", "yes", "Auto", 1, 0, None, 1.0])
-def test_expandable_takes_auto_true_false_or_large(bad):
+@pytest.mark.parametrize("bad", ["small", "yes", "Auto", "automatic", 1, 0, None, 1.0])
+def test_expandable_takes_auto_true_false_or_hybrid(bad):
     with pytest.raises(InvalidInputError, match="expandable must be 'auto', True, False") as exc:
         MemoryPool("host", expandable=bad)
-    assert "'large'" in str(exc.value) and f"got {bad!r}" in str(exc.value)
+    assert "'hybrid'" in str(exc.value) and f"got {bad!r}" in str(exc.value)
+    assert "'fixed', 'expandable'" in str(exc.value)
+
+
+@pytest.mark.parametrize("word, value", [("fixed", False), ("expandable", True), ("auto", "auto")])
+def test_the_c_plus_plus_words_name_the_same_layouts(word, value):
+    pool = MemoryPool("host", expandable=word)
+    assert pool.expandable == value  # the property gives the one value for the layout
+
+
+def test_the_former_word_large_warns_and_means_hybrid():
+    with pytest.warns(DeprecationWarning, match="expandable='large' is now expandable='hybrid'"):
+        pool = MemoryPool("host", expandable="large")
+    assert pool.expandable == "hybrid"
 
 
 def layouts_of(pool):

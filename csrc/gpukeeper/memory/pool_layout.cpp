@@ -21,18 +21,29 @@ std::unique_ptr<PoolLayout> make() {
 
 struct LayoutEntry {
   SegmentLayout layout;
-  const char* name;    // to_string
-  const char* python;  // MemoryPool(expandable=...), as Python writes the value
+  // The layout's word, the same in C++ (to_string) and Python (MemoryPool(expandable=
+  // 'word'), use_torch_allocator(expandable='word')).
+  const char* name;
+  // What Python's `expandable` property gives for it, as Python writes the value: the
+  // word quoted, or the parameter's yes/no shorthand (True, False), also accepted.
+  const char* python;
   std::unique_ptr<PoolLayout> (*make)();  // nullptr: settled by resolve_layout
 };
 
 // In the order error messages list the Python spellings.
 const LayoutEntry kLayouts[] = {
-    {SegmentLayout::automatic, "automatic", "'auto'", nullptr},
+    {SegmentLayout::automatic, "auto", "'auto'", nullptr},
     {SegmentLayout::expandable, "expandable", "True", &make<ExpandableLayout>},
     {SegmentLayout::fixed, "fixed", "False", &make<FixedLayout>},
-    {SegmentLayout::hybrid, "hybrid", "'large'", &make<HybridLayout>},
+    {SegmentLayout::hybrid, "hybrid", "'hybrid'", &make<HybridLayout>},
 };
+
+// Former Python spellings, still read (with a deprecation warning) until the next release.
+struct FormerSpelling {
+  const char* python;
+  SegmentLayout layout;
+};
+const FormerSpelling kFormer[] = {{"'large'", SegmentLayout::hybrid}};
 
 const LayoutEntry* entry(SegmentLayout layout) noexcept {
   for (const LayoutEntry& e : kLayouts) {
@@ -59,7 +70,7 @@ std::unique_ptr<PoolLayout> make_layout(SegmentLayout layout) {
   const LayoutEntry* e = entry(layout);
   if (e == nullptr || e->make == nullptr) {
     throw InvalidInputError(std::string("no pool layout is called ") + to_string(layout) +
-                            "; resolve_layout() settles automatic");
+                            "; resolve_layout() settles auto");
   }
   return e->make();
 }
@@ -79,10 +90,19 @@ const char* python_spelling(SegmentLayout layout) noexcept {
   return e != nullptr ? e->python : "None";
 }
 
-bool layout_from_python(const std::string& spelling, SegmentLayout& out) noexcept {
+bool layout_from_python(const std::string& spelling, SegmentLayout& out,
+                        bool* former) noexcept {
+  if (former != nullptr) *former = false;
   for (const LayoutEntry& e : kLayouts) {
-    if (spelling == e.python) {
+    if (spelling == e.python || spelling == std::string("'") + e.name + "'") {
       out = e.layout;
+      return true;
+    }
+  }
+  for (const FormerSpelling& f : kFormer) {
+    if (spelling == f.python) {
+      out = f.layout;
+      if (former != nullptr) *former = true;
       return true;
     }
   }

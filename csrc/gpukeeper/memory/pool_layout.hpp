@@ -1,7 +1,7 @@
 // A caching pool's segment layout: where the blocks of each size class live. One
 // interface (PoolLayout), one type per layout, each in its own pair of files
 // (fixed_layout, expandable_layout, hybrid_layout), and one registry that names them,
-// maps them to the words users type and settles `automatic` (pool_layout.cpp, kLayouts).
+// maps them to the words users type and settles `auto` (pool_layout.cpp, kLayouts).
 //
 //   auto layout = make_layout(resolve_layout(SegmentLayout::automatic, upstream));
 //   layout->source(/*small=*/false);   // SegmentSource::expandable for hybrid
@@ -15,15 +15,16 @@
 // calls the layout, so the fast path has no virtual call and no indirection more than a
 // pool without layouts (a new layout costs nothing per allocation either).
 //
-// The one mapping between the words users type and the C++ names (kLayouts):
-//   Python: MemoryPool(expandable=...),      C++: PoolOptions::segments   type
-//           use_torch_allocator(expandable=...)
-//   "auto" (the default)                     SegmentLayout::automatic     settled by resolve_layout
-//   False                                    SegmentLayout::fixed         FixedLayout
-//   True                                     SegmentLayout::expandable    ExpandableLayout
-//   "large"                                  SegmentLayout::hybrid        HybridLayout
-// ("auto" is a C++ keyword, and "large" alone would not say that small requests stay in
-// fixed segments; the benchmarks and docs/performance.md say "hybrid" too.)
+// One word per layout, the same in C++ (to_string) and Python (kLayouts):
+//   word          Python: MemoryPool(expandable=...),   C++: PoolOptions::segments   type
+//                         use_torch_allocator(...)
+//   "auto"        "auto" (the default)                  SegmentLayout::automatic     settled by resolve_layout
+//   "fixed"       "fixed", or False                     SegmentLayout::fixed         FixedLayout
+//   "expandable"  "expandable", or True                 SegmentLayout::expandable    ExpandableLayout
+//   "hybrid"      "hybrid"                              SegmentLayout::hybrid        HybridLayout
+// (The enum's value for "auto" is spelled `automatic`: `auto` is a C++ keyword. Python's
+// True and False are the `expandable=` parameter's yes and no; "large", the former word
+// for hybrid, is read with a deprecation warning until the next release.)
 #pragma once
 
 #include <cstddef>
@@ -86,12 +87,17 @@ std::unique_ptr<PoolLayout> make_layout(SegmentLayout layout);
 bool layout_needs_virtual_memory(SegmentLayout layout);
 const char* to_string(SegmentLayout layout) noexcept;
 
-// The word users type for a layout: the value of `expandable=` in Python, as Python
-// writes it ("True", "False", "'large'", "'auto'").
+// What Python's `expandable` property gives for a layout, as Python writes the value
+// ("'auto'", "True", "False", "'hybrid'"): the layout's word (to_string) quoted, or the
+// parameter's yes/no shorthand for expandable and fixed.
 const char* python_spelling(SegmentLayout layout) noexcept;
-// The layout whose python_spelling is `spelling`; false when none is.
-bool layout_from_python(const std::string& spelling, SegmentLayout& out) noexcept;
-// Every spelling, for error messages: "'auto', True, False or 'large'".
+// The layout that `spelling` (as Python writes a value of `expandable=`) names: a
+// python_spelling, or any layout's word quoted ("'fixed'", "'expandable'"); false when
+// none does. `former` (when given) is set for a spelling kept one more release ("'large'",
+// now "'hybrid'").
+bool layout_from_python(const std::string& spelling, SegmentLayout& out,
+                        bool* former = nullptr) noexcept;
+// Every spelling, for error messages: "'auto', True, False or 'hybrid'".
 std::string python_spellings();
 
 }  // namespace gpukeeper

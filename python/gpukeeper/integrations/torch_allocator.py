@@ -158,7 +158,8 @@ def use_torch_allocator(
     ``"auto"`` (requests over 1 MiB in expandable ranges where the driver has virtual
     memory management, which keeps reserved memory within a few percent of the peak
     allocated), ``False`` (fixed cudaMalloc segments, as PyTorch's own allocator), ``True``
-    or ``"large"``. CUDA tensors cross ``torch.multiprocessing`` from either layout on the
+    or ``"hybrid"`` (also ``"fixed"`` and ``"expandable"``; the former ``"large"``
+    warns). CUDA tensors cross ``torch.multiprocessing`` from either layout on the
     component route: a block in an expandable range travels as PyTorch's own expandable
     segments do (its pages' descriptors, which the receiver takes with ``pidfd_getfd``).
 

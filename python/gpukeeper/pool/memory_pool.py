@@ -41,13 +41,15 @@ class MemoryPool(_core._MemoryPoolBase):
     reserves one large address range per size class and maps physical pages only under
     allocated blocks, moving free pages to where they are needed before making new ones:
     reserved memory then follows allocated memory closely on workloads whose sizes change
-    every step, at the cost of page remapping on cache misses. ``expandable="large"`` does
+    every step, at the cost of page remapping on cache misses. ``expandable="hybrid"`` does
     this for requests over 1 MiB only and keeps small ones in fixed segments, which moves
     far fewer pages for about the same footprint. ``False`` keeps every request in fixed
-    segments. The default, ``"auto"``, is ``"large"`` for device memory on a device and
-    driver with virtual memory management (every recorded trace then holds at most 1.05
-    times the memory it asked for at once, against 1.15-3.40 with fixed segments) and
-    ``False`` otherwise (docs/performance.md).
+    segments. The words are the C++ layouts' (``"fixed"`` and ``"expandable"`` name
+    ``False`` and ``True`` too); ``"large"``, the former word for ``"hybrid"``, warns and
+    goes in the next release. The default, ``"auto"``, is ``"hybrid"`` for device memory
+    on a device and driver with virtual memory management (every recorded trace then
+    holds at most 1.05 times the memory it asked for at once, against 1.15-3.40 with fixed
+    segments) and ``False`` otherwise (docs/performance.md).
     """
 
     def __init__(self, kind: str = "auto", expandable: Union[bool, str] = "auto") -> None:
