@@ -9,7 +9,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, List, Literal, Optional
 
-from gpukeeper.base.arg_checks import check_int
+from gpukeeper.base.arg_checks import check_bool, check_int
 from gpukeeper.base.byte_figures import fmt_bytes
 from gpukeeper.base.device_names import resolve_device
 from gpukeeper.base.errors import InvalidInputError, LeakWarning, MemoryLeakError
@@ -165,8 +165,7 @@ class GPUContext(contextlib.ContextDecorator):
             ("release_names", release_names),
         )
         for name, flag in flags:
-            if not isinstance(flag, bool):
-                raise InvalidInputError(f"GPUContext: {name} must be True or False, got {flag!r}")
+            check_bool(flag, f"GPUContext: {name}")
         check_int(tolerance_bytes, "GPUContext: tolerance_bytes", 0)
         if collect not in (None, True, False):
             raise InvalidInputError(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import List, Optional
 
-from gpukeeper.base.arg_checks import check_int
+from gpukeeper.base.arg_checks import check_bool, check_int
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.cleanup.cleanup_report import CleanupReport, Snapshot
 from gpukeeper.cleanup.measure import devices_in_use, held_above, measure
@@ -46,10 +46,7 @@ class LeakCheck:
         self, tolerance_bytes: int = 0, *, track_allocations: bool = False, max_listed: int = 20
     ) -> None:
         check_int(tolerance_bytes, "LeakCheck: tolerance_bytes", 0)
-        if not isinstance(track_allocations, bool):
-            raise InvalidInputError(
-                f"LeakCheck: track_allocations must be True or False, got {track_allocations!r}"
-            )
+        check_bool(track_allocations, "LeakCheck: track_allocations")
         self.tolerance_bytes = tolerance_bytes
         self.track_allocations = track_allocations
         self.max_listed = max_listed

@@ -255,7 +255,7 @@ class GPUKeeperMagics(Magics):
 
         - ``-d DEVICE``: watch one device (``cuda:N``, ``N`` or ``cpu`` for gpukeeper's
           host pools only); default: every device the process uses.
-        - ``--tolerance-mb MB``: memory still held above this is a LEAK (default 1 MB;
+        - ``--tolerance-mb MB``: memory still held above this is a LEAK (default 1 MiB;
           below it the objects are listed as within tolerance).
 
         The peak is PyTorch's ``max_memory_allocated`` and gpukeeper pools'

@@ -42,7 +42,7 @@ import traceback
 from typing import Any, Callable, Optional, TypeVar
 
 from gpukeeper import frameworks
-from gpukeeper.base.arg_checks import check_int
+from gpukeeper.base.arg_checks import check_callable, check_int
 from gpukeeper.base.errors import InvalidInputError
 
 __all__ = ["retry_on_oom", "is_oom_error", "release_for_retry"]
@@ -114,8 +114,7 @@ def release_for_retry(collect: bool = False) -> int:
 
 def _check_options(retries: Any, fallback: Any) -> int:
     check_int(retries, "retries", 0)
-    if fallback is not None and not callable(fallback):
-        raise InvalidInputError(f"fallback must be callable or None, got {type(fallback).__name__}")
+    check_callable(fallback, "fallback", optional=True)
     return retries
 
 
@@ -184,6 +183,5 @@ def retry_on_oom(
             return wrapper
 
         return decorator
-    if not callable(fn):
-        raise InvalidInputError(f"retry_on_oom: fn must be callable, got {type(fn).__name__}")
+    check_callable(fn, "retry_on_oom: fn")
     return _run(fn, args, kwargs, retries, fallback)

@@ -9,6 +9,7 @@ from typing import Any, Optional, Tuple
 
 import pytest
 
+from gpukeeper.base.arg_checks import check_bool
 from gpukeeper.base.errors import InvalidInputError
 from gpukeeper.cleanup.cleanup_report import CleanupReport, leak_message
 from gpukeeper.cleanup.leak_check import LeakCheck
@@ -66,11 +67,9 @@ def leak_policy(
         tolerance = parse_tolerance_mb(
             marker.kwargs.get("tolerance_mb", 0.0), "no_gpu_leak tolerance_mb"
         )
-        track = marker.kwargs.get("track_allocations", False)
-        if not isinstance(track, bool):
-            raise InvalidInputError(
-                f"no_gpu_leak: track_allocations must be True or False, got {track!r}"
-            )
+        track = check_bool(
+            marker.kwargs.get("track_allocations", False), "no_gpu_leak: track_allocations"
+        )
         return tolerance, track
     if option is None:
         return None
