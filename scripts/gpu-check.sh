@@ -12,7 +12,7 @@
 # GPUKEEPER_STEPS names the steps to run, so that a round can be split into runs of at most
 # 10 minutes each on the same machine; the default is all of
 #   install check cpp stress sanitizer pytest bench
-# (pytest-a and pytest-b instead of pytest split the Python suite in two runs)
+# (pytest-a, pytest-b and pytest-c instead of pytest split the Python suite in three runs)
 # and more that run only when named:
 #   soak-start  starts the 10-minute soak (benchmarks/python/soak.py, torch-geometric's SchNet
 #               under the torch hook) in its own process session, which outlives the run
@@ -213,20 +213,22 @@ if want soak-wait; then
   fi
 fi
 
-# The Python suite takes over 10 minutes on a GPU: pytest-a and pytest-b each run half
-# of its files (in name order), pytest all of them.
-pytest_half() {  # a | b
-  local files=(tests/python/test_*.py) half
-  half=$(( (${#files[@]} + 1) / 2 ))
-  if [ "$1" = a ]; then echo "${files[@]:0:half}"; else echo "${files[@]:half}"; fi
+# The Python suite takes about 17 minutes on an H100: pytest-a, pytest-b and pytest-c each
+# run a third of its files (in name order; a half of them once ran past 9 minutes),
+# pytest all of them.
+pytest_third() {  # 0 | 1 | 2
+  local files=(tests/python/test_*.py) third
+  third=$(( (${#files[@]} + 2) / 3 ))
+  echo "${files[@]:$(( $1 * third )):third}"
 }
-for part in pytest pytest-a pytest-b; do
+for part in pytest pytest-a pytest-b pytest-c; do
   want "$part" || continue
   step "Python tests ($part)"
   case $part in
     pytest) files=tests/python ;;
-    pytest-a) files=$(pytest_half a) ;;
-    pytest-b) files=$(pytest_half b) ;;
+    pytest-a) files=$(pytest_third 0) ;;
+    pytest-b) files=$(pytest_third 1) ;;
+    pytest-c) files=$(pytest_third 2) ;;
   esac
   # GPUKEEPER_PYTEST_ARGS narrows the run (e.g. a few files) when iterating.
   # GPUKEEPER_PYTEST_TIMEOUT (s) stops pytest with SIGINT, which still prints the names
