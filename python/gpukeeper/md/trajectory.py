@@ -697,50 +697,30 @@ def benchmark_md_trajectory(
 ) -> TrajectoryResult:
     """Runs ``model_func(x)`` once per step over ``inputs`` and profiles every step.
 
-    Args:
+    Args (the MD guide, docs/md.md, gives each rule in full):
         model_func: called with one input per step; its result is kept until the next
-            step (as an MD integrator keeps the forces), then dropped.
-        inputs: the per-step inputs (a sequence, or any iterable: materialized first).
-        check_memory_leak: sample memory and give a leak verdict (``memory_leak``).
-        warmup_steps: calls before measuring, cycling through ``inputs`` (not measured).
-        timestep_fs, n_atoms: enable ``ns_per_day`` and ``us_per_atom_step``.
-        device: where the model runs (as ``get_device``); None: CUDA when a loaded
-            framework can run it there (PyTorch or CuPy with usable CUDA; JAX when the
-            steps return JAX arrays), or when the process holds a CUDA context no
-            framework owns (an engine such as OpenMM); else CPU. The same rule as
-            ``benchmark_function``'s (:mod:`gpukeeper.timing.plans`). Pass ``"cpu"`` for
-            a CPU model on a GPU machine.
-        name: label (default: the function's name).
-        memory_sample_every: read memory after every N-th step, or "auto" (module doc).
-        progress: a progress bar on stderr (:mod:`gpukeeper.base.progress`); None: on for runs
-            of at least 5000 steps when stderr is a terminal and neither CI nor pytest runs
-            the code (``GPUKEEPER_PROGRESS=0/1`` decides otherwise).
-        sync_every: synchronize the device inside every k-th step's measured window.
-        n_steps: measured steps (default ``len(inputs)``); inputs are cycled.
-        timing: "auto" (GPU events on CUDA, else host), "gpu" or "host" (no events).
-        leak_tolerance_mb: projected growth over the run above which it is a leak.
+            step (as an integrator keeps the forces). inputs: the per-step inputs (any
+            iterable, materialized first); ``n_steps`` (default ``len(inputs)``) cycles them.
+        check_memory_leak: sample memory and give a leak verdict (``memory_leak``), with
+            ``leak_tolerance_mb`` the projected growth over the run that makes a leak.
+        warmup_steps: unmeasured calls first. timestep_fs, n_atoms: enable ``ns_per_day``
+            and ``us_per_atom_step``. name: the label (default: the function's name).
+        device: where the model runs; None picks as ``benchmark_function`` does
+            (:mod:`gpukeeper.timing.plans`); ``"cpu"`` for a CPU model on a GPU machine.
+        memory_sample_every: read memory after every N-th step, or "auto".
+        progress: a progress bar on stderr (None: long runs on a terminal, not in CI).
+        sync_every: synchronize inside every k-th step's measured window.
+        timing: "auto" (GPU events on CUDA, else host), "gpu" or "host".
         outlier_k: outlier threshold in robust standard deviations.
-        event_ring: GPU event marks kept before they are resolved.
-        event_every: with GPU events, a mark after every k-th step: "auto" chooses k
-            from the warm-up's step time so that the marks cost the device at most 0.5%
-            of a step and the host at most 0.4 us or 0.1% of a step (module doc; the second half
-            of the warm-up is then timed between two device waits; without warm-up
-            steps the host's budget alone decides); 1 gives every step its own GPU
-            time. The k used is ``result.event_every``.
-        synchronize: waits for the steps' work where gpukeeper cannot: an engine's own
-            CUDA context (e.g. ``lambda: simulation.context.getState()`` for OpenMM).
-            Called after the warm-up, inside every ``sync_every``-th step and before the
-            loop's wall clock stops. Without it, the work such an engine still has queued
-            after the last step may be missing from the wall clock (the result says so).
-            Passing it also says the steps' memory is the engine's: it is then read from
-            NVML's figure for this process.
-        track_allocations: record where each tensor or array made during the measured
-            steps was made (its Python lines), so that a leak's cause names the line
-            that made what survives. Every operation then costs microseconds more: the
-            step times are not a production loop's (the result says so).
+        event_ring, event_every: GPU marks kept before they are resolved, and a mark
+            after every k-th step ("auto": the marks cost at most 0.5 % of a step on the
+            device and 0.4 us or 0.1 % on the host; ``result.event_every`` is the k used).
+        synchronize: waits for an engine's own work (OpenMM's ``context.getState``);
+            its memory then comes from NVML's figure for this process.
+        track_allocations: record where each array made in the measured steps was made,
+            so that a leak's cause names the line (each operation costs microseconds more).
 
-    Returns a :class:`TrajectoryResult`. Raises ``InvalidInputError`` for bad arguments
-    (an uncallable model, no inputs, negative counts, an unknown ``timing`` ...);
+    Returns a :class:`TrajectoryResult`. Raises ``InvalidInputError`` for bad arguments;
     exceptions of ``model_func`` propagate unchanged.
     """
     data, n, timestep, label = checked_arguments(
