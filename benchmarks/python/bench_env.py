@@ -81,3 +81,26 @@ def environment(gk: Any, torch: Any, cupy: Any, rmm: Any = None) -> Dict[str, An
     if rmm is not None:
         env["rmm"] = getattr(rmm, "__version__", "unknown")
     return env
+
+
+def calibration_torch() -> Optional[Any]:
+    """torch, when it sees a GPU and gpukeeper's build has the calibration kernels; else
+    None, having said why nothing is measured (such a benchmark then exits 0)."""
+    torch, why = try_import("torch")
+    from gpukeeper import _core
+
+    if torch is None or not torch.cuda.is_available() or not _core.calibration_kernels_available():
+        print(f"no CUDA or no calibration kernels here: nothing measured ({why or 'torch sees no GPU'})")
+        return None
+    return torch
+
+
+def write_report(path: Optional[str], torch: Any, readings: Dict[str, Any]) -> None:
+    """Writes ``readings`` with the environment block and the command's arguments as JSON
+    to ``path`` (nothing when None)."""
+    if not path:
+        return
+    import gpukeeper
+
+    with open(path, "w") as fh:
+        json.dump({"environment": environment(gpukeeper, torch, None), "argv": sys.argv[1:], **readings}, fh, indent=1)

@@ -23,7 +23,6 @@ Needs CUDA, PyTorch and NVML; without them it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_env import environment, try_import  # noqa: E402
+from bench_env import calibration_torch, try_import, write_report  # noqa: E402
 
 Window = Tuple[float, float]
 
@@ -120,14 +119,13 @@ def main(argv: Any = None) -> int:
     p.add_argument("--pairs", type=int, default=8, help="truth, method, truth pairs per callable (default %(default)s)")
     p.add_argument("--json", metavar="PATH", help="write the rows and the environment as JSON")
     args = p.parse_args(argv)
-    torch, why = try_import("torch")
+    torch = calibration_torch()
+    if torch is None:
+        return 0
     nvml, nvml_why = try_import("pynvml")
     import gpukeeper
     from gpukeeper import _core
 
-    if torch is None or not torch.cuda.is_available() or not _core.calibration_kernels_available():
-        print(f"no CUDA or no calibration kernels here: nothing measured ({why or 'torch sees no GPU'})")
-        return 0
     if nvml is None:
         print(f"no NVML here: nothing measured ({nvml_why})")
         return 0
@@ -156,9 +154,7 @@ def main(argv: Any = None) -> int:
         print(f"{name:10s} median: time {statistics.median(r['error_pct'] for r in rows):+.2f}%, "
               f"cycles {statistics.median(r['cycles_error_pct'] for r in rows):+.2f}%")
     clocks.stop()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"environment": environment(gpukeeper, torch, None), "argv": sys.argv[1:], **out}, fh, indent=1)
+    write_report(args.json, torch, out)
     return 0
 
 

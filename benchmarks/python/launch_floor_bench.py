@@ -17,14 +17,13 @@ Without CUDA (or without the calibration kernels) it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 from typing import Any, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_env import environment, try_import  # noqa: E402
+from bench_env import calibration_torch, write_report  # noqa: E402
 
 
 def measure(core: Any, torch: Any, args: argparse.Namespace) -> Dict[str, Any]:
@@ -51,13 +50,11 @@ def main(argv: Any = None) -> int:
     p.add_argument("--calls", type=int, default=15, help="kernels per round (default %(default)s)")
     p.add_argument("--json", metavar="PATH", help="write the readings and the environment as JSON")
     args = p.parse_args(argv)
-    torch, why = try_import("torch")
-    import gpukeeper
+    torch = calibration_torch()
+    if torch is None:
+        return 0
     from gpukeeper import _core
 
-    if torch is None or not torch.cuda.is_available() or not _core.calibration_kernels_available():
-        print(f"no CUDA or no calibration kernels here: nothing measured ({why or 'torch sees no GPU'})")
-        return 0
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     out = measure(_core, torch, args)
@@ -69,9 +66,7 @@ def main(argv: Any = None) -> int:
         print(f"{name} kernel: bracket cost {min(costs):.3f} .. {max(costs):.3f} us; "
               f"error after the floor {min(errors):+.3f} .. {max(errors):+.3f} us "
               f"(median {statistics.median(errors):+.3f}) over {len(rows)} rounds")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"environment": environment(gpukeeper, torch, None), "argv": sys.argv[1:], **out}, fh, indent=1)
+    write_report(args.json, torch, out)
     return 0
 
 
