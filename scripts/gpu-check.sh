@@ -190,6 +190,9 @@ else
       found=$(grep -E "^========= .*(SUMMARY|[0-9]+ (errors|hazards))" "$out" | tr '\n' ' ')
       verdict=$(grep -E "All tests passed|test cases:" "$out" | tail -1)
       summary "compute-sanitizer $tool '$spec': ${found:-no summary line} ${verdict} (rc=$rc)"
+      # What the fault stress did under the tool, kind by kind and layout by layout.
+      tr '\n' ' ' < "$out" | tr -s ' ' | grep -oE "fault stress \([^)]*\): .{0,200}reclaim calls" \
+        | sed "s/^/  under $tool: /" >> "$OUT/summary.txt"
       if [ "$rc" = 86 ] || { [ "$rc" != 0 ] && [ "$spec" != "[accuracy]" ]; }; then
         status=1; grep -E "^=========" "$out" | head -40
       fi
