@@ -146,6 +146,21 @@ def test_the_summary_totals_take_the_kept_reading(figures):
     assert again.process_bytes == 600 * MiB and fake.reads == calls
 
 
+def test_the_summary_reads_no_free_and_total(figures, monkeypatch):
+    """A summary carries neither, so its reading leaves NVML's memory call out; a full
+    report still makes it."""
+    _state, fake = figures
+    calls = []
+    real = fake.nvmlDeviceGetMemoryInfo
+    monkeypatch.setattr(fake, "nvmlDeviceGetMemoryInfo", lambda h: calls.append(h) or real(h))
+    summary = account_reader.rank_totals_report(True, "visible", process_figure.ProcessFigures())
+    assert calls == [] and summary.devices[0].total_bytes == 0
+    assert summary.devices[0].memory_source.startswith("not read")
+    assert summary.process_bytes == 600 * MiB
+    full = gpukeeper.memory_report()
+    assert len(calls) == 1 and full.devices[0].total_bytes == fake.total
+
+
 def test_the_summary_says_unknown_where_the_kept_reading_cannot_tell(figures):
     _state, _fake = figures
     unknown = ProcessReading(None, None, "a container's PID namespace")

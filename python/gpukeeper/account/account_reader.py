@@ -157,7 +157,8 @@ def _cuda_report(
 ) -> MemoryReport:
     """The device's account. ``for_totals``: only the figures a rank's summary carries
     are read, for a report that is never shown: no host section, no device name, no
-    names of the other processes (a file each), and no graphics process list once the
+    free and total (reported as 0), no names of the other processes (a file each), and
+    no graphics process list once the
     compute list gives this process's figure (``other_processes`` may then be short).
     ``process_reading`` (with ``for_totals``): this process's NVML figure comes from it
     and NVML's process list is not read (``other_processes`` is then empty)."""
@@ -166,7 +167,13 @@ def _cuda_report(
     nvml, nvml_reason, handle = _nvml_handle(device, use_nvml, notes)
     given = process_reading if (for_totals and nvml is not None) else None
     name, total, free, source, processes = _device_memory(
-        device, nvml, handle, notes, details=not for_totals, list_processes=given is None
+        device,
+        nvml,
+        handle,
+        notes,
+        details=not for_totals,
+        list_processes=given is None,
+        sizes=not for_totals,
     )
 
     pid = os.getpid()
@@ -333,22 +340,30 @@ def _device_memory(
     *,
     details: bool = True,
     list_processes: bool = True,
+    sizes: bool = True,
 ):
+    """The device's name, total and free bytes, where those came from, and NVML's
+    process list. ``sizes=False`` (a rank's summary, which carries neither) leaves
+    total and free unread, as 0: NVML's memory call is one more driver round trip on
+    every rank of every summary, and ranks calling at once wait for each other in it."""
     name = f"CUDA device {device}"
     total = free = None
     source = "cudaMemGetInfo"
     processes: Optional[List[ProcessMemory]] = None
+    if not sizes:
+        total, free, source = 0, 0, "not read (a rank's summary carries no free or total)"
     if handle is not None:
         if details:
             try:
                 name = text(nvml.nvmlDeviceGetName(handle))
             except Exception:
                 pass
-        try:
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            total, free, source = int(info.total), int(info.free), "nvml"
-        except Exception as exc:
-            notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
+        if sizes:
+            try:
+                info = nvml.nvmlDeviceGetMemoryInfo(handle)
+                total, free, source = int(info.total), int(info.free), "nvml"
+            except Exception as exc:
+                notes.append(f"nvmlDeviceGetMemoryInfo failed: {error_text(exc)}")
         if list_processes:
             processes = device_processes(
                 nvml, handle, notes, names=details, wanted=None if details else os.getpid()
@@ -485,8 +500,8 @@ def rank_totals_report(
     use_nvml: bool, scope: str, process_reading: Optional[ProcessReadingSource] = None
 ) -> DevicesReport:
     """``memory_report(scope=scope)`` for a rank's summary: the same totals, read without
-    what only a shown report needs: the host section, the device's name and the other
-    processes' names; each framework's counters and peak in one read where its adapter
+    what only a shown report needs: the host section, the device's name, its free and
+    total bytes (0 here) and the other processes' names; each framework's counters and peak in one read where its adapter
     offers that.
 
     ``process_reading``: where this process's NVML figure on each device comes from
