@@ -180,7 +180,10 @@ def test_aggregate_names_the_slowest_rank(api_run):
     assert [t["rank"] for t in agg["per_rank"]] == list(range(n))
     assert agg["slowest_rank"] == n - 1  # the one that sleeps 20 ms per call
     assert agg["median_ms"]["max"] >= 20.0
-    assert agg["median_ms"]["min"] < 10.0
+    # On a GPU the headline is the loop time: in a batch of k calls the other ranks'
+    # collectives wait for k - 1 of the last rank's sleeps, so they read up to
+    # (k - 1) / k of its time (k = 2 for 20 ms calls in 25 ms batches), never all of it.
+    assert agg["median_ms"]["min"] < 0.75 * agg["median_ms"]["max"]
     assert agg["imbalance"] > 1.0
     assert "slowest rank" in seen[0]["aggregate_text"]
 
