@@ -501,8 +501,8 @@ def rank_totals_report(
 ) -> DevicesReport:
     """``memory_report(scope=scope)`` for a rank's summary: the same totals, read without
     what only a shown report needs: the host section, the device's name, its free and
-    total bytes (0 here) and the other processes' names; each framework's counters and peak in one read where its adapter
-    offers that.
+    total bytes (0 here) and the other processes' names; each framework's counters and
+    peak in one read where its adapter offers that.
 
     ``process_reading``: where this process's NVML figure on each device comes from
     (a ``device -> ProcessReading`` function, such as a reading kept by a background
