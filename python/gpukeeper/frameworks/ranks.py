@@ -19,6 +19,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from gpukeeper.base import process_life
 from gpukeeper.base.errors import InvalidInputError
+from gpukeeper.frameworks.torch_adapter import current_raw_stream
 
 __all__ = [
     "GATHER_BUFFERS",
@@ -199,14 +200,16 @@ def gather_objects(obj: Any, group: Any, dst: Optional[int]) -> Optional[List[An
 
 class KeptGather(NamedTuple):
     """What one key of :class:`GatherBuffers` keeps: the collective's tensors (``row``
-    in, ``out`` of world x row), and for a CUDA device their pinned host twins and the
-    event that says the last row has left ``host_in`` (None on the CPU)."""
+    in, ``out`` of world x row), and for a CUDA device their pinned host twins, the
+    event that says the last row has left ``host_in`` and the stream of the key (None on
+    the CPU): made once, since building a ``Stream`` object costs more than the copies."""
 
     row: Any
     out: Any
     host_in: Any
     host_out: Any
     sent: Any
+    stream: Any
 
 
 class GatherBuffers:
@@ -238,7 +241,7 @@ class GatherBuffers:
         stream = None
         cuda = device.type == "cuda"
         if cuda:
-            stream = int(torch.cuda.current_stream(device).cuda_stream)
+            stream = current_raw_stream(torch, device.index)
         key = (None if group is None else id(group), str(device), stream, size, length)
         with self.lock:
             kept = self._pairs.get(key)
@@ -247,7 +250,7 @@ class GatherBuffers:
                 return kept[1]
         row = torch.empty(length, dtype=torch.int64, device=device)
         out = torch.empty(size * length, dtype=torch.int64, device=device)
-        made = KeptGather(row, out, None, None, None)
+        made = KeptGather(row, out, None, None, None, None)
         if cuda:
             made = KeptGather(
                 row,
@@ -255,6 +258,7 @@ class GatherBuffers:
                 torch.empty(length, dtype=torch.int64, pin_memory=True),
                 torch.empty(size * length, dtype=torch.int64, pin_memory=True),
                 torch.cuda.Event(),
+                torch.cuda.current_stream(device),
             )
         ref = None if group is None else self._group_ref(group)
         with self.lock:
@@ -326,7 +330,7 @@ def all_gather_int64(
         kept.sent.synchronize()  # the last call's row has left host_in (long since, as a rule)
         kept.host_in.copy_(torch.tensor([int(v) for v in values], dtype=torch.int64))
         row.copy_(kept.host_in, non_blocking=True)
-        kept.sent.record()
+        kept.sent.record(kept.stream)
     # all_gather_single is the current name (torch 2.13 deprecates all_gather_into_tensor);
     # both take a flat output of world x row; the list form is for torch versions with neither.
     flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
@@ -339,7 +343,7 @@ def all_gather_int64(
     if kept.host_out is None:
         return out.view(size, -1).tolist()
     kept.host_out.copy_(out, non_blocking=True)
-    torch.cuda.current_stream(device).synchronize()  # the collective, then the copy back
+    kept.stream.synchronize()  # the collective, then the copy back
     return kept.host_out.view(size, -1).tolist()
 
 
