@@ -22,6 +22,11 @@ median of those over ``--reps`` calls, and rank 0's own median beside it.
                          tensors kept between calls
   summary transport, new tensors  the same, tensors made on every call (as before)
   bare all_gather        dist.all_gather_single of the same bytes, tensors made beforehand
+  transport step: ...    the summary transport's steps one at a time on tensors made
+                         beforehand (NCCL only): the row to the device from pinned memory
+                         without a wait, or from pageable memory; the collective; the
+                         rows back to pinned memory and the wait on the stream, or to
+                         pageable memory (tolist)
   report, scope=rank     memory_report(scope="rank"): the local part of a gather
   report, scope=visible  memory_report(): every visible device
   summary's reading      the rank's own reading that a summary gather sends: with the
@@ -173,6 +178,8 @@ def main() -> int:
             if lean is not None:
                 rows["NVML lean reader"] = lean
                 alone["NVML lean reader"] = lean
+    if backend == "nccl":
+        rows.update(_transport_steps(vector, world, device, flat))
     for name, fn in alone.items():
         rows[f"{name}, one rank at a time"] = fn
     mine: Dict[str, List[float]] = {}
@@ -240,6 +247,37 @@ def main() -> int:
     del keep
     dist.destroy_process_group()
     return 0
+
+
+def _transport_steps(
+    vector: List[int], world: int, device: Any, flat: Callable[..., Any]
+) -> Dict[str, Callable[[], Any]]:
+    """The summary transport's steps, each alone, on tensors made here (NCCL): which of
+    them makes the transport cost more than the bare collective."""
+    row = torch.tensor(vector, dtype=torch.int64, device=device)
+    out = torch.empty(world * row.numel(), dtype=torch.int64, device=device)
+    host_in = torch.tensor(vector, dtype=torch.int64).pin_memory()
+    host_out = torch.empty(world * row.numel(), dtype=torch.int64).pin_memory()
+    stream = torch.cuda.current_stream(device)
+
+    def pinned_in() -> None:
+        host_in.copy_(torch.tensor(vector, dtype=torch.int64))
+        row.copy_(host_in, non_blocking=True)
+
+    def pinned_back() -> Any:
+        host_out.copy_(out, non_blocking=True)
+        stream.synchronize()
+        return host_out.view(world, -1).tolist()
+
+    return {
+        "transport step: row in, pinned, no wait": pinned_in,
+        "transport step: row in, pageable": lambda: row.copy_(
+            torch.tensor(vector, dtype=torch.int64)
+        ),
+        "transport step: the collective": lambda: flat(out, row),
+        "transport step: rows back, pinned, wait": pinned_back,
+        "transport step: rows back, pageable": lambda: out.view(world, -1).tolist(),
+    }
 
 
 def _summarise(everyone: List[Dict[str, List[float]]], args: Any, backend: str, world: int):
