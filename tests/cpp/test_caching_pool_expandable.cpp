@@ -1,7 +1,9 @@
 // Expandable ranges, the part of a pool that layouts with expandable size classes share
 // (caching_pool_expandable.cpp), over host virtual memory (2 MiB pages, as CUDA's
 // granularity): mapped-first placement (a warm pool reuses mapped pages before moving any),
-// the spare-page budget, and giving pages back. Each layout's own test is beside its type
+// repeated steps that stop moving pages once warm (lowest-first placement of blocks over a
+// page, and its fallback when that layout cycles), the spare-page budget, and giving pages
+// back. Each layout's own test is beside its type
 // (test_fixed_layout.cpp, test_expandable_layout.cpp, test_hybrid_layout.cpp).
 #include <vector>
 
@@ -101,6 +103,65 @@ TEST_CASE("expandable: with no mapped block, the one needing the fewest pages is
             (after.upstream_allocations - before.upstream_allocations) == 2);
   CHECK(pool->validate() == "");
   for (void* p : {sep1, sep2, z, w}) pool->deallocate(p);
+  CHECK(pool->validate() == "");
+}
+
+TEST_CASE("expandable: repeated steps of drifting sizes stop moving pages once warm",
+          "[caching_pool]") {
+  // Two blocks live across steps (each freed once the next step's block of its kind is
+  // placed), at sizes that drift with a step's length: short, long, long, short. slack 0:
+  // no spare page, so a block that lands off the mapped pages moves some. Placed by size
+  // (the smallest mapped fit), the large block and its free neighbour swap places as the
+  // sizes drift, and pages followed them 60 times in the 48 steps below; placed in the
+  // lowest free block on mapped pages, each step finds the layout the one before left.
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.0));
+  const std::size_t shorter[2] = {9 * MiB + 576 * KiB, 1 * MiB + 960 * KiB};
+  const std::size_t longer[2] = {10 * MiB + 576 * KiB, 2 * MiB + 128 * KiB};
+  void* held[2] = {nullptr, nullptr};
+  std::uint64_t warm = 0;
+  for (int step = 0; step < 64; ++step) {
+    if (step == 16) warm = pool->stats().pages_moved;
+    const std::size_t* sizes = step % 4 == 1 || step % 4 == 2 ? longer : shorter;
+    for (int i = 0; i < 2; ++i) {
+      void* p = pool->allocate(sizes[i]);
+      if (held[i] != nullptr) pool->deallocate(held[i]);
+      held[i] = p;
+    }
+  }
+  CHECK(pool->stats().pages_moved == warm);
+  CHECK(pool->validate() == "");
+  for (void* p : held) pool->deallocate(p);
+  CHECK(pool->validate() == "");
+}
+
+TEST_CASE("expandable: a step pattern whose lowest-first layout cycles stops moving pages",
+          "[caching_pool]") {
+  // Per step, at a length that repeats every nine steps: x (about 4 MiB), y (11 MiB) and
+  // z (8 MiB); z lives until the next step's z is placed. The default slack. Lowest-first
+  // alone settles into a cycle one page short, which moves a page on every step for good;
+  // placement by size moved 13 pages in the last 40 steps. Found cycling, a class goes
+  // back to size order (PlacementGuard), and the layout then holds still.
+  auto pool = make_pool(ResourceKind::host, expandable_options(false, 0.045));
+  const std::size_t x_size[3] = {3 * MiB + 640 * KiB, 4 * MiB + 64 * KiB, 4 * MiB + 448 * KiB};
+  const std::size_t y_size[3] = {9 * MiB + 960 * KiB, 11 * MiB + 64 * KiB, 12 * MiB + 128 * KiB};
+  const std::size_t z_size[3] = {7 * MiB + 256 * KiB, 8 * MiB + 64 * KiB, 8 * MiB + 832 * KiB};
+  const int length[9] = {0, 1, 2, 1, 2, 0, 2, 0, 1};
+  void* z_held = nullptr;
+  std::uint64_t warm = 0;
+  for (int step = 0; step < 80; ++step) {
+    if (step == 40) warm = pool->stats().pages_moved;
+    const int l = length[step % 9];
+    void* x = pool->allocate(x_size[l]);
+    void* y = pool->allocate(y_size[l]);
+    void* z = pool->allocate(z_size[l]);
+    if (z_held != nullptr) pool->deallocate(z_held);
+    pool->deallocate(y);
+    pool->deallocate(x);
+    z_held = z;
+  }
+  CHECK(pool->stats().pages_moved == warm);
+  CHECK(pool->validate() == "");
+  pool->deallocate(z_held);
   CHECK(pool->validate() == "");
 }
 

@@ -162,6 +162,8 @@ CachingPool::StreamFree& CachingPool::stream_free(stream_t stream) {
   }
   streams_.push_back(std::make_unique<StreamFree>());
   streams_.back()->stream = stream;
+  // Only large requests are placed lowest-first (own_fit), and only in expandable ranges.
+  if (paged_ && expandable_class(false)) streams_.back()->large.keep_addresses(paged_->page_size());
   const std::size_t slot = streams_.size() - 1;
   streams_.back()->bit = slot < 64 ? std::uint64_t{1} << slot : ~std::uint64_t{0};
   last_stream_ = streams_.back().get();
@@ -206,8 +208,23 @@ Block* CachingPool::take_cached(std::size_t size, bool small, stream_t stream) {
 // pool places blocks where pages already are instead of moving pages to where best fit
 // points (each move is an unmap, a map and an access change); failing that, the block
 // that needs the fewest pages mapped (fewest_pages_fit). Fixed segments: best fit.
+//
+// A block of over one page goes to the lowest free block whose pages under it are all
+// mapped instead. Size order sends a step's large blocks wherever a slightly larger block
+// is free, which drifts from step to step as their sizes do, and pages follow them; lowest
+// first fills the mapped pages from the bottom in the same order each step. On the
+// recorded transformer trace, at the default slack, it moved 0.07 pages per 1 000
+// operations where size order moved 6.0. Where that layout cycles instead, PlacementGuard
+// sends the class back to size order.
 Block* CachingPool::own_fit(FreeIndex& index, std::size_t size, bool small, stream_t stream) {
   if (expandable_class(small)) {
+    if (size > paged_->page_size() && guard_->lowest_first(size)) {
+      Block* low = index.lowest_where([this, size](const Block* b) {
+        return b->size >= size && paged_->all_mapped(b->segment->table, b->addr, size);
+      });
+      if (low != nullptr) return low;
+      return fewest_pages_fit(index, size);
+    }
     Block* mapped = index.first_fit_where(size, kMappedCandidates, [this, size](const Block* b) {
       return b->segment->table == nullptr || paged_->all_mapped(b->segment->table, b->addr, size);
     });

@@ -68,6 +68,7 @@
 #include "gpukeeper/memory/free_index.hpp"
 #include "gpukeeper/memory/paged_memory.hpp"
 #include "gpukeeper/memory/pending_merges.hpp"
+#include "gpukeeper/memory/placement_guard.hpp"
 #include "gpukeeper/memory/pool_counters.hpp"
 #include "gpukeeper/memory/pool_history.hpp"
 #include "gpukeeper/memory/pool_layout.hpp"
@@ -299,6 +300,7 @@ class CachingPool {
   bool expandable_class(bool small) const noexcept { return expandable_class_[small]; }
   detail::Block* grow_expandable(std::size_t size, bool small, stream_t stream);
   detail::Block* fewest_pages_fit(std::size_t size, bool small, stream_t stream) const;
+  detail::Block* fewest_pages_fit(const detail::FreeIndex& index, std::size_t size) const;
   bool map_pages(detail::Block* block, std::size_t size, std::size_t requested);
   bool streams_done(std::uint64_t bits);
   void sync_reserved() noexcept;
@@ -352,6 +354,11 @@ class CachingPool {
   detail::PoolLimit limit_;  // the reserved-bytes limit (pool_limit.hpp)
 
   detail::PressureCallbacks callbacks_;  // its own lock; never held with mutex_
+
+  // Expandable mode only: classes placed in size order while cycling (under mutex_). On
+  // the heap and last: 1.5 KiB that only placements over one page read, kept off the
+  // pool's hot cache lines, whose offsets stay as they were.
+  std::unique_ptr<detail::PlacementGuard> guard_;
 };
 
 }  // namespace gpukeeper

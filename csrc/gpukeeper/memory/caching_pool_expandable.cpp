@@ -36,6 +36,7 @@ void CachingPool::init_expandable() {
   std::size_t range = options_.expandable_range;
   if (range == 0) range = 2 * std::max<std::size_t>(total_memory_, 1u << 30);
   paged_ = std::make_unique<detail::PagedMemory>(*vm, range);
+  guard_ = std::make_unique<detail::PlacementGuard>();
   observe_pages();
   streams_done_fn_ = [this](std::uint64_t bits) { return streams_done(bits); };
   may_create_page_fn_ = [this] {
@@ -133,6 +134,23 @@ Block* CachingPool::fewest_pages_fit(std::size_t size, bool small, stream_t stre
   return best;
 }
 
+// fewest_pages_fit for a request of over one page, which only the free blocks of over one
+// page can take: those the index keeps in address order, with no walk of allocated blocks.
+Block* CachingPool::fewest_pages_fit(const detail::FreeIndex& index, std::size_t size) const {
+  Block* best = nullptr;
+  std::size_t best_missing = ~std::size_t{0};
+  index.lowest_where([&](Block* b) {
+    if (b->size < size) return false;
+    const std::size_t missing = paged_->unmapped_pages(b->segment->table, b->addr, size);
+    if (missing < best_missing) {
+      best = b;
+      best_missing = missing;
+    }
+    return missing == 0;
+  });
+  return best;
+}
+
 // Maps the pages under the first `size` bytes of `block` (not on any index).
 bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requested) {
   detail::PageTable* table = block->segment->table;
@@ -165,6 +183,7 @@ bool CachingPool::map_pages(Block* block, std::size_t size, std::size_t requeste
     counters_.upstream_freed(released);
     history_.device_frees += released;
   }
+  if (paged_->pages_moved() != moved_before && size > paged_->page_size()) guard_->moved(size);
   if (paged_->mapped_bytes() != mapped_before || paged_->pages_moved() != moved_before ||
       paged_->pages_created() != created_before) {
     sync_reserved();
@@ -208,6 +227,9 @@ void CachingPool::sync_reserved() noexcept {
 
 void CachingPool::release_expandable_segment(Segment* seg) {
   unlink_free_segment(seg);
+  if (!seg->small) {
+    for (auto& sf : streams_) sf->large.forget_range(seg->base);
+  }
   for (Segment*& current : expandable_) {
     if (current == seg) current = nullptr;
   }

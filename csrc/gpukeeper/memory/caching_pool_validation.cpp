@@ -77,9 +77,13 @@ std::string CachingPool::validate() const {
   std::lock_guard<SpinMutex> lock(mutex_);
   detail::PoolAudit audit(live_, recent_, paged_.get(), kAlignment);
   for (const Segment* seg = segments_; seg != nullptr; seg = seg->next) audit.segment(seg);
-  std::size_t indexed = 0;
-  for (const auto& sf : streams_) indexed += sf->small.count() + sf->large.count();
+  std::size_t indexed = 0, kept = 0;
+  for (const auto& sf : streams_) {
+    indexed += sf->small.count() + sf->large.count();
+    kept += sf->large.kept();
+  }
   audit.books(indexed, counters_, history_);
+  audit.address_order(kept);
   return audit.problems();
 }
 

@@ -17,32 +17,6 @@ std::uint32_t FreeIndex::bin_of(std::size_t bytes) noexcept {
   return kLinearBins + (log2 - 6) * kSubBins + sub;
 }
 
-void FreeIndex::insert(Block* block) noexcept {
-  std::uint32_t bin = bin_of(block->size);
-  block->bin = bin;
-  block->free_prev = nullptr;
-  block->free_next = heads_[bin];
-  if (heads_[bin] != nullptr) heads_[bin]->free_prev = block;
-  heads_[bin] = block;
-  used_[bin / 64] |= std::uint64_t{1} << (bin % 64);
-  ++count_;
-  bytes_ += block->size;
-}
-
-void FreeIndex::remove(Block* block) noexcept {
-  std::uint32_t bin = block->bin;
-  if (block->free_prev != nullptr) {
-    block->free_prev->free_next = block->free_next;
-  } else {
-    heads_[bin] = block->free_next;
-    if (heads_[bin] == nullptr) used_[bin / 64] &= ~(std::uint64_t{1} << (bin % 64));
-  }
-  if (block->free_next != nullptr) block->free_next->free_prev = block->free_prev;
-  block->free_prev = block->free_next = nullptr;
-  --count_;
-  bytes_ -= block->size;
-}
-
 unsigned FreeIndex::next_used(unsigned bin) const noexcept {
   if (bin >= kBins) return kBins;
   unsigned w = bin / 64;

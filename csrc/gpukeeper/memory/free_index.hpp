@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "gpukeeper/memory/block.hpp"
+#include "gpukeeper/memory/free_starts.hpp"
 
 namespace gpukeeper::detail {
 
@@ -23,8 +24,22 @@ class FreeIndex {
 
   static std::uint32_t bin_of(std::size_t bytes) noexcept;
 
-  void insert(Block* block) noexcept;
+  void insert(Block* block);
   void remove(Block* block) noexcept;
+
+  // Expandable classes: the free blocks of over `page` bytes are also kept in address
+  // order (FreeStarts), for lowest_where.
+  void keep_addresses(std::size_t page) noexcept { starts_.set_page(page); }
+  // In address order, the first free block of over one page (keep_addresses) that
+  // `accept` takes, or nullptr.
+  template <typename Accept>
+  Block* lowest_where(Accept&& accept) const {
+    return starts_.lowest_where(accept);
+  }
+  // The expandable range at `base` is given back.
+  void forget_range(std::uintptr_t base) noexcept { starts_.forget(base); }
+  // Free blocks kept in address order.
+  std::size_t kept() const noexcept { return starts_.size(); }
 
   // The smallest free block of at least `bytes` (exact within the request's bin, the
   // smallest of a few candidates in the next non-empty bin), or nullptr.
@@ -79,6 +94,36 @@ class FreeIndex {
   std::array<std::uint64_t, kWords> used_{};
   std::size_t count_ = 0;
   std::size_t bytes_ = 0;
+  FreeStarts starts_;
 };
+
+// Inline: every free, merge and placement of the pool goes through them.
+inline void FreeIndex::insert(Block* block) {
+  if (starts_.active()) starts_.add(block);
+  std::uint32_t bin = bin_of(block->size);
+  block->bin = bin;
+  block->free_prev = nullptr;
+  block->free_next = heads_[bin];
+  if (heads_[bin] != nullptr) heads_[bin]->free_prev = block;
+  heads_[bin] = block;
+  used_[bin / 64] |= std::uint64_t{1} << (bin % 64);
+  ++count_;
+  bytes_ += block->size;
+}
+
+inline void FreeIndex::remove(Block* block) noexcept {
+  if (starts_.active()) starts_.drop(block);
+  std::uint32_t bin = block->bin;
+  if (block->free_prev != nullptr) {
+    block->free_prev->free_next = block->free_next;
+  } else {
+    heads_[bin] = block->free_next;
+    if (heads_[bin] == nullptr) used_[bin / 64] &= ~(std::uint64_t{1} << (bin % 64));
+  }
+  if (block->free_next != nullptr) block->free_next->free_prev = block->free_prev;
+  block->free_prev = block->free_next = nullptr;
+  --count_;
+  bytes_ -= block->size;
+}
 
 }  // namespace gpukeeper::detail

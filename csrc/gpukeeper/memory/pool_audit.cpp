@@ -44,6 +44,10 @@ void PoolAudit::block(const Segment* seg, const Block* b, const Block* prev, std
                 << " + " << b->size << " bytes), neither pending a merge; ";
     }
     if (live_.find(b->addr) != nullptr) problems_ << "free block in live map; ";
+    if (!b->recent && seg->table != nullptr && !seg->small && paged_ != nullptr &&
+        b->size > paged_->page_size()) {
+      ++tally_.kept_free;
+    }
     if (!b->recent) return;
     ++tally_.recent_blocks;
     if (!recent_.holds_as_is(b)) {
@@ -64,6 +68,13 @@ void PoolAudit::block(const Segment* seg, const Block* b, const Block* prev, std
          i <= (b->addr + b->size - 1 - seg->base) / page && i < page_refs.size(); ++i) {
       ++page_refs[i];
     }
+  }
+}
+
+void PoolAudit::address_order(std::size_t in_address_order) {
+  if (in_address_order != tally_.kept_free) {
+    problems_ << in_address_order << " free blocks in address order but " << tally_.kept_free
+              << " over one page in large expandable ranges; ";
   }
 }
 

@@ -31,6 +31,7 @@ class PoolAudit {
     std::size_t reserved = 0;  // bytes of fixed segments (expandable ones count pages)
     std::size_t segments = 0, allocated = 0, allocated_count = 0, requested = 0;
     std::size_t free_blocks = 0, recent_blocks = 0;
+    std::size_t kept_free = 0;  // on an index, over one page, in a large expandable range
   };
 
   // `paged`: the pool's expandable pages, nullptr without them. `alignment`: every block
@@ -44,6 +45,9 @@ class PoolAudit {
   // Compares the walk of every segment with the books: `indexed_free` is the number of
   // blocks on the free indexes.
   void books(std::size_t indexed_free, const PoolCounters& counters, const PoolHistory& history);
+  // `in_address_order`: the blocks the large indexes keep in address order (FreeStarts),
+  // which must be every free block over one page of the large expandable ranges.
+  void address_order(std::size_t in_address_order);
 
   const Tally& tally() const noexcept { return tally_; }
   // What is inconsistent, "" when all is well.
