@@ -158,8 +158,8 @@ def _cuda_report(
     """The device's account. ``for_totals``: only the figures a rank's summary carries
     are read, for a report that is never shown: no host section, no device name, no
     free and total (reported as 0), no names of the other processes (a file each), and
-    no graphics process list once the
-    compute list gives this process's figure (``other_processes`` may then be short).
+    no graphics process list once the compute list gives this process's figure
+    (``other_processes`` may then be short).
     ``process_reading`` (with ``for_totals``): this process's NVML figure comes from it
     and NVML's process list is not read (``other_processes`` is then empty)."""
     notes: List[str] = []

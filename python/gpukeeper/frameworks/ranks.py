@@ -202,7 +202,7 @@ class KeptGather(NamedTuple):
     """What one key of :class:`GatherBuffers` keeps: the collective's tensors (``row``
     in, ``out`` of world x row), and for a CUDA device their pinned host twins, the
     event that says the last row has left ``host_in`` and the stream of the key (None on
-    the CPU): made once, since building a ``Stream`` object costs more than the copies."""
+    the CPU), made once so that a call asks torch only for the stream's handle."""
 
     row: Any
     out: Any

@@ -155,8 +155,7 @@ process_life.after_fork_in_child(_forget_initialized_torch)
 def current_raw_stream(torch: Any, device: int) -> int:
     """The handle of ``torch``'s current CUDA stream on ``device``. CUDA builds of torch
     answer it in one C call; ``torch.cuda.current_stream`` builds a ``Stream`` object
-    through several Python calls (5-10 us on an H100 host), which a collective made on
-    every rank of every step pays more than once."""
+    through several Python calls, which a rank summary made three times a call."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return int(raw(device))
