@@ -7,7 +7,8 @@ One rank per GPU. Each piece of ``gather_memory_reports(summary=True, dst=None)`
 timed alone: the ranks meet (an ``all_reduce`` waited for on the host), then each rank
 takes the wall clock around the piece and a ``torch.cuda.synchronize()``. The table
 gives, per piece, the median on rank 0 and the median over the calls of the slowest
-rank's time (what a gather waits for). ``--profile`` adds cProfile's table of rank 0
+rank's time (what a gather waits for); the first row, nothing but the synchronize, is
+the floor under every other. ``--profile`` adds cProfile's table of rank 0
 over the whole summary. Without NCCL or a GPU per rank it measures nothing and exits 0.
 """
 
@@ -94,6 +95,8 @@ def _pieces(torch: Any, local: int) -> Dict[str, Callable[[], Any]]:
     row = RankMemory.from_report(totals, process_age_ms=1.0).to_vector()
     rows = ranks.all_gather_int64(row, None, None)
     out: Dict[str, Callable[[], Any]] = {
+        # Every piece is timed with a synchronize after it: this row is that floor.
+        "nothing (the floor: a synchronize)": lambda: None,
         "summary to all": lambda: gather_memory_reports(summary=True, dst=None),
         "summary to all, no NVML": lambda: gather_memory_reports(summary=True, dst=None, use_nvml=False),
         "the reading (background NVML figure)": lambda: account_reader.rank_totals_report(
