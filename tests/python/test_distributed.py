@@ -184,7 +184,10 @@ def test_aggregate_names_the_slowest_rank(api_run):
     # collectives wait for k - 1 of the last rank's sleeps, so they read up to
     # (k - 1) / k of its time (k = 2 for 20 ms calls in 25 ms batches), never all of it.
     assert agg["median_ms"]["min"] < 0.75 * agg["median_ms"]["max"]
-    assert agg["imbalance"] > 1.0
+    # So the slowest is at least a third slower than the fastest (1 / 0.75 - 1).
+    assert agg["imbalance"] == pytest.approx(
+        agg["median_ms"]["max"] / agg["median_ms"]["min"] - 1.0)
+    assert agg["imbalance"] > 1.0 / 3.0
     assert "slowest rank" in seen[0]["aggregate_text"]
 
 

@@ -89,16 +89,23 @@ class _Device:
         return f"{self.type}:{self.index}"
 
 
+class FakeGroup:
+    """A process group object (weakly referenced, as torch's are)."""
+
+
 class TwoRanks:
     """torch.distributed with NCCL and two ranks: the peer's row is this rank's plus 100."""
 
     def __init__(self) -> None:
         self.gathers = 0
+        self.facts_asked = 0
 
     def get_world_size(self, group: Any = None) -> int:
+        self.facts_asked += 1
         return 2
 
     def get_backend(self, group: Any = None) -> str:
+        self.facts_asked += 1
         return "nccl"
 
     def get_rank(self) -> int:
@@ -131,9 +138,34 @@ def test_rows_travel_through_kept_pinned_twins_on_the_keyed_stream(cuda_side):
     assert fake.streams_built == 1
     (kept,) = [k for _ref, k in ranks.GATHER_BUFFERS._pairs.values()]
     assert kept.stream.synchronized == 3  # each call waits for its rows, on that stream
-    assert kept.sent.recorded_on == [kept.stream] * 3
-    assert kept.sent.waited == 3  # the last row has left the pinned twin before reuse
+    # That wait also covers the row's copy out of the pinned twin: no event is needed.
+    assert kept.sent.recorded_on == [] and kept.sent.waited == 0
     assert ranks.GATHER_BUFFERS.keys()[0]["stream"] == fake.raw
+    # The group's size and backend were asked once, not on every call.
+    assert dist.facts_asked == 2
+
+
+def test_a_rank_that_does_not_wait_guards_its_pinned_row_with_the_event(cuda_side):
+    _fake, dist = cuda_side
+    assert ranks.all_gather_int64([1, 2], None, 1) is None  # rank 0 is not dst
+    (kept,) = [k for _ref, k in ranks.GATHER_BUFFERS._pairs.values()]
+    assert kept.stream.synchronized == 0  # nothing waited for
+    assert kept.sent.recorded_on == [kept.stream] and kept.in_flight
+    # The next call waits for that row to leave before writing the twin again.
+    assert ranks.all_gather_int64([3, 4], None, 0) == [[3, 4], [103, 104]]
+    assert kept.sent.waited == 1 and not kept.in_flight
+    assert kept.sent.recorded_on == [kept.stream]  # this call waited for its stream
+    assert dist.gathers == 2
+
+
+def test_a_default_group_made_again_gets_new_tensors(cuda_side):
+    _fake, dist = cuda_side
+    dist.group = SimpleNamespace(WORLD=FakeGroup())
+    assert ranks.all_gather_int64([1], None, None) == [[1], [101]]
+    dist.group = SimpleNamespace(WORLD=FakeGroup())  # torn down and initialised again
+    assert ranks.all_gather_int64([2], None, None) == [[2], [102]]
+    assert ranks.GATHER_BUFFERS.made >= 2
+    assert len({k["group"] for k in ranks.GATHER_BUFFERS.keys()}) == 1  # the first is gone
 
 
 def test_another_current_stream_gets_its_own_tensors(cuda_side):

@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from gpukeeper.base import process_life
 from gpukeeper.base.errors import InvalidInputError
@@ -198,35 +198,50 @@ def gather_objects(obj: Any, group: Any, dst: Optional[int]) -> Optional[List[An
     return out_or_none
 
 
-class KeptGather(NamedTuple):
+class KeptGather:
     """What one key of :class:`GatherBuffers` keeps: the collective's tensors (``row``
-    in, ``out`` of world x row), and for a CUDA device their pinned host twins, the
-    event that says the last row has left ``host_in`` and the stream of the key (None on
-    the CPU), made once so that a call asks torch only for the stream's handle."""
+    in, ``out`` of ``size`` x row), and for a CUDA device their pinned host twins, the
+    event that says a row has left ``host_in`` and the stream of the key (None on the
+    CPU), made once so that a call asks torch only for the stream's handle.
+    ``in_flight``: a row copy from ``host_in`` may still be under way (the last call
+    returned without waiting for its stream)."""
 
-    row: Any
-    out: Any
-    host_in: Any
-    host_out: Any
-    sent: Any
-    stream: Any
+    __slots__ = ("row", "out", "size", "host_in", "host_out", "sent", "stream", "in_flight")
+
+    def __init__(
+        self,
+        row: Any,
+        out: Any,
+        size: int,
+        host_in: Any = None,
+        host_out: Any = None,
+        sent: Any = None,
+        stream: Any = None,
+    ) -> None:
+        self.row, self.out, self.size = row, out, size
+        self.host_in, self.host_out, self.sent, self.stream = host_in, host_out, sent, stream
+        self.in_flight = False
 
 
 class GatherBuffers:
     """The tensors of :func:`all_gather_int64` (a row in, ``world x row`` out), kept
-    between calls: one set per (group, device, current stream, world size, row length),
-    the :data:`CAPACITY` most recent kept. Making them on each call costs two
+    between calls: one set per (group, device, current stream, row length), the
+    :data:`CAPACITY` made last kept. Making them on each call costs two
     allocations and, for NCCL, lets the caching allocator hand the collective a
     different block each time; kept, they stay allocated in PyTorch's counters between
     calls (a few hundred bytes; the allocator rounds each up to 512). For a CUDA device
     the rows go through pinned host twins, copied without a wait on either side but the
     one for the gathered rows: a copy from pageable memory waits for the device twice.
+    A group's world size and backend are asked once, when its first set is made: the
+    Python calls that answer them cost as much as the rest of a call on a busy host.
 
-    A pair is never shared by two groups: a group's pair is keyed by the group itself,
-    and goes when the group is freed (a weak reference) or the default group is torn
-    down through :func:`shutdown_process_group`. The stream is in the key so that the
-    row written for a call is ordered after the previous collective that read it: NCCL
-    runs on its own stream, ordered after the stream current when it was called.
+    A set is never shared by two groups: a group's set is keyed by the group itself
+    (the default group by the object behind it, so a default group made again gets
+    sets of its own), and goes when the group is freed (a weak reference) or the
+    default group is torn down through :func:`shutdown_process_group`. The stream is in
+    the key so that the row written for a call is ordered after the previous collective
+    that read it: NCCL runs on its own stream, ordered after the stream current when it
+    was called.
     """
 
     CAPACITY = 8
@@ -234,70 +249,100 @@ class GatherBuffers:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._pairs: "OrderedDict[Tuple[Any, ...], Tuple[Any, KeptGather]]" = OrderedDict()
+        # id(group) -> (reference, world size, whether its collectives move CUDA tensors)
+        self._groups: Dict[int, Tuple[Any, int, bool]] = {}
         self.made = 0  # sets made since the start (a test reads it)
 
-    def pair(self, torch: Any, group: Any, device: Any, size: int, length: int) -> KeptGather:
-        """The tensors for one call: kept ones when this key had them, else new ones."""
-        stream = None
-        cuda = device.type == "cuda"
+    def pair(self, torch: Any, dist: Any, group: Any, length: int) -> KeptGather:
+        """The tensors for one call over ``group`` (None: the default group): kept ones
+        when this key had them, else new ones."""
+        owner = _default_group(dist) if group is None else group
+        ident = id(owner)
+        facts = self._groups.get(ident)
+        if facts is None or facts[0]() is not owner:
+            facts = self._facts(dist, group, owner)
+        _ref, size, cuda = facts
+        device = stream = None
         if cuda:
-            stream = current_raw_stream(torch, device.index)
-        key = (None if group is None else id(group), str(device), stream, size, length)
+            device = torch.cuda.current_device()
+            stream = current_raw_stream(torch, device)
+        key = (ident, device, stream, length)
+        kept = self._pairs.get(key)
+        if kept is not None and kept[0]() is owner:
+            return kept[1]
+        made = self._make(torch, device, size, length)
         with self.lock:
-            kept = self._pairs.get(key)
-            if kept is not None and (kept[0] is None or kept[0]() is group):
-                self._pairs.move_to_end(key)
-                return kept[1]
-        row = torch.empty(length, dtype=torch.int64, device=device)
-        out = torch.empty(size * length, dtype=torch.int64, device=device)
-        made = KeptGather(row, out, None, None, None, None)
-        if cuda:
-            made = KeptGather(
-                row,
-                out,
-                torch.empty(length, dtype=torch.int64, pin_memory=True),
-                torch.empty(size * length, dtype=torch.int64, pin_memory=True),
-                torch.cuda.Event(),
-                torch.cuda.current_stream(device),
-            )
-        ref = None if group is None else self._group_ref(group)
-        with self.lock:
-            self._pairs[key] = (ref, made)
-            self._pairs.move_to_end(key)
+            self._pairs[key] = (facts[0], made)
             while len(self._pairs) > self.CAPACITY:
                 self._pairs.popitem(last=False)
             self.made += 1
         return made
 
-    def _group_ref(self, group: Any) -> Any:
-        ident = id(group)
+    @staticmethod
+    def _make(torch: Any, device: Optional[int], size: int, length: int) -> KeptGather:
+        if device is None:
+            return KeptGather(
+                torch.empty(length, dtype=torch.int64),
+                torch.empty(size * length, dtype=torch.int64),
+                size,
+            )
+        where = torch.device("cuda", device)
+        return KeptGather(
+            torch.empty(length, dtype=torch.int64, device=where),
+            torch.empty(size * length, dtype=torch.int64, device=where),
+            size,
+            torch.empty(length, dtype=torch.int64, pin_memory=True),
+            torch.empty(size * length, dtype=torch.int64, pin_memory=True),
+            torch.cuda.Event(),
+            torch.cuda.current_stream(where),
+        )
+
+    def _facts(self, dist: Any, group: Any, owner: Any) -> Tuple[Any, int, bool]:
+        ident = id(owner)
 
         def forget(_ref: Any) -> None:
             with self.lock:
+                self._groups.pop(ident, None)
                 for key in [k for k in self._pairs if k[0] == ident]:
                     del self._pairs[key]
 
         try:
-            return weakref.ref(group, forget)
+            ref: Any = weakref.ref(owner, forget)
         except TypeError:  # a group type without weak references: kept while cached
-            return lambda: group
+            ref = lambda: owner  # noqa: E731
+        backend = str(dist.get_backend(group)).lower()
+        facts = (ref, int(dist.get_world_size(group)), "nccl" in backend and "cpu:" not in backend)
+        with self.lock:
+            self._groups[ident] = facts
+        return facts
 
     def keys(self) -> List[Dict[str, Any]]:
-        """What is kept, most recent last: group (its id, None for the default group),
-        device, stream, world size and row length."""
+        """What is kept, oldest first: group (the id of the group object), device (the
+        CUDA device's index, None on the CPU), stream (its handle), row length and the
+        group's size."""
         with self.lock:
-            names = ("group", "device", "stream", "size", "length")
-            return [dict(zip(names, k)) for k in self._pairs]
+            names = ("group", "device", "stream", "length")
+            return [
+                {**dict(zip(names, k)), "size": kept.size}
+                for k, (_ref, kept) in self._pairs.items()
+            ]
 
     def tensors(self) -> List[Tuple[Any, Any]]:
-        """The kept (row, out) pairs of the collective, most recent last."""
+        """The kept (row, out) pairs of the collective, oldest first."""
         with self.lock:
             return [(kept.row, kept.out) for _ref, kept in self._pairs.values()]
 
     def clear(self) -> None:
-        """Forgets every pair (a torn-down default group, or a test)."""
+        """Forgets every set and group (a torn-down default group, or a test)."""
         with self.lock:
             self._pairs.clear()
+            self._groups.clear()
+
+
+def _default_group(dist: Any) -> Any:
+    # The object behind group=None: torn down and made again, it is a new object.
+    world = getattr(getattr(dist, "group", None), "WORLD", None)
+    return dist if world is None else world
 
 
 #: The process's one cache of :func:`all_gather_int64`'s tensors.
@@ -315,36 +360,39 @@ def all_gather_int64(
     row of fixed size needs neither pickling nor the size exchange that
     ``gather_object`` makes first, so it costs one small collective. For ``dst`` the rows
     travel to every rank too (at this size a gather is no cheaper), and only ``dst``
-    waits for them and reads them back to the host. The device tensors are kept between
-    calls (:data:`GATHER_BUFFERS`).
+    waits for them and reads them back to the host. The tensors are kept between calls
+    (:data:`GATHER_BUFFERS`).
     """
     dist = loaded_dist()
     torch = sys.modules["torch"]
-    size = int(dist.get_world_size(group))
-    device = _collective_device(dist, group)
-    kept = GATHER_BUFFERS.pair(torch, group, device, size, len(values))
+    kept = GATHER_BUFFERS.pair(torch, dist, group, len(values))
+    skip = dst is not None and int(dist.get_rank()) != dst
     row, out = kept.row, kept.out
     if kept.host_in is None:
-        row.copy_(torch.tensor([int(v) for v in values], dtype=torch.int64))
+        row.copy_(torch.tensor(values, dtype=torch.int64))
     else:
-        kept.sent.synchronize()  # the last call's row has left host_in (long since, as a rule)
-        kept.host_in.copy_(torch.tensor([int(v) for v in values], dtype=torch.int64))
+        if kept.in_flight:  # a rank that did not wait last time: its row may still be leaving
+            kept.sent.synchronize()
+            kept.in_flight = False
+        kept.host_in.copy_(torch.tensor(values, dtype=torch.int64))
         row.copy_(kept.host_in, non_blocking=True)
-        kept.sent.record(kept.stream)
+        if skip:  # otherwise the wait for the rows below covers this copy too
+            kept.sent.record(kept.stream)
+            kept.in_flight = True
     # all_gather_single is the current name (torch 2.13 deprecates all_gather_into_tensor);
     # both take a flat output of world x row; the list form is for torch versions with neither.
     flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
     if flat is not None:
         flat(out, row, group=group)
     else:
-        dist.all_gather(list(out.view(size, -1).unbind(0)), row, group=group)
-    if dst is not None and int(dist.get_rank()) != dst:
+        dist.all_gather(list(out.view(kept.size, -1).unbind(0)), row, group=group)
+    if skip:
         return None
     if kept.host_out is None:
-        return out.view(size, -1).tolist()
+        return out.view(kept.size, -1).tolist()
     kept.host_out.copy_(out, non_blocking=True)
     kept.stream.synchronize()  # the collective, then the copy back
-    return kept.host_out.view(size, -1).tolist()
+    return kept.host_out.view(kept.size, -1).tolist()
 
 
 def check_dst(dst: Any, group: Any, what: str) -> Optional[int]:
