@@ -187,3 +187,15 @@ def test_a_torch_without_the_raw_query_keys_on_the_stream_object(monkeypatch):
         assert ranks.GATHER_BUFFERS.keys()[0]["stream"] == fake.raw
     finally:
         ranks.GATHER_BUFFERS.clear()
+
+
+def test_facts_of_groups_without_weak_references_stay_bounded(cuda_side):
+    _fake, dist = cuda_side
+    # Objects that refuse weak references: kept alive while cached, so forgotten by bound.
+    groups = [(i,) for i in range(100)]
+    for group in groups:
+        assert ranks.all_gather_int64([1], group, None) == [[1], [101]]
+    kept = ranks.GATHER_BUFFERS
+    assert len(kept._pairs) == kept.CAPACITY
+    assert len(kept._groups) <= 4 * kept.CAPACITY + 1
+    assert dist.facts_asked == 2 * len(groups)

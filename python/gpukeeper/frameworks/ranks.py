@@ -314,6 +314,11 @@ class GatherBuffers:
         facts = (ref, int(dist.get_world_size(group)), "nccl" in backend and "cpu:" not in backend)
         with self.lock:
             self._groups[ident] = facts
+            if len(self._groups) > 4 * self.CAPACITY:
+                # Groups without weak references never say they are gone: keep only the
+                # facts of groups that still have tensors kept.
+                live = {k[0] for k in self._pairs} | {ident}
+                self._groups = {k: v for k, v in self._groups.items() if k in live}
         return facts
 
     def keys(self) -> List[Dict[str, Any]]:
