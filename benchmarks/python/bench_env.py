@@ -7,7 +7,7 @@ import datetime
 import json
 import platform
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 
 def cpu_name() -> str:
@@ -104,3 +104,36 @@ def write_report(path: Optional[str], torch: Any, readings: Dict[str, Any]) -> N
 
     with open(path, "w") as fh:
         json.dump({"environment": environment(gpukeeper, torch, None), "argv": sys.argv[1:], **readings}, fh, indent=1)
+
+
+
+class NcclRank(NamedTuple):
+    """This process as one rank of an NCCL job: the world size, its local rank, ``meet()``
+    (puts the ranks in step: an ``all_reduce`` waited for on the host) and a tensor kept
+    on its device (a context and an allocation, as in training)."""
+
+    world: int
+    local: int
+    meet: Callable[[], None]
+    kept: Any
+
+
+def nccl_rank(torch: Any, dist: Any) -> Optional[NcclRank]:
+    """Under torchrun with a GPU per rank and NCCL: this rank with its device set and the
+    process group initialised. None, after saying so, otherwise."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not (torch.cuda.is_available() and torch.cuda.device_count() >= world and dist.is_nccl_available()):
+        print("needs one GPU per rank and NCCL: nothing measured")
+        return None
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    flag = torch.zeros(1, dtype=torch.int64, device="cuda")
+
+    def meet() -> None:
+        dist.all_reduce(flag)
+        flag.item()
+
+    return NcclRank(world, local, meet, torch.ones(1 << 20, device="cuda"))

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import statistics
 import time
 from typing import Any, Callable, Dict, List
 
-from bench_env import write_report
+from bench_env import nccl_rank, write_report
 
 
 def main() -> int:
@@ -42,19 +41,10 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if not (torch.cuda.is_available() and torch.cuda.device_count() >= world and dist.is_nccl_available()):
-        print("needs one GPU per rank and NCCL: nothing measured")
+    me = nccl_rank(torch, dist)
+    if me is None:
         return 0
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl")
-    keep = torch.ones(1 << 20, device="cuda")  # a context and a tensor, as in training
-    flag = torch.zeros(1, dtype=torch.int64, device="cuda")
-
-    def meet() -> None:
-        dist.all_reduce(flag)
-        flag.item()
+    world, local, meet = me.world, me.local, me.meet
 
     variants = _variants(torch, dist, world, local, args.previous)
     names = list(variants)
@@ -94,7 +84,6 @@ def main() -> int:
             print(f"  {name:52s} {r['rank0_median_us']:8.1f} {r['slowest_median_us']:8.1f} "
                   f"{r['slowest_p90_us']:8.1f}")
         write_report(args.json, torch, {"ranks": world, "reps": args.reps, "variants": rows})
-    del keep
     dist.destroy_process_group()
     return 0
 
