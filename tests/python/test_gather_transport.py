@@ -160,12 +160,14 @@ def test_a_rank_that_does_not_wait_guards_its_pinned_row_with_the_event(cuda_sid
 
 def test_a_default_group_made_again_gets_new_tensors(cuda_side):
     _fake, dist = cuda_side
+    made = ranks.GATHER_BUFFERS.made
     dist.group = SimpleNamespace(WORLD=FakeGroup())
     assert ranks.all_gather_int64([1], None, None) == [[1], [101]]
     dist.group = SimpleNamespace(WORLD=FakeGroup())  # torn down and initialised again
     assert ranks.all_gather_int64([2], None, None) == [[2], [102]]
-    assert ranks.GATHER_BUFFERS.made >= 2
-    assert len({k["group"] for k in ranks.GATHER_BUFFERS.keys()}) == 1  # the first is gone
+    assert ranks.GATHER_BUFFERS.made - made == 2  # the new default group got its own set
+    # and the first group's set went with it
+    assert [k["group"] for k in ranks.GATHER_BUFFERS.keys()] == [id(dist.group.WORLD)]
 
 
 def test_another_current_stream_gets_its_own_tensors(cuda_side):

@@ -135,12 +135,18 @@ def check_group(group: Any, what: str) -> Any:
     return group
 
 
-def _collective_device(dist: Any, group: Any) -> Any:
-    """Where a collective's tensor must live: the current CUDA device for NCCL (it moves
-    device tensors only), the CPU for gloo and the others."""
-    torch = sys.modules["torch"]
+def _moves_cuda_tensors(dist: Any, group: Any) -> bool:
+    """Whether ``group``'s collectives take CUDA tensors: NCCL moves device tensors only;
+    gloo and the others (and a mixed backend's CPU side) take host tensors."""
     backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and "cpu:" not in backend:
+    return "nccl" in backend and "cpu:" not in backend
+
+
+def _collective_device(dist: Any, group: Any) -> Any:
+    """Where a collective's tensor must live: the current CUDA device for NCCL, the CPU
+    for gloo and the others."""
+    torch = sys.modules["torch"]
+    if _moves_cuda_tensors(dist, group):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -261,7 +267,7 @@ class GatherBuffers:
         facts = self._groups.get(ident)
         if facts is None or facts[0]() is not owner:
             facts = self._facts(dist, group, owner)
-        _ref, size, cuda = facts
+        ref, size, cuda = facts
         device = stream = None
         if cuda:
             device = torch.cuda.current_device()
@@ -272,7 +278,7 @@ class GatherBuffers:
             return kept[1]
         made = self._make(torch, device, size, length)
         with self.lock:
-            self._pairs[key] = (facts[0], made)
+            self._pairs[key] = (ref, made)
             while len(self._pairs) > self.CAPACITY:
                 self._pairs.popitem(last=False)
             self.made += 1
@@ -310,8 +316,7 @@ class GatherBuffers:
             ref: Any = weakref.ref(owner, forget)
         except TypeError:  # a group type without weak references: kept while cached
             ref = lambda: owner  # noqa: E731
-        backend = str(dist.get_backend(group)).lower()
-        facts = (ref, int(dist.get_world_size(group)), "nccl" in backend and "cpu:" not in backend)
+        facts = (ref, int(dist.get_world_size(group)), _moves_cuda_tensors(dist, group))
         with self.lock:
             self._groups[ident] = facts
             if len(self._groups) > 4 * self.CAPACITY:
